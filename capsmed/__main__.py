@@ -1,0 +1,5 @@
+"""``python -m capsmed`` runs the CLI."""
+
+from capsmed.cli import main
+
+main()
