@@ -1,0 +1,71 @@
+"""Group-level (case / patient / slide) train/val/test splits: seeded, disjoint, recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from capsmed.errors import CapsmedError
+
+
+def split_groups(groups: Iterable[str], fractions: Mapping[str, float],
+                 seed: int) -> dict[str, str]:
+    """Assign each group to a split so that no group is in two splits.
+
+    Groups are sorted, shuffled with ``seed`` and cut by largest-remainder rounding of
+    ``fractions``; every split with a positive fraction gets at least one group when
+    there are enough groups.
+
+    Returns:
+        ``{group: split}``.
+    """
+    unique = sorted(set(groups))
+    names = [s for s, f in fractions.items() if f > 0]
+    total = sum(fractions[s] for s in names)
+    if not names or total <= 0:
+        raise CapsmedError("split fractions must include at least one positive fraction")
+    n = len(unique)
+    exact = np.array([fractions[s] / total * n for s in names])
+    counts = np.floor(exact).astype(int)
+    for i in np.argsort(-(exact - counts), kind="stable")[: n - counts.sum()]:
+        counts[i] += 1
+    if n >= len(names):  # give an empty split one group, taken from the largest
+        for i in range(len(names)):
+            if counts[i] == 0:
+                counts[int(np.argmax(counts))] -= 1
+                counts[i] += 1
+    order = np.random.default_rng(seed).permutation(n)
+    assignment: dict[str, str] = {}
+    start = 0
+    for name, count in zip(names, counts, strict=True):
+        for idx in order[start:start + count]:
+            assignment[unique[idx]] = name
+        start += count
+    return assignment
+
+
+def read_split_files(files: Mapping[str, Path]) -> dict[str, str]:
+    """Read user split lists (``{split: path}``; one group id per line, ``#`` comments).
+
+    Raises:
+        CapsmedError: if a file is missing or a group is listed in two splits.
+    """
+    assignment: dict[str, str] = {}
+    origin: dict[str, Path] = {}
+    for split, path in files.items():
+        path = Path(path)
+        if not path.is_file():
+            raise CapsmedError(f"{path}: split file not found")
+        for line in path.read_text(encoding="utf-8").splitlines():
+            group = line.split("#", 1)[0].strip()
+            if not group:
+                continue
+            if group in assignment and assignment[group] != split:
+                raise CapsmedError(f"{path}: group '{group}' is also listed in "
+                                   f"{origin[group]} ({assignment[group]}); splits must be "
+                                   "disjoint")
+            assignment[group] = split
+            origin[group] = path
+    return assignment

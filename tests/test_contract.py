@@ -1,0 +1,114 @@
+"""The HDF5 dataset contract: round trip, leak refusal, atomic writes, schema errors."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from capsmed.data.contract import (
+    DatasetWriter,
+    class_counts,
+    find_leaks,
+    groups_by_split,
+    load_split,
+    read_info,
+)
+from capsmed.errors import CapsmedError
+
+
+def _write(path, splits, allow=False):
+    with DatasetWriter(path, dataset="toy", class_names=["neg", "pos"], image_shape=(1, 4, 4),
+                       preprocessing={"patch": 100, "nested": {"a": [1, 2]}},
+                       source={"raw_dir": "/raw"}, allow_group_leak=allow) as w:
+        for split, (labels, groups) in splits.items():
+            n = len(labels)
+            images = np.arange(n * 16, dtype=np.uint8).reshape(n, 1, 4, 4)
+            w.append(split, images, labels, groups, meta={"row": np.arange(n, dtype=np.int32),
+                                                          "source": np.array(["f"] * n)})
+    return path
+
+
+def test_round_trip_keeps_everything(tmp_path):
+    path = _write(tmp_path / "d.h5", {"train": ([0, 1, 1], ["a", "a", "b"]),
+                                      "test": ([1, 0], ["c", "c"])})
+    info = read_info(path)
+    assert info.dataset == "toy" and info.class_names == ("neg", "pos")
+    assert info.image_size == (4, 4) and info.channels == 1
+    assert info.preprocessing == {"patch": 100, "nested": {"a": [1, 2]}}
+    assert info.split_sizes == {"test": 2, "train": 3}
+    split = load_split(path, "train", with_meta=True)
+    assert split.images.dtype == np.uint8 and split.images.shape == (3, 1, 4, 4)
+    assert split.images[2, 0, 0, 0] == 32
+    assert split.labels.tolist() == [0, 1, 1] and split.groups.tolist() == ["a", "a", "b"]
+    assert split.meta["row"].tolist() == [0, 1, 2]
+    assert list(split.meta["source"]) == ["f", "f", "f"]
+    assert class_counts(path)["train"].tolist() == [1, 2]
+    assert groups_by_split(path) == {"train": {"a", "b"}, "test": {"c"}}
+    with h5py.File(path) as f:
+        assert f["train/images"].chunks is not None
+        assert json.loads(f.attrs["class_names"]) == ["neg", "pos"]
+        assert f.attrs["created"].endswith("+00:00")
+
+
+def test_group_in_two_splits_is_refused_and_nothing_written(tmp_path):
+    target = tmp_path / "leak.h5"
+    with pytest.raises(CapsmedError, match="a in test\\+train"):
+        _write(target, {"train": ([0, 1], ["a", "b"]), "test": ([1], ["a"])})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_leak_can_be_allowed_explicitly_and_is_recorded(tmp_path):
+    path = _write(tmp_path / "leak.h5", {"train": ([0], ["a"]), "val": ([1], ["a"])},
+                  allow=True)
+    with h5py.File(path) as f:
+        assert bool(f.attrs["group_leak_allowed"]) is True
+
+
+def test_error_inside_block_leaves_no_file(tmp_path):
+    target = tmp_path / "partial.h5"
+    with pytest.raises(RuntimeError), DatasetWriter(
+            target, dataset="toy", class_names=["a"], image_shape=(1, 2, 2),
+            preprocessing={}, source={}) as w:
+        w.append("train", np.zeros((1, 1, 2, 2), np.uint8), [0], ["g"])
+        raise RuntimeError("crash mid-write")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_batches_are_rejected(tmp_path):
+    with pytest.raises(CapsmedError, match="expected uint8"), DatasetWriter(
+            tmp_path / "x.h5", dataset="t", class_names=["a", "b"], image_shape=(1, 2, 2),
+            preprocessing={}, source={}) as w:
+        w.append("train", np.zeros((1, 1, 3, 3), np.uint8), [0], ["g"])
+    with pytest.raises(CapsmedError, match="label out of range"), DatasetWriter(
+            tmp_path / "y.h5", dataset="t", class_names=["a", "b"], image_shape=(1, 2, 2),
+            preprocessing={}, source={}) as w:
+        w.append("train", np.zeros((1, 1, 2, 2), np.uint8), [2], ["g"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_find_leaks():
+    assert find_leaks({"train": {"a", "b"}, "val": {"c"}}) == {}
+    assert find_leaks({"train": {"a"}, "val": {"a"}, "test": {"a", "d"}}) == {
+        "a": ["test", "train", "val"]}
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: None, "no such file"),
+    (lambda p: p.write_text("not hdf5"), "not an HDF5 file"),
+    (lambda p: h5py.File(p, "w").close(), "not a capsmed dataset"),
+])
+def test_unreadable_files_name_the_file(tmp_path, make, message):
+    path = tmp_path / "bad.h5"
+    make(path)
+    with pytest.raises(CapsmedError, match=message) as err:
+        read_info(path)
+    assert str(path) in str(err.value)
+
+
+def test_missing_split_is_reported(tmp_path):
+    path = _write(tmp_path / "d.h5", {"train": ([0], ["a"])})
+    with pytest.raises(CapsmedError, match="has no 'val' split"):
+        load_split(path, "val")
