@@ -1,0 +1,114 @@
+"""Capsule machinery shared by every capsule network: squash, routing, layers, decoder.
+
+Shapes: ``B`` batch, ``I`` input capsules, ``J`` output capsules, ``D`` capsule length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EPS = 1e-8
+
+
+def squash(s: torch.Tensor, dim: int = -1, eps: float = EPS) -> torch.Tensor:
+    """Sabour et al. eq. 1: shrink a vector's length into [0, 1), keep its direction.
+
+    ``v = |s|^2 / (1 + |s|^2) * s / |s|``; ``eps`` sits inside the square root so the
+    gradient stays finite for a zero vector.
+    """
+    sq = (s * s).sum(dim=dim, keepdim=True)
+    return s * (sq / (1.0 + sq) / torch.sqrt(sq + eps))
+
+
+def capsule_length(v: torch.Tensor, dim: int = -1, eps: float = EPS) -> torch.Tensor:
+    """Length of each capsule vector (its presence probability), safe at zero."""
+    return torch.sqrt((v * v).sum(dim=dim) + eps)
+
+
+def dynamic_routing(
+    u_hat: torch.Tensor, iterations: int = 3, return_couplings: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Routing by agreement (Sabour et al. 2017, procedure 1), vectorised.
+
+    Args:
+        u_hat: Prediction vectors [B, I, J, D] of each input capsule for each output.
+        iterations: Number of times the outputs are computed; 1 = uniform couplings.
+        return_couplings: Also return the final coupling coefficients [B, I, J].
+
+    Returns:
+        Output capsules v [B, J, D] and, optionally, the couplings.
+    """
+    if iterations < 1:
+        raise ValueError("routing needs at least one iteration")
+    # Routing is a tiny share of the compute but sensitive to precision: keep it fp32.
+    with torch.autocast(device_type=u_hat.device.type, enabled=False):
+        u_hat = u_hat.float()
+        logits = u_hat.new_zeros(u_hat.shape[:3])
+        for it in range(iterations):
+            # Softmax over the *output* capsules: each input distributes its vote.
+            c = F.softmax(logits, dim=2)
+            v = squash(torch.einsum("bij,bijd->bjd", c, u_hat))
+            if it < iterations - 1:
+                logits = logits + torch.einsum("bijd,bjd->bij", u_hat, v)
+    return v, (c if return_couplings else None)
+
+
+class PrimaryCapsules(nn.Module):
+    """A convolution whose channels are grouped into ``types`` capsules of length ``dim``.
+
+    Output: squashed capsules [B, types * H' * W', dim].
+    """
+
+    def __init__(self, in_channels: int, types: int, dim: int, kernel_size: int,
+                 stride: int) -> None:
+        super().__init__()
+        self.types, self.dim = types, dim
+        self.conv = nn.Conv2d(in_channels, types * dim, kernel_size, stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        b, _, h, w = y.shape
+        y = y.view(b, self.types, self.dim, h, w).permute(0, 1, 3, 4, 2)
+        return squash(y.reshape(b, self.types * h * w, self.dim))
+
+
+class RoutedCapsules(nn.Module):
+    """Fully connected capsule layer: per-pair transforms W_ij, then dynamic routing."""
+
+    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int,
+                 iterations: int = 3, init_std: float = 0.05) -> None:
+        super().__init__()
+        self.iterations = iterations
+        # W[i, j] maps input capsule i's pose to its prediction for output capsule j.
+        self.weight = nn.Parameter(init_std * torch.randn(in_caps, out_caps, out_dim, in_dim))
+
+    def forward(self, u: torch.Tensor, return_couplings: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        u_hat = torch.einsum("ijdc,bic->bijd", self.weight, u)
+        return dynamic_routing(u_hat, self.iterations, return_couplings)
+
+
+class MaskedDecoder(nn.Module):
+    """Reconstruct the input from the class capsules, all but one masked to zero.
+
+    During training the true class is kept (Sabour et al.); otherwise the longest one.
+    """
+
+    def __init__(self, num_caps: int, caps_dim: int, out_shape: tuple[int, int, int],
+                 hidden: tuple[int, ...] = (512, 1024)) -> None:
+        super().__init__()
+        self.out_shape = out_shape
+        sizes = [num_caps * caps_dim, *hidden]
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), nn.ReLU(inplace=True)]
+        c, h, w = out_shape
+        layers += [nn.Linear(sizes[-1], c * h * w), nn.Sigmoid()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, capsules: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        mask = F.one_hot(keep, capsules.shape[1]).to(capsules.dtype)
+        flat = (capsules * mask.unsqueeze(-1)).flatten(1)
+        return self.net(flat).view(-1, *self.out_shape)

@@ -1,0 +1,92 @@
+"""Every registered model at tiny size; paper parameter counts; capsule maths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from capsmed.errors import CapsmedError
+from capsmed.models import count_parameters, create_model, list_models
+from capsmed.models.capsules import dynamic_routing, squash
+from capsmed.train.losses import margin_loss, reconstruction_loss, training_loss
+from tests.conftest import TINY_CAPSNET
+
+TINY = {"capsnet": TINY_CAPSNET, "lenet": {"widths": (3, 4), "hidden": (8,)}}
+
+
+@pytest.mark.parametrize("entry", list_models(), ids=lambda e: e.name)
+@pytest.mark.parametrize("channels, size", [(1, 28), (3, 32)])
+def test_registry_model_forward_backward(entry, channels, size):
+    torch.manual_seed(0)
+    model = create_model(entry.name, in_channels=channels, num_classes=3, input_size=size,
+                         **TINY.get(entry.name, {}))
+    x = torch.rand(2, channels, size, size)
+    y = torch.tensor([0, 2])
+    out = model(x, target=y)
+    assert out.scores.shape == (2, 3)
+    assert torch.isfinite(out.scores).all()
+    if out.reconstruction is not None:
+        assert out.reconstruction.shape == x.shape
+    training_loss(model.loss_kind, out, x, y, recon_weight=0.1).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+
+
+@pytest.mark.parametrize("name, expected", [("capsnet", 8_215_568), ("lenet", 61_706)])
+def test_paper_parameter_counts(name, expected):
+    # Paper 000 Table 1: CapsNet 8.2M, LeNet ~60K (28x28, 1 channel, 10 classes).
+    model = create_model(name, in_channels=1, num_classes=10, input_size=28)
+    assert count_parameters(model) == expected
+
+
+def test_full_size_capsnet_one_step_at_batch_2():
+    torch.manual_seed(0)
+    model = create_model("capsnet", num_classes=2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.rand(2, 1, 28, 28), torch.tensor([0, 1])
+    before = model.classes.weight.detach().clone()
+    loss = training_loss("margin", model(x, target=y), x, y, 5e-4)
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and not torch.equal(before, model.classes.weight)
+
+
+def test_too_small_input_and_unknown_options_fail_clearly():
+    with pytest.raises(CapsmedError, match="at least 17x17"):
+        create_model("capsnet", input_size=16)
+    with pytest.raises(CapsmedError, match="no option"):
+        create_model("lenet", colour=True)
+    with pytest.raises(CapsmedError, match="unknown architecture"):
+        create_model("alexnet")
+
+
+def test_squash_matches_hand_values():
+    s = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
+    v = squash(s)
+    # |s| = 5: length 25/26, direction (0.6, 0.8)
+    assert torch.allclose(v[0], torch.tensor([0.6, 0.8]) * 25 / 26, atol=1e-6)
+    assert torch.equal(v[1], torch.zeros(2))
+
+
+def test_routing_couplings_sum_to_one_over_outputs_and_follow_agreement():
+    torch.manual_seed(0)
+    u_hat = torch.randn(2, 6, 3, 4) * 0.1
+    u_hat[:, :, 1] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # all inputs agree on output 1
+    _, c1 = dynamic_routing(u_hat, iterations=1, return_couplings=True)
+    assert torch.allclose(c1, torch.full_like(c1, 1 / 3))  # one iteration = uniform
+    v, c3 = dynamic_routing(u_hat, iterations=3, return_couplings=True)
+    assert torch.allclose(c3.sum(dim=2), torch.ones(2, 6), atol=1e-6)
+    assert (c3[:, :, 1] > 1 / 3).all()  # agreement increases the coupling
+    assert v.shape == (2, 3, 4)
+
+
+def test_margin_and_reconstruction_losses_by_hand():
+    lengths = torch.tensor([[0.95, 0.3], [0.5, 0.05]])
+    target = torch.tensor([0, 0])
+    # sample 1: present 0 (0.95 > 0.9), absent 0.5*(0.3-0.1)^2 = 0.02
+    # sample 2: present (0.9-0.5)^2 = 0.16, absent 0 (0.05 < 0.1)
+    assert margin_loss(lengths, target).item() == pytest.approx((0.02 + 0.16) / 2)
+    recon = torch.zeros(2, 1, 2, 2)
+    images = torch.ones(2, 1, 2, 2)
+    assert reconstruction_loss(recon, images).item() == pytest.approx(4.0)
