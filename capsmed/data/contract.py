@@ -172,10 +172,9 @@ class DatasetWriter:
             leaks = find_leaks({**others, split: new_groups})
             if leaks:
                 raise CapsmedError(_leak_message(self.path, leaks))
-        self._groups.setdefault(split, set()).update(new_groups)
-        if n == 0:
-            self._ensure_split(split, meta or {})
+        if n == 0:  # nothing to store; empty arrays would also carry meaningless dtypes
             return
+        self._groups.setdefault(split, set()).update(new_groups)
         grp = self._ensure_split(split, meta or {})
         start = self._sizes[split]
         self._sizes[split] = start + n
@@ -195,10 +194,10 @@ class DatasetWriter:
         assert self._file is not None
         if split in self._file:
             grp = self._file[split]
-            missing = set(grp["meta"].keys()) ^ set(meta.keys())
-            if missing and self._sizes[split]:
+            mismatch = set(grp["meta"].keys()) ^ set(meta.keys())
+            if mismatch:
                 raise CapsmedError(f"{self.path}: inconsistent meta fields in '{split}': "
-                                   f"{sorted(missing)}")
+                                   f"{sorted(mismatch)}")
             return grp
         grp = self._file.create_group(split)
         c, h, w = self.image_shape

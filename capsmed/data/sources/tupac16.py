@@ -1,0 +1,331 @@
+"""TUPAC16 auxiliary mitosis dataset -> HDF5 contract (paper 000's protocol).
+
+Accepted layouts under ``raw_dir``:
+
+* official: ``mitoses_image_data_part_{1,2,3}/<CC>/<NN>.tif`` with
+  ``mitoses_ground_truth/<CC>/<NN>.csv``;
+* flattened: ``<CC>/<NN>.tif`` with ``<NN>.csv`` beside it (at any depth).
+
+A CSV has no header and one mitosis per line as integer ``row,col``; an image without
+a CSV has no mitoses. Each image becomes: hematoxylin channel (colour deconvolution) ->
+positives (patches centred on each mitosis plus jittered copies) and negatives (tissue
+patches with no mitosis) -> resize. Cases are split, never patches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import tifffile
+
+from capsmed.data.contract import DatasetWriter
+from capsmed.data.patches import extract_patches, resize_patches, window_fraction
+from capsmed.data.splits import read_split_files, split_groups
+from capsmed.data.stains import DEFAULT_H_MAX, hematoxylin_channel, tissue_mask
+from capsmed.errors import CapsmedError
+from capsmed.progress import track
+
+log = logging.getLogger(__name__)
+
+CLASS_NAMES = ("non-mitosis", "mitosis")
+GROUND_TRUTH_DIR = "mitoses_ground_truth"
+
+
+@dataclass(frozen=True)
+class Tupac16Config:
+    """Every parameter of TUPAC16 preprocessing; all of it is recorded in the file.
+
+    Attributes:
+        patch_size: Side of the square patch cut at source resolution (paper: 100).
+        output_size: Side after INTER_AREA resizing (paper: 28).
+        jitter: Maximum translation (px, each axis) of jittered positive copies (paper: 30).
+        positives_per_mitosis: Patches per mitosis: one centred, the rest jittered.
+        negatives_per_image: Negative patches per image; None balances the classes
+            within each split.
+        min_tissue: Minimum tissue fraction of a negative patch (guards background tiles).
+        mitosis_radius: A negative patch keeps this margin (px) around every mitosis.
+        h_max: Hematoxylin density mapped to black (fixed uint8 scaling).
+        fractions: Case-level split fractions, used unless ``split_files`` is given.
+        split_files: ``{split: path}`` lists of case ids, one per line.
+        seed: Seed for the case split, jitter and negative sampling.
+        workers: Processes for the per-image work (0 = one per CPU, up to 8).
+        allow_group_leak: Write even if a case lands in two splits.
+    """
+
+    patch_size: int = 100
+    output_size: int = 28
+    jitter: int = 30
+    positives_per_mitosis: int = 20
+    negatives_per_image: int | None = None
+    min_tissue: float = 0.5
+    mitosis_radius: int = 15
+    h_max: float = DEFAULT_H_MAX
+    fractions: dict[str, float] = field(
+        default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15})
+    split_files: dict[str, str] | None = None
+    seed: int = 0
+    workers: int = 0
+    allow_group_leak: bool = False
+
+    def __post_init__(self) -> None:
+        if self.patch_size < 8 or self.output_size < 4:
+            raise CapsmedError("patch_size must be >= 8 and output_size >= 4")
+        if self.jitter < 0 or self.positives_per_mitosis < 1:
+            raise CapsmedError("jitter must be >= 0 and positives_per_mitosis >= 1")
+        if self.jitter >= self.patch_size // 2:
+            raise CapsmedError(f"jitter ({self.jitter}) must be smaller than half the patch "
+                               f"({self.patch_size // 2}) so every positive contains its mitosis")
+        if self.negatives_per_image is not None and self.negatives_per_image < 0:
+            raise CapsmedError("negatives_per_image must be >= 0")
+        if not 0.0 <= self.min_tissue <= 1.0:
+            raise CapsmedError("min_tissue must be within [0, 1]")
+        if self.h_max <= 0:
+            raise CapsmedError("h_max must be > 0")
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """One raw image: its case, id, files and ground-truth mitoses (row, col)."""
+
+    case: str
+    image: str
+    tif: Path
+    csv: Path | None
+    mitoses: np.ndarray
+
+
+def read_mitosis_csv(path: Path) -> np.ndarray:
+    """Read a TUPAC16 ground-truth CSV (no header, ``row,col`` per line) -> (K, 2) int64."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CapsmedError(f"{path}: cannot read ground-truth CSV ({exc})") from exc
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            rows.append((int(float(parts[0])), int(float(parts[1]))))
+        except ValueError:
+            raise CapsmedError(f"{path}: line {number}: expected 'row,col' integers, "
+                               f"got {line.strip()!r}") from None
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+def discover(raw_dir: Path) -> list[ImageRecord]:
+    """Find every TUPAC16 image and its ground truth under ``raw_dir`` (either layout)."""
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        raise CapsmedError(f"{raw_dir}: no such folder (expected the unpacked TUPAC16 "
+                           "mitosis data)")
+    tifs = sorted(p for p in raw_dir.rglob("*.tif") if GROUND_TRUTH_DIR not in p.parts)
+    tifs += sorted(p for p in raw_dir.rglob("*.tiff") if GROUND_TRUTH_DIR not in p.parts)
+    if not tifs:
+        raise CapsmedError(f"{raw_dir}: no TUPAC16 images found (expected "
+                           "mitoses_image_data_part_N/<CC>/<NN>.tif or <CC>/<NN>.tif)")
+    records: dict[tuple[str, str], ImageRecord] = {}
+    for tif in tifs:
+        case, image = tif.parent.name, tif.stem
+        candidates = [raw_dir / GROUND_TRUTH_DIR / case / f"{image}.csv",
+                      tif.with_suffix(".csv")]
+        csv = next((c for c in candidates if c.is_file()), None)
+        if (case, image) in records:
+            raise CapsmedError(f"{tif}: case {case} image {image} also found at "
+                               f"{records[(case, image)].tif}")
+        mitoses = read_mitosis_csv(csv) if csv else np.empty((0, 2), dtype=np.int64)
+        records[(case, image)] = ImageRecord(case, image, tif, csv, mitoses)
+    return [records[k] for k in sorted(records)]
+
+
+def read_rgb_tiff(path: Path) -> np.ndarray:
+    """Read an RGB(A) TIFF as (H, W, 3) uint8, or fail naming the file."""
+    try:
+        image = tifffile.imread(path)
+    except Exception as exc:  # tifffile raises many types for corrupt/truncated files
+        raise CapsmedError(f"{path}: cannot read TIFF ({type(exc).__name__}: {exc})") from exc
+    if image.ndim == 3 and image.shape[0] in (3, 4) and image.shape[-1] not in (3, 4):
+        image = np.moveaxis(image, 0, -1)
+    if image.ndim != 3 or image.shape[-1] not in (3, 4):
+        raise CapsmedError(f"{path}: expected an RGB image, got shape {image.shape}")
+    if image.dtype != np.uint8:
+        if image.dtype == np.uint16:
+            image = (image >> 8).astype(np.uint8)
+        else:
+            raise CapsmedError(f"{path}: expected 8-bit RGB, got {image.dtype}")
+    return np.ascontiguousarray(image[..., :3])
+
+
+@dataclass(frozen=True)
+class _Job:
+    index: int
+    record: ImageRecord
+    negatives: int
+    config: Tupac16Config
+
+
+@dataclass
+class _Result:
+    images: np.ndarray
+    labels: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    negatives_short: int
+
+
+def _sample_negatives(mask: np.ndarray, mitoses: np.ndarray, count: int, cfg: Tupac16Config,
+                      rng: np.random.Generator) -> np.ndarray:
+    """Tissue patch centres whose patch (plus a margin) contains no mitosis."""
+    h, w = mask.shape
+    half = cfg.patch_size // 2
+    if count == 0 or h < cfg.patch_size or w < cfg.patch_size:
+        return np.empty((0, 2), dtype=np.int64)
+    chosen: list[np.ndarray] = []
+    found = 0
+    for _ in range(20):  # rejection sampling in vectorised rounds
+        n = max(64, 4 * (count - found))
+        cand = np.stack([rng.integers(half, h - (cfg.patch_size - half) + 1, n),
+                         rng.integers(half, w - (cfg.patch_size - half) + 1, n)], axis=1)
+        ok = window_fraction(mask, cand, cfg.patch_size) >= cfg.min_tissue
+        if len(mitoses):
+            reach = half + cfg.mitosis_radius
+            d = np.abs(cand[:, None, :] - mitoses[None, :, :]).max(axis=-1)
+            ok &= (d > reach).all(axis=1)
+        good = cand[ok][: count - found]
+        chosen.append(good)
+        found += len(good)
+        if found >= count:
+            break
+    return np.concatenate(chosen).astype(np.int64)
+
+
+def process_image(job: _Job) -> _Result:
+    """Hematoxylin channel + positive/negative patches for one image (runs in a worker)."""
+    cfg, rec = job.config, job.record
+    rgb = read_rgb_tiff(rec.tif)
+    h, w = rgb.shape[:2]
+    for number, (r, c) in enumerate(rec.mitoses, start=1):
+        if not (0 <= r < h and 0 <= c < w):
+            raise CapsmedError(f"{rec.csv}: line {number}: mitosis at row {r}, col {c} is "
+                               f"outside the {h}x{w} image {rec.tif.name}")
+    rng = np.random.default_rng([cfg.seed, job.index])
+    hema = hematoxylin_channel(rgb, cfg.h_max)
+
+    k = cfg.positives_per_mitosis
+    offsets = rng.integers(-cfg.jitter, cfg.jitter + 1, size=(len(rec.mitoses), k, 2))
+    offsets[:, 0, :] = 0  # the first copy of every mitosis is exactly centred
+    # Near the border a jittered centre can leave the image: clip it back in. The mitosis
+    # stays inside the patch because jitter < patch_size / 2 (checked in the config).
+    pos = np.clip((rec.mitoses[:, None, :] + offsets).reshape(-1, 2), 0, [h - 1, w - 1])
+    neg = _sample_negatives(tissue_mask(rgb), rec.mitoses, job.negatives, cfg, rng)
+
+    centres = np.concatenate([pos, neg]).astype(np.int64)
+    patches = resize_patches(extract_patches(hema, centres, cfg.patch_size), cfg.output_size)
+    labels = np.concatenate([np.ones(len(pos), np.int64), np.zeros(len(neg), np.int64)])
+    return _Result(images=patches[:, None], labels=labels, rows=centres[:, 0].astype(np.int32),
+                   cols=centres[:, 1].astype(np.int32),
+                   negatives_short=job.negatives - len(neg))
+
+
+def _assign_splits(records: list[ImageRecord], cfg: Tupac16Config) -> dict[str, str]:
+    cases = sorted({r.case for r in records})
+    if cfg.split_files:
+        assignment = read_split_files({s: Path(p) for s, p in cfg.split_files.items()})
+        unknown = sorted(set(assignment) - set(cases))
+        if unknown:
+            raise CapsmedError(f"{next(iter(cfg.split_files.values()))}: lists case(s) not in "
+                               f"the raw data: {', '.join(unknown[:5])}")
+        left_out = sorted(set(cases) - set(assignment))
+        if left_out:
+            log.warning("cases in no split file are left out: %s", ", ".join(left_out))
+        return assignment
+    return split_groups(cases, cfg.fractions, cfg.seed)
+
+
+def _negatives_per_image(records: list[ImageRecord], split_of: dict[str, str],
+                         cfg: Tupac16Config) -> dict[str, int]:
+    """Per split, enough negatives per image to match that split's positives."""
+    if cfg.negatives_per_image is not None:
+        return {s: cfg.negatives_per_image for s in set(split_of.values())}
+    out = {}
+    for split in set(split_of.values()):
+        in_split = [r for r in records if split_of.get(r.case) == split]
+        positives = sum(len(r.mitoses) for r in in_split) * cfg.positives_per_mitosis
+        out[split] = max(1, math.ceil(positives / max(1, len(in_split))))
+    return out
+
+
+def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None = None,
+                       disable_progress: bool | None = None) -> Path:
+    """Turn raw TUPAC16 files into one HDF5 dataset file (atomically).
+
+    Args:
+        raw_dir: Folder holding the official or flattened layout.
+        output: The ``.h5`` file to write.
+        config: Processing parameters (defaults: paper 000).
+        disable_progress: Hide the progress bar.
+
+    Returns:
+        ``output``.
+    """
+    cfg = config or Tupac16Config()
+    raw_dir, output = Path(raw_dir), Path(output)
+    records = discover(raw_dir)
+    split_of = _assign_splits(records, cfg)
+    records = [r for r in records if r.case in split_of]
+    negatives = _negatives_per_image(records, split_of, cfg)
+    jobs = [_Job(i, r, negatives[split_of[r.case]], cfg) for i, r in enumerate(records)]
+    workers = cfg.workers or min(os.cpu_count() or 1, 8)
+    log.info("%d images from %d cases; %d mitoses; %d worker(s)", len(records),
+             len(split_of), sum(len(r.mitoses) for r in records), workers)
+
+    parameters = {k: v for k, v in asdict(cfg).items() if k not in ("workers",)}
+    parameters.update(stain="ruifrok-johnston rgb2hed (scikit-image)", channel="hematoxylin",
+                      mapping="255*(1-clip(H/h_max,0,1))", resize="cv2.INTER_AREA",
+                      split_unit="case", negatives_per_image_used=negatives)
+    source = {"raw_dir": str(raw_dir.resolve()),
+              "files": {str(r.tif.relative_to(raw_dir)): r.tif.stat().st_size
+                        for r in records}}
+    short = 0
+    writer = DatasetWriter(output, dataset="tupac16", class_names=CLASS_NAMES,
+                           image_shape=(1, cfg.output_size, cfg.output_size),
+                           preprocessing=parameters, source=source,
+                           allow_group_leak=cfg.allow_group_leak)
+    with writer, _executor(workers, len(jobs)) as pool:
+        results = pool.map(process_image, jobs) if pool else map(process_image, jobs)
+        for job, res in track(zip(jobs, results, strict=True), "TUPAC16 images",
+                              total=len(jobs), disable=disable_progress):
+            rec = job.record
+            n = len(res.labels)
+            writer.append(split_of[rec.case], res.images, res.labels, [rec.case] * n,
+                          meta={"source": np.array([str(rec.tif.relative_to(raw_dir))] * n),
+                                "row": res.rows, "col": res.cols})
+            short += res.negatives_short
+    if short:
+        log.warning("%d negative patches could not be placed (too little tissue away from "
+                    "mitoses); classes are slightly less balanced", short)
+    return output
+
+
+class _executor:
+    """A process pool when it pays off, else None (inline work); a context manager."""
+
+    def __init__(self, workers: int, jobs: int) -> None:
+        self.pool = (ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+                     if workers > 1 and jobs > 1 else None)
+
+    def __enter__(self) -> ProcessPoolExecutor | None:
+        return self.pool
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool:
+            self.pool.shutdown(cancel_futures=True)
