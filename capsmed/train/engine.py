@@ -1,0 +1,209 @@
+"""The training loop: data held on the device as uint8, Adam, validation every epoch,
+and the checkpoint at minimum validation loss kept (paper 000's protocol).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from rich.progress import TextColumn
+
+from capsmed import __version__
+from capsmed.data.contract import DatasetInfo, SplitData, load_split, read_info
+from capsmed.errors import CapsmedError
+from capsmed.io import ensure_writable_dir, write_text_atomic
+from capsmed.models import count_parameters, create_model
+from capsmed.progress import make_progress
+from capsmed.train.checkpoint import save_checkpoint
+from capsmed.train.config import TrainConfig
+from capsmed.train.losses import training_loss
+
+log = logging.getLogger(__name__)
+
+
+def select_device(name: str = "auto") -> torch.device:
+    """``auto`` picks CUDA, then Apple MPS, then CPU; anything else is passed to torch."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise CapsmedError(f"unknown device '{name}' ({exc})") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CapsmedError(f"device '{name}' requested but CUDA is not available here")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+class DeviceSplit:
+    """A split held on the device as uint8; batches are sliced there, not copied per step."""
+
+    def __init__(self, split: SplitData, device: torch.device) -> None:
+        self.images = torch.from_numpy(split.images).to(device)
+        self.labels = torch.from_numpy(split.labels).to(device)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index].float().div_(255.0), self.labels[index]
+
+
+def _default_run_dir(cfg: TrainConfig, info: DatasetInfo) -> Path:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{info.dataset}-{cfg.arch}-s{cfg.seed}-{stamp}"
+
+
+def _prepare_run_dir(path: Path) -> Path:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise CapsmedError(f"{path}: run directory already exists and is not empty; "
+                           "choose another --out or remove it")
+    ensure_writable_dir(path)
+    return path
+
+
+@torch.no_grad()
+def evaluate_loss(model: torch.nn.Module, data: DeviceSplit, cfg: TrainConfig
+                  ) -> tuple[float, float]:
+    """Mean loss and accuracy over a split (same loss as training, decoder masked by truth)."""
+    model.eval()
+    total = torch.zeros((), device=data.labels.device)
+    correct = torch.zeros((), device=data.labels.device)
+    for start in range(0, len(data), cfg.eval_batch_size):
+        index = torch.arange(start, min(start + cfg.eval_batch_size, len(data)),
+                             device=data.labels.device)
+        x, y = data.batch(index)
+        out = model(x, target=y)
+        total += training_loss(model.loss_kind, out, x, y, cfg.recon_weight) * len(y)
+        correct += (out.scores.argmax(1) == y).sum()
+    n = max(1, len(data))
+    return total.item() / n, correct.item() / n
+
+
+def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
+    """Train ``config.arch`` on ``config.data``; return the run directory.
+
+    The run directory holds ``config.yaml`` (resolved), ``metrics.jsonl`` (one line per
+    epoch) and the checkpoint at minimum validation loss (``checkpoint.safetensors`` +
+    ``checkpoint.json``), so ``capsmed evaluate RUN_DIR`` needs nothing else.
+    """
+    info = read_info(Path(config.data))
+    cfg = config.resolved(info.dataset)
+    if "train" not in info.split_sizes:
+        raise CapsmedError(f"{info.path}: has no 'train' split")
+    run_dir = _prepare_run_dir(Path(cfg.out) if cfg.out else _default_run_dir(cfg, info))
+    seed_everything(cfg.seed)
+    device = select_device(cfg.device)
+
+    model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
+                    "input_size": list(info.image_size), **cfg.model_kwargs}
+    model = create_model(cfg.arch, **model_kwargs).to(device)
+    train_data = DeviceSplit(load_split(info.path, "train"), device)
+    val_data = (DeviceSplit(load_split(info.path, "val"), device)
+                if info.split_sizes.get("val") else None)
+    if val_data is None:
+        log.warning("%s has no validation split: the last epoch's weights are kept",
+                    info.path)
+    optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+
+    resolved = {**cfg.to_dict(), "data": str(info.path.resolve()), "out": str(run_dir)}
+    environment = {"capsmed": __version__, "torch": str(torch.__version__),
+                   "device": _device_name(device), "python": platform.python_version(),
+                   "parameters": count_parameters(model)}
+    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(
+        {"train": resolved, "model_kwargs": model_kwargs, "environment": environment,
+         "dataset": {"name": info.dataset, "class_names": list(info.class_names),
+                     "splits": info.split_sizes}}, sort_keys=False))
+    log.info("training %s (%s parameters) on %s, %d train / %d val images -> %s", cfg.arch,
+             f"{environment['parameters']:,}", environment["device"], len(train_data),
+             len(val_data) if val_data else 0, run_dir)
+
+    generator = torch.Generator().manual_seed(cfg.seed)
+    steps = math.ceil(len(train_data) / cfg.batch_size)
+    best = math.inf
+    metrics_path = run_dir / "metrics.jsonl"
+    status = TextColumn("{task.fields[status]}")
+    with make_progress(status, disable=disable_progress) as progress, \
+            metrics_path.open("w", encoding="utf-8") as metrics_file:
+        epochs_task = progress.add_task(f"{cfg.arch} epochs", total=cfg.epochs, status="")
+        for epoch in range(1, cfg.epochs + 1):
+            started = time.perf_counter()
+            model.train()
+            order = torch.randperm(len(train_data), generator=generator).to(device)
+            loss_sum = torch.zeros((), device=device)
+            correct = torch.zeros((), device=device)
+            batch_task = progress.add_task(f"epoch {epoch}", total=steps, status="")
+            for step in range(steps):
+                index = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+                x, y = train_data.batch(index)
+                out = model(x, target=y)
+                loss = training_loss(model.loss_kind, out, x, y, cfg.recon_weight)
+                optimiser.zero_grad(set_to_none=True)
+                loss.backward()
+                optimiser.step()
+                loss_sum += loss.detach() * len(y)
+                correct += (out.scores.detach().argmax(1) == y).sum()
+                progress.advance(batch_task)
+            progress.remove_task(batch_task)
+            train_loss = loss_sum.item() / len(train_data)
+            if not math.isfinite(train_loss):
+                raise CapsmedError(f"{run_dir}: loss became {train_loss} in epoch {epoch}; "
+                                   "the last good checkpoint is kept (try a lower --lr)")
+            record: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss,
+                                      "train_acc": correct.item() / len(train_data)}
+            if val_data is not None:
+                record["val_loss"], record["val_acc"] = evaluate_loss(model, val_data, cfg)
+            record["seconds"] = round(time.perf_counter() - started, 3)
+            selection = record.get("val_loss", train_loss)
+            record["best"] = selection < best
+            if record["best"] or val_data is None:
+                best = min(best, selection)
+                save_checkpoint(run_dir, model, {
+                    "arch": cfg.arch, "model_kwargs": model_kwargs, "epoch": epoch,
+                    "val_loss": record.get("val_loss"), "dataset": info.dataset,
+                    "class_names": list(info.class_names), "data": str(info.path.resolve()),
+                    "loss_kind": model.loss_kind, "format": 1})
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+            summary = (f"loss {train_loss:.4f} acc {record['train_acc']:.3f}"
+                       + (f" | val loss {record['val_loss']:.4f} acc {record['val_acc']:.3f}"
+                          if val_data is not None else ""))
+            progress.update(epochs_task, advance=1, status=summary)
+            log.info("epoch %d/%d: %s", epoch, cfg.epochs, summary)
+    _write_curves(run_dir)
+    return run_dir
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return f"cpu ({platform.processor() or platform.machine()}, "\
+               f"{torch.get_num_threads()} threads)"
+    return str(device)
+
+
+def _write_curves(run_dir: Path) -> None:
+    from capsmed.evaluate.plots import plot_training_curves
+
+    records = [json.loads(line) for line in
+               (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    plot_training_curves(records, run_dir / "curves.png")

@@ -1,0 +1,42 @@
+"""Losses: margin loss + masked reconstruction for capsule networks, cross-entropy otherwise."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from capsmed.models.output import ModelOutput
+
+
+def margin_loss(lengths: torch.Tensor, target: torch.Tensor, m_pos: float = 0.9,
+                m_neg: float = 0.1, lam: float = 0.5) -> torch.Tensor:
+    """Paper 000 eq. 1 (Sabour et al.): summed over classes, averaged over the batch.
+
+    ``L_k = T_k max(0, m+ - |v_k|)^2 + lam (1 - T_k) max(0, |v_k| - m-)^2``.
+    """
+    t = F.one_hot(target, lengths.shape[1]).to(lengths.dtype)
+    present = t * F.relu(m_pos - lengths) ** 2
+    absent = lam * (1.0 - t) * F.relu(lengths - m_neg) ** 2
+    return (present + absent).sum(dim=1).mean()
+
+
+def reconstruction_loss(reconstruction: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """Squared error summed over pixels, averaged over the batch.
+
+    With Sabour et al.'s weight 0.0005 this equals paper 000 eq. 2's per-pixel mean
+    scaled by 0.0005 * H * W (0.392 at 28x28), the scaling both papers' code used.
+    """
+    return ((reconstruction.float() - images.float()) ** 2).flatten(1).sum(dim=1).mean()
+
+
+def training_loss(loss_kind: str, output: ModelOutput, images: torch.Tensor,
+                  target: torch.Tensor, recon_weight: float) -> torch.Tensor:
+    """The loss a model is trained with, chosen by its ``loss_kind``."""
+    if loss_kind == "margin":
+        loss = margin_loss(output.scores.float(), target)
+        if output.reconstruction is not None and recon_weight > 0:
+            loss = loss + recon_weight * reconstruction_loss(output.reconstruction, images)
+        return loss
+    if loss_kind == "ce":
+        return F.cross_entropy(output.scores.float(), target)
+    raise ValueError(f"unknown loss kind {loss_kind!r}")
