@@ -1,0 +1,55 @@
+"""The ``capsmed`` command. Each sub-command lives in its own module and only forwards."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from capsmed import __version__
+from capsmed.cli import data, demo, evaluate, models, preprocess, synth, train
+from capsmed.cli.common import setup_logging
+
+app = typer.Typer(
+    name="capsmed",
+    help="Capsule networks vs ConvNets for medical image classification: "
+         "preprocess raw datasets into HDF5, train, and report per-class metrics.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"capsmed {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors; "
+                               "no progress bars."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Set logging and progress for every command."""
+    from capsmed.progress import set_progress_enabled
+
+    setup_logging(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
+    set_progress_enabled(not quiet)
+
+
+app.add_typer(preprocess.app, name="preprocess")
+app.add_typer(synth.app, name="synth")
+app.add_typer(data.app, name="data")
+app.command("train")(train.train)
+app.command("evaluate")(evaluate.evaluate)
+app.command("models")(models.models)
+app.command("demo")(demo.demo)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

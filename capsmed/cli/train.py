@@ -1,0 +1,44 @@
+"""``capsmed train``: one training run -> a self-describing run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from capsmed.cli.common import handles_errors, only_set, parse_key_values
+
+
+@handles_errors
+def train(
+    data: Path = typer.Option(None, help="Dataset .h5 (from capsmed preprocess)."),
+    arch: str = typer.Option(None, help="Architecture (see: capsmed models)."),
+    epochs: int = typer.Option(None, help="Training epochs [50]."),
+    batch_size: int = typer.Option(None, help="Batch size [128]."),
+    lr: float = typer.Option(None, help="Adam learning rate [1e-3; 1e-4 for medical sets]."),
+    recon_weight: float = typer.Option(None, help="Reconstruction loss weight [5e-4; 5e-5 "
+                                       "for medical sets]."),
+    seed: int = typer.Option(None, help="Random seed [0]."),
+    device: str = typer.Option(None, help="auto, cpu, cuda, cuda:1, mps [auto]."),
+    out: Path = typer.Option(None, help="Run directory [runs/<dataset>-<arch>-s<seed>-<time>]."),
+    model_arg: list[str] = typer.Option(None, help="Architecture option key=value, "
+                                        "repeatable (e.g. conv_channels=64)."),
+    config: Path = typer.Option(None, help="YAML file of these options; flags override it."),
+) -> None:
+    """Train a model; keeps the checkpoint at minimum validation loss."""
+    from capsmed.errors import CapsmedError
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train as run_training
+
+    base = TrainConfig.from_yaml(config).to_dict() if config else {}
+    overrides = only_set(data=str(data) if data else None, arch=arch, epochs=epochs,
+                         batch_size=batch_size, lr=lr, recon_weight=recon_weight, seed=seed,
+                         device=device, out=str(out) if out else None)
+    merged = {**base, **overrides}
+    merged["model_kwargs"] = {**base.get("model_kwargs", {}),
+                              **parse_key_values(model_arg, "--model-arg")}
+    for required in ("data", "arch"):
+        if not merged.get(required):
+            raise CapsmedError(f"--{required} is required (or give it in --config)")
+    run_dir = run_training(TrainConfig.from_dict(merged))
+    typer.echo(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")
