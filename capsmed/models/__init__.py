@@ -1,6 +1,6 @@
 """Model registry and architecture families (one family per file)."""
 
-from capsmed.models.output import ModelOutput
+from capsmed.models.common import ModelOutput
 from capsmed.models.registry import (
     count_parameters,
     create_model,

@@ -13,16 +13,8 @@ from torch import nn
 
 from capsmed.errors import CapsmedError
 from capsmed.models.capsules import MaskedDecoder, PrimaryCapsules, RoutedCapsules, capsule_length
-from capsmed.models.output import ModelOutput
+from capsmed.models.common import ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
-
-
-def as_size(input_size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    """Normalise an ``input_size`` argument to (H, W)."""
-    if isinstance(input_size, int):
-        return (input_size, input_size)
-    h, w = input_size
-    return (int(h), int(w))
 
 
 class CapsNet(nn.Module):
@@ -33,9 +25,12 @@ class CapsNet(nn.Module):
     def __init__(self, in_channels: int, num_classes: int, input_size: tuple[int, int],
                  conv_channels: int, conv_kernel: int, primary_types: int, primary_dim: int,
                  primary_kernel: int, class_dim: int, routing_iters: int,
-                 decoder_hidden: tuple[int, ...] | None) -> None:
+                 decoder_hidden: tuple[int, ...] | None,
+                 input_mean: list[float] | None = None,
+                 input_std: list[float] | None = None) -> None:
         super().__init__()
         h, w = input_size
+        self.standardize = Standardize(in_channels, input_mean, input_std)
         gh = (h - conv_kernel + 1 - primary_kernel) // 2 + 1
         gw = (w - conv_kernel + 1 - primary_kernel) // 2 + 1
         if gh < 1 or gw < 1:
@@ -57,7 +52,7 @@ class CapsNet(nn.Module):
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None,
                 return_couplings: bool = False) -> ModelOutput:
-        u = self.primary(self.conv(x))
+        u = self.primary(self.conv(self.standardize(x)))
         v, couplings = self.classes(u, return_couplings)
         scores = capsule_length(v)
         recon = None
@@ -73,8 +68,11 @@ def capsnet(in_channels: int = 1, num_classes: int = 10,
             input_size: int | tuple[int, int] = 28, conv_channels: int = 256,
             conv_kernel: int = 9, primary_types: int = 32, primary_dim: int = 8,
             primary_kernel: int = 9, class_dim: int = 16, routing_iters: int = 3,
-            decoder_hidden: tuple[int, ...] | None = (512, 1024)) -> CapsNet:
+            decoder_hidden: tuple[int, ...] | None = (512, 1024),
+            input_mean: list[float] | None = None,
+            input_std: list[float] | None = None) -> CapsNet:
     """Sabour et al. CapsNet: dynamic routing, margin loss, masked reconstruction decoder."""
     return CapsNet(in_channels, num_classes, as_size(input_size), conv_channels, conv_kernel,
                    primary_types, primary_dim, primary_kernel, class_dim, routing_iters,
-                   tuple(decoder_hidden) if decoder_hidden is not None else None)
+                   tuple(decoder_hidden) if decoder_hidden is not None else None,
+                   input_mean, input_std)

@@ -1,15 +1,17 @@
-"""What every model's forward returns, so the trainer treats all families alike."""
+"""What every architecture shares: the forward result, input standardisation, sizes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 @dataclass
 class ModelOutput:
-    """Forward result.
+    """Forward result, the same for every family so the trainer treats them alike.
 
     Attributes:
         scores: [B, K] class scores: capsule lengths in [0, 1] for capsule networks
@@ -23,3 +25,35 @@ class ModelOutput:
     reconstruction: torch.Tensor | None = None
     capsules: torch.Tensor | None = None
     couplings: torch.Tensor | None = None
+
+
+class Standardize(nn.Module):
+    """``(x - mean) / std`` per channel; identity when no statistics are given.
+
+    Models receive images in [0, 1] (what the reconstruction decoder must reproduce)
+    and standardise them first. The trainer fills ``mean``/``std`` from the training
+    split, so they are saved with the model's arguments in ``checkpoint.json``.
+    """
+
+    def __init__(self, channels: int, mean: Sequence[float] | None,
+                 std: Sequence[float] | None) -> None:
+        super().__init__()
+        self.enabled = mean is not None and std is not None
+        m = torch.tensor(mean if mean is not None else [0.0] * channels, dtype=torch.float32)
+        s = torch.tensor(std if std is not None else [1.0] * channels, dtype=torch.float32)
+        if m.numel() != channels or s.numel() != channels or (s <= 0).any():
+            raise ValueError(f"input_mean/input_std need {channels} values (std > 0)")
+        # Non-persistent: the values live in the model's arguments, not its weights.
+        self.register_buffer("mean", m.view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", s.view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std if self.enabled else x
+
+
+def as_size(input_size: int | Sequence[int]) -> tuple[int, int]:
+    """Normalise an ``input_size`` argument (int or [H, W]) to (H, W)."""
+    if isinstance(input_size, int):
+        return (input_size, input_size)
+    h, w = input_size
+    return (int(h), int(w))

@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from capsmed.errors import CapsmedError
-from capsmed.models.capsnet import as_size
-from capsmed.models.output import ModelOutput
+from capsmed.models.common import ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 
 
@@ -20,8 +19,11 @@ class LeNet(nn.Module):
     loss_kind = "ce"
 
     def __init__(self, in_channels: int, num_classes: int, input_size: tuple[int, int],
-                 widths: tuple[int, int], hidden: tuple[int, ...]) -> None:
+                 widths: tuple[int, int], hidden: tuple[int, ...],
+                 input_mean: list[float] | None = None,
+                 input_std: list[float] | None = None) -> None:
         super().__init__()
+        self.standardize = Standardize(in_channels, input_mean, input_std)
         h, w = input_size
         fh, fw = (h // 2 - 4) // 2, (w // 2 - 4) // 2
         if fh < 1 or fw < 1:
@@ -43,11 +45,13 @@ class LeNet(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> ModelOutput:
-        return ModelOutput(scores=self.classifier(self.features(x)))
+        return ModelOutput(scores=self.classifier(self.features(self.standardize(x))))
 
 
 @register_model("lenet", paper="LeCun et al. 1998; paper 000 Table 1 (~60K at 28x28)")
 def lenet(in_channels: int = 1, num_classes: int = 10, input_size: int | tuple[int, int] = 28,
-          widths: tuple[int, int] = (6, 16), hidden: tuple[int, ...] = (120, 84)) -> LeNet:
+          widths: tuple[int, int] = (6, 16), hidden: tuple[int, ...] = (120, 84),
+          input_mean: list[float] | None = None, input_std: list[float] | None = None) -> LeNet:
     """LeNet-5: conv 6 and 16 (5x5) with 2x2 pools, FC 120-84, cross-entropy."""
-    return LeNet(in_channels, num_classes, as_size(input_size), tuple(widths), tuple(hidden))
+    return LeNet(in_channels, num_classes, as_size(input_size), tuple(widths), tuple(hidden),
+                 input_mean, input_std)

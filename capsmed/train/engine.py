@@ -67,6 +67,16 @@ class DeviceSplit:
         return self.images[index].float().div_(255.0), self.labels[index]
 
 
+def channel_statistics(images: np.ndarray) -> dict[str, list[float]]:
+    """Per-channel mean and std of uint8 images [N, C, H, W], on the [0, 1] scale."""
+    if len(images) == 0:
+        raise CapsmedError("the training split is empty")
+    x = images.astype(np.float64) / 255.0
+    std = x.std(axis=(0, 2, 3))
+    return {"input_mean": [round(float(v), 6) for v in x.mean(axis=(0, 2, 3))],
+            "input_std": [round(float(max(v, 1e-3)), 6) for v in std]}
+
+
 def _default_run_dir(cfg: TrainConfig, info: DatasetInfo) -> Path:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{info.dataset}-{cfg.arch}-s{cfg.seed}-{stamp}"
@@ -113,10 +123,13 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
     seed_everything(cfg.seed)
     device = select_device(cfg.device)
 
+    train_split = load_split(info.path, "train")
     model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
-                    "input_size": list(info.image_size), **cfg.model_kwargs}
+                    "input_size": list(info.image_size),
+                    **(channel_statistics(train_split.images) if cfg.standardize else {}),
+                    **cfg.model_kwargs}
     model = create_model(cfg.arch, **model_kwargs).to(device)
-    train_data = DeviceSplit(load_split(info.path, "train"), device)
+    train_data = DeviceSplit(train_split, device)
     val_data = (DeviceSplit(load_split(info.path, "val"), device)
                 if info.split_sizes.get("val") else None)
     if val_data is None:

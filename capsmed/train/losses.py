@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from capsmed.models.output import ModelOutput
+from capsmed.models.common import ModelOutput
 
 
 def margin_loss(lengths: torch.Tensor, target: torch.Tensor, m_pos: float = 0.9,
