@@ -90,3 +90,14 @@ def test_margin_and_reconstruction_losses_by_hand():
     recon = torch.zeros(2, 1, 2, 2)
     images = torch.ones(2, 1, 2, 2)
     assert reconstruction_loss(recon, images).item() == pytest.approx(4.0)
+
+
+def test_standardize_uses_given_statistics_and_defaults_to_identity():
+    x = torch.full((1, 1, 28, 28), 0.75)
+    plain = create_model("lenet", num_classes=2)
+    assert torch.equal(plain.standardize(x), x)
+    model = create_model("lenet", num_classes=2, input_mean=[0.5], input_std=[0.25])
+    assert torch.allclose(model.standardize(x), torch.ones_like(x))
+    assert "standardize.mean" not in model.state_dict()  # lives in the arguments instead
+    with pytest.raises(ValueError, match="need 3 values"):
+        create_model("lenet", in_channels=3, input_mean=[0.5], input_std=[0.2])

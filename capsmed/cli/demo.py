@@ -26,7 +26,6 @@ def demo(
     evaluations = run_demo(DemoConfig(workdir=workdir, **only_set(seed=seed, cases=cases)))
     console = Console()
     console.print(Columns([rich_table(e.report, e.title) for _, e in evaluations]))
-    for run, e in evaluations:
-        note = f" ({run.note})" if run.note else ""
-        console.print(f"{e.title}{note}: report in {e.report_dir}/, curves in "
+    for _, e in evaluations:
+        console.print(f"{e.title}: report in {e.report_dir}/, curves in "
                       f"{e.report_dir.parent / 'curves.png'}")

@@ -28,21 +28,24 @@ def plot_confusion_matrix(cm: np.ndarray, class_names: Sequence[str], path: Path
     norm = np.divide(cm, rows, out=np.zeros_like(cm, dtype=float), where=rows > 0)
     k = len(class_names)
     size = max(3.5, 0.55 * k + 2)
-    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size))
+    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.5, size), layout="constrained")
     for ax, data, name, fmt in ((axes[0], cm, "counts", "d"),
                                 (axes[1], norm, "row-normalised", ".2f")):
         im = ax.imshow(data, cmap="Blues", vmin=0)
         ax.set_xticks(range(k), class_names, rotation=45, ha="right")
-        ax.set_yticks(range(k), class_names)
         ax.set_xlabel("predicted")
-        ax.set_ylabel("true")
+        if ax is axes[0]:  # the right panel shares the rows; repeating labels collides
+            ax.set_yticks(range(k), class_names)
+            ax.set_ylabel("true")
+        else:
+            ax.set_yticks(range(k), [""] * k)
         ax.set_title(f"{title} ({name})" if title else name)
         peak = data.max() if data.size else 0
         for i in range(k):
             for j in range(k):
                 ax.text(j, i, format(data[i, j], fmt), ha="center", va="center",
                         color="white" if peak and data[i, j] > 0.5 * peak else "black")
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        fig.colorbar(im, ax=ax, shrink=0.8)
     _save(fig, path)
 
 
