@@ -41,12 +41,13 @@ def main_options(
     set_progress_enabled(not quiet)
 
 
-app.add_typer(preprocess.app, name="preprocess")
+# Registered in pipeline order, which is the order --help lists them in.
 app.add_typer(synth.app, name="synth")
+app.add_typer(preprocess.app, name="preprocess")
 app.add_typer(data.app, name="data")
+app.command("models")(models.models)
 app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
-app.command("models")(models.models)
 app.command("demo")(demo.demo)
 
 

@@ -1,0 +1,93 @@
+"""Bad input through the real CLI: one-line error naming the file, exit 1, no output."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+
+runner = CliRunner()
+
+
+def _copy_raw(tiny_raw, tmp_path):
+    raw = tmp_path / "raw"
+    shutil.copytree(tiny_raw, raw)
+    return raw
+
+
+def _assert_clean_failure(result, names, output):
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert names in lines[0]
+    assert not output.exists()
+    assert not list(output.parent.glob(f".{output.name}*")), "temporary file left behind"
+
+
+def test_corrupt_tiff(tiny_raw, tmp_path):
+    raw = _copy_raw(tiny_raw, tmp_path)
+    victim = sorted(raw.rglob("*.tif"))[3]
+    victim.write_bytes(victim.read_bytes()[:200])  # truncated download
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "tupac16", str(raw), "-o", str(out),
+                                 "--workers", "1"])
+    _assert_clean_failure(result, str(victim), out)
+    assert "cannot read TIFF" in result.stderr
+
+
+def test_csv_row_outside_the_image(tiny_raw, tmp_path):
+    raw = _copy_raw(tiny_raw, tmp_path)
+    csv = sorted(raw.rglob("*.csv"))[0]
+    csv.write_text(csv.read_text() + "9999,12\n")
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "tupac16", str(raw), "-o", str(out),
+                                 "--workers", "1"])
+    _assert_clean_failure(result, str(csv), out)
+    assert "outside the 256x256 image" in result.stderr
+
+
+def test_malformed_csv_line(tiny_raw, tmp_path):
+    raw = _copy_raw(tiny_raw, tmp_path)
+    csv = sorted(raw.rglob("*.csv"))[0]
+    csv.write_text("row,col\n10,10\n")
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "tupac16", str(raw), "-o", str(out)])
+    _assert_clean_failure(result, f"{csv}: line 1", out)
+
+
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()])
+def test_missing_or_empty_folder(tmp_path, make):
+    raw = tmp_path / "nothing"
+    make(raw)
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["preprocess", "tupac16", str(raw), "-o", str(out)])
+    _assert_clean_failure(result, str(raw), out)
+
+
+def test_train_on_a_file_that_is_not_hdf5(tmp_path):
+    fake = tmp_path / "data.h5"
+    fake.write_text("this is a CSV, not HDF5\n")
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--data", str(fake), "--arch", "lenet",
+                                 "--out", str(run)])
+    _assert_clean_failure(result, str(fake), run)
+    assert "not an HDF5 file" in result.stderr
+
+
+def test_train_unknown_arch_and_evaluate_missing_run(tiny_h5, tmp_path):
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--data", str(tiny_h5), "--arch", "alexnet",
+                                 "--out", str(run)])
+    assert result.exit_code == 1 and "unknown architecture 'alexnet'" in result.stderr
+    result = runner.invoke(app, ["evaluate", str(tmp_path / "no-run")])
+    assert result.exit_code == 1 and "no such run directory" in result.stderr
+
+
+def test_synth_refuses_non_empty_folder(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    result = runner.invoke(app, ["synth", "tupac16", str(tmp_path), "--cases", "1"])
+    assert result.exit_code == 1 and "not empty" in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
