@@ -18,6 +18,11 @@ def _copy_raw(tiny_raw, tmp_path):
     return raw
 
 
+def _preprocess(raw, out):
+    return runner.invoke(app, ["-q", "preprocess", "tupac16", str(raw), "-o", str(out),
+                               "--workers", "1"])
+
+
 def _assert_clean_failure(result, names, output):
     assert result.exit_code == 1, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -27,35 +32,36 @@ def _assert_clean_failure(result, names, output):
     assert not list(output.parent.glob(f".{output.name}*")), "temporary file left behind"
 
 
-def test_corrupt_tiff(tiny_raw, tmp_path):
-    raw = _copy_raw(tiny_raw, tmp_path)
+def _truncate_tiff(raw):
     victim = sorted(raw.rglob("*.tif"))[3]
-    victim.write_bytes(victim.read_bytes()[:200])  # truncated download
-    out = tmp_path / "out.h5"
-    result = runner.invoke(app, ["-q", "preprocess", "tupac16", str(raw), "-o", str(out),
-                                 "--workers", "1"])
-    _assert_clean_failure(result, str(victim), out)
-    assert "cannot read TIFF" in result.stderr
+    victim.write_bytes(victim.read_bytes()[:200])  # a truncated download
+    return victim
 
 
-def test_csv_row_outside_the_image(tiny_raw, tmp_path):
-    raw = _copy_raw(tiny_raw, tmp_path)
+def _csv_row_outside(raw):
     csv = sorted(raw.rglob("*.csv"))[0]
     csv.write_text(csv.read_text() + "9999,12\n")
-    out = tmp_path / "out.h5"
-    result = runner.invoke(app, ["-q", "preprocess", "tupac16", str(raw), "-o", str(out),
-                                 "--workers", "1"])
-    _assert_clean_failure(result, str(csv), out)
-    assert "outside the 256x256 image" in result.stderr
+    return csv
 
 
-def test_malformed_csv_line(tiny_raw, tmp_path):
-    raw = _copy_raw(tiny_raw, tmp_path)
+def _csv_with_header(raw):
     csv = sorted(raw.rglob("*.csv"))[0]
     csv.write_text("row,col\n10,10\n")
+    return csv
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (_truncate_tiff, "cannot read TIFF"),
+    (_csv_row_outside, "outside the 256x256 image"),
+    (_csv_with_header, "line 1: expected 'row,col' integers"),
+], ids=["corrupt-tiff", "csv-row-outside-image", "csv-header-line"])
+def test_corrupt_raw_files(tiny_raw, tmp_path, corrupt, message):
+    raw = _copy_raw(tiny_raw, tmp_path)
+    victim = corrupt(raw)
     out = tmp_path / "out.h5"
-    result = runner.invoke(app, ["-q", "preprocess", "tupac16", str(raw), "-o", str(out)])
-    _assert_clean_failure(result, f"{csv}: line 1", out)
+    result = _preprocess(raw, out)
+    _assert_clean_failure(result, str(victim), out)
+    assert message in result.stderr
 
 
 @pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()])
@@ -91,3 +97,12 @@ def test_synth_refuses_non_empty_folder(tmp_path):
     result = runner.invoke(app, ["synth", "tupac16", str(tmp_path), "--cases", "1"])
     assert result.exit_code == 1 and "not empty" in result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_data_info_on_a_file_that_is_not_hdf5(tmp_path):
+    fake = tmp_path / "notes.h5"
+    fake.write_text("hello")
+    result = runner.invoke(app, ["data", "info", str(fake)])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {fake}: not an HDF5 file (expected a dataset " \
+                                    "written by `capsmed preprocess`)"

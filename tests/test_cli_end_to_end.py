@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from capsmed.data.contract import load_split
+from capsmed.data.contract import DatasetWriter, load_split
 from tests.conftest import TINY_CAPSNET
 
 runner = CliRunner()
@@ -106,3 +106,35 @@ def test_training_refuses_an_existing_run_directory(cli_dataset, tmp_path):
     result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
                                  "lenet", "--out", str(run)])
     assert result.exit_code == 1 and "already exists" in result.stderr
+
+
+def test_evaluate_refuses_data_with_other_classes(cli_dataset, tmp_path):
+    run = tmp_path / "run"
+    _ok(["train", "--data", str(cli_dataset / "t.h5"), "--arch", "lenet", "--epochs", "1",
+         "--out", str(run)])
+    other = tmp_path / "other.h5"
+    with DatasetWriter(other, dataset="x", class_names=["healthy", "lesion"],
+                       image_shape=(1, 28, 28), preprocessing={}, source={}) as writer:
+        writer.append("test", np.zeros((2, 1, 28, 28), np.uint8), [0, 1], ["p1", "p1"])
+    result = runner.invoke(app, ["evaluate", str(run), "--data", str(other)])
+    assert result.exit_code == 1
+    assert f"{other}: classes ['healthy', 'lesion'] do not match" in result.stderr
+    assert not (run / "report").exists()
+
+
+def test_partial_yaml_config_is_completed_by_flags(cli_dataset, tmp_path):
+    options = tmp_path / "opts.yaml"
+    options.write_text("standardize: false\nepochs: 1\nmodel_kwargs:\n  hidden: [16]\n")
+    run = tmp_path / "run"
+    _ok(["train", "--data", str(cli_dataset / "t.h5"), "--arch", "lenet", "--config",
+         str(options), "--out", str(run)])
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["train"]["standardize"] is False and config["train"]["epochs"] == 1
+    assert "input_mean" not in config["model_kwargs"]
+    assert config["model_kwargs"]["hidden"] == [16]
+    options.write_text("epocs: 3\n")
+    result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
+                                 "lenet", "--config", str(options), "--out", str(tmp_path / "r2")])
+    assert result.exit_code == 1 and "unknown training option(s) epocs" in result.stderr
+    result = runner.invoke(app, ["train", "--arch", "lenet", "--out", str(tmp_path / "r3")])
+    assert result.exit_code == 1 and "missing required option(s) data" in result.stderr

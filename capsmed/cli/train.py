@@ -26,19 +26,15 @@ def train(
     config: Path = typer.Option(None, help="YAML file of these options; flags override it."),
 ) -> None:
     """Train a model; keeps the checkpoint at minimum validation loss."""
-    from capsmed.errors import CapsmedError
-    from capsmed.train.config import TrainConfig
+    from capsmed.train.config import TrainConfig, read_options_yaml
     from capsmed.train.engine import train as run_training
 
-    base = TrainConfig.from_yaml(config).to_dict() if config else {}
+    base = read_options_yaml(config) if config else {}
     overrides = only_set(data=str(data) if data else None, arch=arch, epochs=epochs,
                          batch_size=batch_size, lr=lr, recon_weight=recon_weight, seed=seed,
                          device=device, out=str(out) if out else None)
     merged = {**base, **overrides}
     merged["model_kwargs"] = {**base.get("model_kwargs", {}),
                               **parse_key_values(model_arg, "--model-arg")}
-    for required in ("data", "arch"):
-        if not merged.get(required):
-            raise CapsmedError(f"--{required} is required (or give it in --config)")
-    run_dir = run_training(TrainConfig.from_dict(merged))
+    run_dir = run_training(TrainConfig.from_dict(merged, origin="capsmed train"))
     typer.echo(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")

@@ -75,19 +75,29 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], origin: str = "config") -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+    def check_keys(cls, values: dict[str, Any], origin: str) -> None:
+        """Reject option names this config does not have (typos fail loudly)."""
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise CapsmedError(f"{origin}: unknown training option(s) {', '.join(unknown)}")
-        return cls(**values)
 
     @classmethod
-    def from_yaml(cls, path: Path) -> TrainConfig:
-        try:
-            values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise CapsmedError(f"{path}: cannot read YAML config ({exc})") from exc
-        if not isinstance(values, dict):
-            raise CapsmedError(f"{path}: expected a mapping of training options")
-        return cls.from_dict(values, origin=str(path))
+    def from_dict(cls, values: dict[str, Any], origin: str = "config") -> TrainConfig:
+        cls.check_keys(values, origin)
+        missing = [k for k in ("data", "arch") if not values.get(k)]
+        if missing:
+            raise CapsmedError(f"{origin}: missing required option(s) "
+                               f"{', '.join(missing)} (give --{missing[0]})")
+        return cls(**values)
+
+
+def read_options_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping of training options (possibly partial), keys checked."""
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise CapsmedError(f"{path}: cannot read YAML config ({exc})") from exc
+    if not isinstance(values, dict):
+        raise CapsmedError(f"{path}: expected a mapping of training options")
+    TrainConfig.check_keys(values, str(path))
+    return values
