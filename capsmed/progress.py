@@ -30,11 +30,6 @@ def set_progress_enabled(enabled: bool) -> None:
     _state["enabled"] = enabled
 
 
-def progress_enabled() -> bool:
-    """Whether progress bars are currently drawn."""
-    return _state["enabled"]
-
-
 def make_progress(*extra_columns, disable: bool | None = None) -> Progress:
     """A rich Progress with the project's standard columns plus any ``extra_columns``."""
     off = (not _state["enabled"]) if disable is None else disable

@@ -94,7 +94,7 @@ def test_hematoxylin_channel_is_dark_where_hematoxylin_is_dense():
     # Beer-Lambert: deconvolution recovers density / ln(1e6) where nothing saturates
     tissue = (density > 0.05) & (density < 1.5)
     recovered = hematoxylin_density(synth.rgb)[tissue]
-    assert np.corrcoef(recovered, density[tissue])[0, 1] > 0.9
+    assert np.corrcoef(recovered, density[tissue])[0, 1] > 0.98
 
 
 def test_flattened_layout_gives_the_same_dataset(tiny_raw, tiny_h5, tmp_path):

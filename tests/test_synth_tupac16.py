@@ -96,7 +96,7 @@ def test_rgb2hed_recovers_hematoxylin_and_mitoses_are_dark():
         img = render_tupac16_image(np.random.default_rng(seed), 256, mitoses_per_megapixel=60)
         h = rgb2hed(img.rgb)[..., 0]
         tissue = img.hematoxylin > 0.03
-        assert np.corrcoef(h[tissue], img.hematoxylin[tissue])[0, 1] > 0.9
+        assert np.corrcoef(h[tissue], img.hematoxylin[tissue])[0, 1] > 0.98
         # Beer-Lambert with skimage's vectors: rgb2hed gives cH / ln(1e6) where nothing clips
         assert np.median(np.abs(h[tissue] * LN_1E6 - img.hematoxylin[tissue])) < 0.05
         if len(img.mitoses):
@@ -126,7 +126,7 @@ def test_official_layout(tmp_path):
     assert tifs == [f"mitoses_image_data_part_{1 if c <= 14 else 2}/{c:02d}/01.tif"
                     for c in range(1, 16)]
     csvs = list(out.rglob("*.csv"))
-    assert all(p.parent.parent.name == synth.GROUND_TRUTH_DIR for p in csvs)
+    assert all(p.parent.parent.name == "mitoses_ground_truth" for p in csvs)
     assert sum(len(p.read_text().splitlines()) for p in csvs) == summary.mitoses
     assert _leftovers(tmp_path) == []
 
@@ -139,7 +139,7 @@ def test_flat_layout(tmp_path):
     assert tifs == ["01/01.tif", "01/02.tif", "02/01.tif", "02/02.tif"]
     csvs = sorted(out.rglob("*.csv"))
     assert csvs and all(p.with_suffix(".tif").is_file() for p in csvs)
-    assert not (out / synth.GROUND_TRUTH_DIR).exists()
+    assert not (out / "mitoses_ground_truth").exists()
     assert sum(len(p.read_text().splitlines()) for p in csvs) == summary.mitoses
 
 
@@ -155,7 +155,7 @@ def test_written_files_match_the_renderer(tmp_path):
             with tifffile.TiffFile(tif) as f:
                 assert f.pages[0].photometric == tifffile.PHOTOMETRIC.RGB
                 assert np.array_equal(f.asarray(), expected.rgb)
-            csv = out / synth.GROUND_TRUTH_DIR / f"{case:02d}" / f"{image:02d}.csv"
+            csv = out / "mitoses_ground_truth" / f"{case:02d}" / f"{image:02d}.csv"
             if len(expected.mitoses) == 0:
                 assert not csv.exists()  # the real data has no CSV for mitosis-free images
                 without_csv += 1

@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 import tifffile
 
+from capsmed.data.sources.tupac16 import GROUND_TRUTH_DIR
 from capsmed.data.synth.histology import (
     Canvas,
     draw_lookalike,
@@ -46,7 +47,6 @@ LOOKALIKES_PER_MEGAPIXEL = 85.0  # look-alike events (a lymphocyte group counts 
 MAX_CASES = 73
 # Official archive split of cases into parts: part 1 holds 01-14, part 2 15-33, part 3 34-73.
 PART_RANGES = ((1, 14), (15, 33), (34, 73))
-GROUND_TRUTH_DIR = "mitoses_ground_truth"
 MIN_MITOSIS_SPACING = 30  # px between mitosis centres
 H_CLIP = 2.2  # ceiling on cH so the darkest channel stays well above 0 (linear rgb2hed)
 
