@@ -6,6 +6,9 @@ import typer
 
 from capsmed.cli.common import handles_errors
 
+# Set by the trainer from the dataset, so not listed as options.
+UNIFORM_ARGUMENTS = {"in_channels", "num_classes", "input_size", "input_mean", "input_std"}
+
 
 @handles_errors
 def models(
@@ -22,8 +25,10 @@ def models(
 
     table = Table(title=f"Architectures at {channels}x{input_size}x{input_size}, "
                         f"{num_classes} classes")
-    for column in ("name", "parameters", "description", "reference"):
-        table.add_column(column, justify="right" if column == "parameters" else "left")
+    for column in ("name", "parameters", "description", "options (--model-arg key=value)",
+                   "reference"):
+        table.add_column(column, justify="right" if column == "parameters" else "left",
+                         overflow="fold")
     for entry in list_models():
         try:
             model = create_model(entry.name, in_channels=channels, num_classes=num_classes,
@@ -31,5 +36,7 @@ def models(
             params = f"{count_parameters(model):,}"
         except CapsmedError as exc:
             params = f"n/a ({exc})"
-        table.add_row(entry.name, params, entry.description, entry.paper)
+        options = " ".join(f"{k}={v}".replace(" ", "") for k, v in entry.defaults().items()
+                            if k not in UNIFORM_ARGUMENTS)
+        table.add_row(entry.name, params, entry.description, options, entry.paper)
     Console().print(table)

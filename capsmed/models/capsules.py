@@ -28,14 +28,17 @@ def capsule_length(v: torch.Tensor, dim: int = -1, eps: float = EPS) -> torch.Te
 
 
 def dynamic_routing(
-    u_hat: torch.Tensor, iterations: int = 3, return_couplings: bool = False
+    u_hat: torch.Tensor, iterations: int = 3, return_couplings: bool = False,
+    squash_outputs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Routing by agreement (Sabour et al. 2017, procedure 1), vectorised.
 
     Args:
         u_hat: Prediction vectors [B, I, J, D] of each input capsule for each output.
-        iterations: Number of times the outputs are computed; 1 = uniform couplings.
+        iterations: Number of times the outputs are computed; 1 = uniform couplings
+            (no routing: every input sends 1/J of its vote to every output).
         return_couplings: Also return the final coupling coefficients [B, I, J].
+        squash_outputs: Apply the squash non-linearity (paper 004's ``Squash-fn``).
 
     Returns:
         Output capsules v [B, J, D] and, optionally, the couplings.
@@ -49,7 +52,8 @@ def dynamic_routing(
         for it in range(iterations):
             # Softmax over the *output* capsules: each input distributes its vote.
             c = F.softmax(logits, dim=2)
-            v = squash(torch.einsum("bij,bijd->bjd", c, u_hat))
+            v = torch.einsum("bij,bijd->bjd", c, u_hat)
+            v = squash(v) if squash_outputs else v
             if it < iterations - 1:
                 logits = logits + torch.einsum("bijd,bjd->bij", u_hat, v)
     return v, (c if return_couplings else None)
@@ -62,44 +66,58 @@ class PrimaryCapsules(nn.Module):
     """
 
     def __init__(self, in_channels: int, types: int, dim: int, kernel_size: int,
-                 stride: int) -> None:
+                 stride: int, squash: bool = True) -> None:
         super().__init__()
-        self.types, self.dim = types, dim
+        self.types, self.dim, self.squash = types, dim, squash
         self.conv = nn.Conv2d(in_channels, types * dim, kernel_size, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
         b, _, h, w = y.shape
         y = y.view(b, self.types, self.dim, h, w).permute(0, 1, 3, 4, 2)
-        return squash(y.reshape(b, self.types * h * w, self.dim))
+        y = y.reshape(b, self.types * h * w, self.dim)
+        return squash(y) if self.squash else y
 
 
 class RoutedCapsules(nn.Module):
-    """Fully connected capsule layer: per-pair transforms W_ij, then dynamic routing."""
+    """Fully connected capsule layer: transforms W_ij, then dynamic routing.
+
+    Args:
+        shared: One transform per output capsule, shared by every input capsule
+            (Aff-CapsNet, paper 004) instead of one per (input, output) pair.
+        iterations: Routing iterations; 1 = no routing (uniform couplings).
+        squash: Squash the outputs.
+    """
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int,
-                 iterations: int = 3, init_std: float = 0.05) -> None:
+                 iterations: int = 3, shared: bool = False, squash: bool = True,
+                 init_std: float = 0.05) -> None:
         super().__init__()
-        self.iterations = iterations
-        # W[i, j] maps input capsule i's pose to its prediction for output capsule j.
-        self.weight = nn.Parameter(init_std * torch.randn(in_caps, out_caps, out_dim, in_dim))
+        self.iterations, self.squash = iterations, squash
+        # W[i, j] maps input capsule i's pose to its prediction for output capsule j;
+        # with shared transforms the input axis has length 1 and broadcasts.
+        self.weight = nn.Parameter(
+            init_std * torch.randn(1 if shared else in_caps, out_caps, out_dim, in_dim))
 
     def forward(self, u: torch.Tensor, return_couplings: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        u_hat = torch.einsum("ijdc,bic->bijd", self.weight, u)
-        return dynamic_routing(u_hat, self.iterations, return_couplings)
+        w = self.weight.expand(u.shape[1], -1, -1, -1)  # a view: no copy when shared
+        u_hat = torch.einsum("ijdc,bic->bijd", w, u)
+        return dynamic_routing(u_hat, self.iterations, return_couplings, self.squash)
 
 
 class MaskedDecoder(nn.Module):
-    """Reconstruct the input from the class capsules, all but one masked to zero.
+    """Reconstruct the input from the class capsules.
 
-    During training the true class is kept (Sabour et al.); otherwise the longest one.
+    Conditional (Sabour et al.): all capsules but one are masked to zero, the true
+    class during training, otherwise the longest. Plain (paper 004's "normal"
+    reconstruction): every capsule is used, unmasked.
     """
 
     def __init__(self, num_caps: int, caps_dim: int, out_shape: tuple[int, int, int],
-                 hidden: tuple[int, ...] = (512, 1024)) -> None:
+                 hidden: tuple[int, ...] = (512, 1024), conditional: bool = True) -> None:
         super().__init__()
-        self.out_shape = out_shape
+        self.out_shape, self.conditional = out_shape, conditional
         sizes = [num_caps * caps_dim, *hidden]
         layers: list[nn.Module] = []
         for a, b in zip(sizes[:-1], sizes[1:], strict=True):
@@ -109,6 +127,7 @@ class MaskedDecoder(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, capsules: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        mask = F.one_hot(keep, capsules.shape[1]).to(capsules.dtype)
-        flat = (capsules * mask.unsqueeze(-1)).flatten(1)
-        return self.net(flat).view(-1, *self.out_shape)
+        if self.conditional:
+            mask = F.one_hot(keep, capsules.shape[1]).to(capsules.dtype)
+            capsules = capsules * mask.unsqueeze(-1)
+        return self.net(capsules.flatten(1)).view(-1, *self.out_shape)
