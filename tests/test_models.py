@@ -14,7 +14,9 @@ from tests.conftest import TINY_CAPSNET
 TINY_FC = {"channels": (4, 4, 4), "hidden": (8, 6)}
 TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
         "lenet": {"widths": (3, 4), "hidden": (8,)},
-        "baseline": TINY_FC, "convnet-fc": TINY_FC, "convnet-avg": {"channels": (4, 4)}}
+        "baseline": TINY_FC, "convnet-fc": TINY_FC, "convnet-avg": {"channels": (4, 4)},
+        "resnext50": {"layers": (1, 1, 1, 1), "planes": (4, 8, 8, 8), "cardinality": 2,
+                      "base_width": 32, "stem_channels": 8}}
 
 
 @pytest.mark.parametrize("entry", list_models(), ids=lambda e: e.name)
@@ -46,9 +48,13 @@ def test_registry_model_forward_backward(entry, channels, size):
     ("convnet-fc", 40, {}, 35_445_522),
     ("convnet-avg", 40, {}, 5_332_234),
     ("aff-capsnet", 40, {}, 7_578_688),
+    # paper 001: ResNeXt-50 32x4d, ~23M with 15 classes (25,028,904 with 1,000 classes)
+    ("resnext50", 128, {"in_channels": 3, "num_classes": 15}, 23_010_639),
+    ("resnext50", 224, {"in_channels": 3, "num_classes": 1000}, 25_028_904),
 ])
 def test_paper_parameter_counts(name, size, kwargs, expected):
-    model = create_model(name, in_channels=1, num_classes=10, input_size=size, **kwargs)
+    model = create_model(name, input_size=size, **{"in_channels": 1, "num_classes": 10,
+                                                   **kwargs})
     assert count_parameters(model) == expected
 
 
@@ -70,16 +76,20 @@ def test_kernel_size_switch_reproduces_paper_004_table_3(name, k, printed):
     assert abs(params / 1e6 - float(printed)) / float(printed) < 0.01
 
 
-def test_full_size_capsnet_one_step_at_batch_2():
+@pytest.mark.parametrize("name, shape", [("capsnet", (1, 28, 28)), ("baseline", (1, 28, 28)),
+                                         ("resnext50", (3, 64, 64))])
+def test_full_size_model_one_step_at_batch_2(name, shape):
     torch.manual_seed(0)
-    model = create_model("capsnet", num_classes=2)
+    model = create_model(name, num_classes=2, in_channels=shape[0], input_size=shape[1])
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = torch.rand(2, 1, 28, 28), torch.tensor([0, 1])
-    before = model.classes.weight.detach().clone()
-    loss = training_loss("margin", model(x, target=y), x, y, 5e-4)
+    x, y = torch.rand(2, *shape), torch.tensor([0, 1])
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = training_loss(model.loss_kind, model(x, target=y), x, y, 5e-4)
     loss.backward()
     opt.step()
-    assert torch.isfinite(loss) and not torch.equal(before, model.classes.weight)
+    assert torch.isfinite(loss)
+    changed = sum(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    assert changed > len(before) // 2
 
 
 def test_too_small_input_and_unknown_options_fail_clearly():
