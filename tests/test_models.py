@@ -203,3 +203,32 @@ def test_baseline_dropout_is_active_only_in_training():
     assert torch.equal(model(x).scores, model(x).scores)
     model.train()
     assert not torch.equal(model(x).scores, model(x).scores)
+
+
+def test_routing_eta_interpolates_between_frozen_and_full_routing():
+    torch.manual_seed(1)
+    u_hat = torch.randn(2, 8, 3, 4)
+    _, full = dynamic_routing(u_hat, 3, return_couplings=True, eta=1.0)
+    _, frozen = dynamic_routing(u_hat, 3, return_couplings=True, eta=0.0)
+    _, soft = dynamic_routing(u_hat, 3, return_couplings=True, eta=0.3)
+    assert torch.allclose(frozen, torch.full_like(frozen, 1 / 3))  # eta 0: never updated
+    assert torch.allclose(soft.sum(dim=2), torch.ones(2, 8), atol=1e-6)
+    # the soft update moves the couplings away from uniform, but less than eta=1
+    assert 0 < (soft - frozen).abs().sum() < (full - frozen).abs().sum()
+    with pytest.raises(ValueError, match="within \\[0, 1\\]"):
+        dynamic_routing(u_hat, 3, eta=1.5)
+
+
+def test_grad_through_routing_switch():
+    torch.manual_seed(2)
+    u_hat = torch.randn(2, 8, 3, 4, requires_grad=True)
+    v, c = dynamic_routing(u_hat, 3, return_couplings=True, grad_through_routing=False)
+    (grad_last,) = torch.autograd.grad(v.sum(), u_hat)
+    # False = gradient of the last weighted sum with the couplings held constant
+    v_const = squash(torch.einsum("bij,bijd->bjd", c.detach(), u_hat))
+    (grad_expected,) = torch.autograd.grad(v_const.sum(), u_hat)
+    assert torch.allclose(grad_last, grad_expected, atol=1e-6)
+    v_all, _ = dynamic_routing(u_hat, 3, grad_through_routing=True)
+    (grad_all,) = torch.autograd.grad(v_all.sum(), u_hat)
+    assert torch.allclose(v_all, v, atol=1e-6)  # same forward
+    assert not torch.allclose(grad_all, grad_last, atol=1e-6)  # different backward

@@ -9,6 +9,8 @@ Parameters: 8,215,568 at 28x28, 1 channel, 10 classes (paper 000: 8.2M) and
 Switches (paper 004 Table 2): ``routing`` dynamic or none (uniform couplings, "NoR"),
 ``shared_transform``, ``squash``, ``reconstruction`` conditional / plain / none; the
 kernels of both convolutions (paper 004 Table 3) are ``conv_kernel`` / ``primary_kernel``.
+Routing (paper 003): ``routing_iters``, the soft update rate ``routing_eta`` (eq. 3) and
+``grad_through_routing`` (False: gradients only through the last iteration).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class CapsNet(nn.Module):
     def __init__(self, in_channels: int, num_classes: int, input_size: tuple[int, int], *,
                  conv_channels: int, conv_kernel: int, primary_types: int, primary_dim: int,
                  primary_kernel: int, class_dim: int, routing: str, routing_iters: int,
+                 routing_eta: float, grad_through_routing: bool,
                  shared_transform: bool, squash: bool, reconstruction: str,
                  decoder_hidden: tuple[int, ...], input_mean: list[float] | None,
                  input_std: list[float] | None) -> None:
@@ -60,7 +63,9 @@ class CapsNet(nn.Module):
         self.classes = RoutedCapsules(primary_types * gh * gw, primary_dim, num_classes,
                                       class_dim,
                                       iterations=routing_iters if routing == "dynamic" else 1,
-                                      shared=shared_transform, squash=squash)
+                                      shared=shared_transform, squash=squash,
+                                      eta=routing_eta,
+                                      grad_through_routing=grad_through_routing)
         self.decoder = (None if reconstruction == "none" else
                         MaskedDecoder(num_classes, class_dim, (in_channels, h, w),
                                       decoder_hidden, conditional=reconstruction == "conditional"))
@@ -87,8 +92,9 @@ def capsnet(in_channels: int = 1, num_classes: int = 10,
             input_size: int | tuple[int, int] = 28, conv_channels: int = 256,
             conv_kernel: int = 9, primary_types: int = 32, primary_dim: int = 8,
             primary_kernel: int = 9, class_dim: int = 16, routing: str = "dynamic",
-            routing_iters: int = 3, shared_transform: bool = False, squash: bool = True,
-            reconstruction: str = "conditional",
+            routing_iters: int = 3, routing_eta: float = 1.0,
+            grad_through_routing: bool = True, shared_transform: bool = False,
+            squash: bool = True, reconstruction: str = "conditional",
             decoder_hidden: tuple[int, ...] = (512, 1024),
             input_mean: list[float] | None = None,
             input_std: list[float] | None = None) -> CapsNet:
@@ -97,8 +103,10 @@ def capsnet(in_channels: int = 1, num_classes: int = 10,
                    conv_channels=conv_channels, conv_kernel=conv_kernel,
                    primary_types=primary_types, primary_dim=primary_dim,
                    primary_kernel=primary_kernel, class_dim=class_dim, routing=routing,
-                   routing_iters=routing_iters, shared_transform=shared_transform,
-                   squash=squash, reconstruction=reconstruction,
+                   routing_iters=routing_iters, routing_eta=routing_eta,
+                   grad_through_routing=grad_through_routing,
+                   shared_transform=shared_transform, squash=squash,
+                   reconstruction=reconstruction,
                    decoder_hidden=tuple(decoder_hidden), input_mean=input_mean,
                    input_std=input_std)
 
@@ -124,6 +132,7 @@ def aff_capsnet(in_channels: int = 1, num_classes: int = 10,
                    conv_channels=conv_channels, conv_kernel=conv_kernel,
                    primary_types=primary_types, primary_dim=primary_dim,
                    primary_kernel=primary_kernel, class_dim=class_dim, routing="none",
-                   routing_iters=1, shared_transform=True, squash=squash,
+                   routing_iters=1, routing_eta=1.0, grad_through_routing=True,
+                   shared_transform=True, squash=squash,
                    reconstruction=reconstruction, decoder_hidden=tuple(decoder_hidden),
                    input_mean=input_mean, input_std=input_std)

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsmed.errors import CapsmedError
+
 EPS = 1e-8
 
 
@@ -29,7 +31,7 @@ def capsule_length(v: torch.Tensor, dim: int = -1, eps: float = EPS) -> torch.Te
 
 def dynamic_routing(
     u_hat: torch.Tensor, iterations: int = 3, return_couplings: bool = False,
-    squash_outputs: bool = True,
+    squash_outputs: bool = True, eta: float = 1.0, grad_through_routing: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Routing by agreement (Sabour et al. 2017, procedure 1), vectorised.
 
@@ -39,23 +41,34 @@ def dynamic_routing(
             (no routing: every input sends 1/J of its vote to every output).
         return_couplings: Also return the final coupling coefficients [B, I, J].
         squash_outputs: Apply the squash non-linearity (paper 004's ``Squash-fn``).
+        eta: Soft update rate (paper 003 eq. 3): ``c <- eta softmax(b) + (1 - eta) c``;
+            1 is Sabour et al.'s rule, 0 keeps the couplings uniform.
+        grad_through_routing: Backpropagate through every iteration's agreement; if
+            False, only through the last weighted sum, with the couplings held constant
+            (as Sabour et al.'s released code does).
 
     Returns:
         Output capsules v [B, J, D] and, optionally, the couplings.
     """
     if iterations < 1:
         raise ValueError("routing needs at least one iteration")
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"routing eta must be within [0, 1], got {eta}")
     # Routing is a tiny share of the compute but sensitive to precision: keep it fp32.
     with torch.autocast(device_type=u_hat.device.type, enabled=False):
         u_hat = u_hat.float()
+        votes = u_hat if grad_through_routing else u_hat.detach()
         logits = u_hat.new_zeros(u_hat.shape[:3])
+        # Softmax over the *output* capsules: each input distributes its vote.
+        c = F.softmax(logits, dim=2)
         for it in range(iterations):
-            # Softmax over the *output* capsules: each input distributes its vote.
-            c = F.softmax(logits, dim=2)
-            v = torch.einsum("bij,bijd->bjd", c, u_hat)
+            if it > 0:
+                c = eta * F.softmax(logits, dim=2) + (1.0 - eta) * c
+            last = it == iterations - 1
+            v = torch.einsum("bij,bijd->bjd", c, u_hat if last else votes)
             v = squash(v) if squash_outputs else v
-            if it < iterations - 1:
-                logits = logits + torch.einsum("bijd,bjd->bij", u_hat, v)
+            if not last:
+                logits = logits + torch.einsum("bijd,bjd->bij", votes, v)
     return v, (c if return_couplings else None)
 
 
@@ -87,13 +100,18 @@ class RoutedCapsules(nn.Module):
             (Aff-CapsNet, paper 004) instead of one per (input, output) pair.
         iterations: Routing iterations; 1 = no routing (uniform couplings).
         squash: Squash the outputs.
+        eta, grad_through_routing: See :func:`dynamic_routing`.
     """
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int,
                  iterations: int = 3, shared: bool = False, squash: bool = True,
+                 eta: float = 1.0, grad_through_routing: bool = True,
                  init_std: float = 0.05) -> None:
         super().__init__()
+        if not 0.0 <= eta <= 1.0:
+            raise CapsmedError(f"routing_eta must be within [0, 1], got {eta}")
         self.iterations, self.squash = iterations, squash
+        self.eta, self.grad_through_routing = eta, grad_through_routing
         # W[i, j] maps input capsule i's pose to its prediction for output capsule j;
         # with shared transforms the input axis has length 1 and broadcasts.
         self.weight = nn.Parameter(
@@ -103,7 +121,8 @@ class RoutedCapsules(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         w = self.weight.expand(u.shape[1], -1, -1, -1)  # a view: no copy when shared
         u_hat = torch.einsum("ijdc,bic->bijd", w, u)
-        return dynamic_routing(u_hat, self.iterations, return_couplings, self.squash)
+        return dynamic_routing(u_hat, self.iterations, return_couplings, self.squash,
+                               self.eta, self.grad_through_routing)
 
 
 class MaskedDecoder(nn.Module):
