@@ -8,7 +8,7 @@ import torch
 from capsmed.errors import CapsmedError
 from capsmed.models import count_parameters, create_model, list_models
 from capsmed.models.capsules import dynamic_routing, squash
-from capsmed.train.losses import margin_loss, reconstruction_loss, training_loss
+from capsmed.train.losses import margin_loss, reconstruction_loss, spread_loss, training_loss
 from tests.conftest import TINY_CAPSNET
 
 TINY_FC = {"channels": (4, 4, 4), "hidden": (8, 6)}
@@ -232,3 +232,24 @@ def test_grad_through_routing_switch():
     (grad_all,) = torch.autograd.grad(v_all.sum(), u_hat)
     assert torch.allclose(v_all, v, atol=1e-6)  # same forward
     assert not torch.allclose(grad_all, grad_last, atol=1e-6)  # different backward
+
+
+def test_spread_loss_by_hand():
+    scores = torch.tensor([[0.8, 0.5, 0.1]])
+    # target 0: gaps 0.9 - 0.3 = 0.6 and 0.9 - 0.7 = 0.2 -> 0.36 + 0.04
+    assert spread_loss(scores, torch.tensor([0])).item() == pytest.approx(0.40)
+    assert spread_loss(scores, torch.tensor([0]), margin=0.2).item() == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("loss", ["margin", "ce", "spread"])
+def test_loss_switch_pairs_the_training_loss(loss):
+    model = _tiny_capsnet(loss=loss, reconstruction="none")
+    assert model.loss_kind == loss
+    x, y = torch.rand(2, 1, 28, 28), torch.tensor([0, 2])
+    out = model(x, target=y)
+    expected = {"margin": margin_loss, "spread": spread_loss,
+                "ce": torch.nn.functional.cross_entropy}[loss](out.scores, y)
+    assert training_loss(model.loss_kind, out, x, y, 0.0).item() == pytest.approx(
+        expected.item())
+    with pytest.raises(CapsmedError, match="loss must be one of"):
+        _tiny_capsnet(loss="hinge")

@@ -7,7 +7,8 @@ Parameters: 8,215,568 at 28x28, 1 channel, 10 classes (paper 000: 8.2M) and
 13,475,648 at paper 004's 40x40 affNIST setting (paper 004: 13.5M).
 
 Switches (paper 004 Table 2): ``routing`` dynamic or none (uniform couplings, "NoR"),
-``shared_transform``, ``squash``, ``reconstruction`` conditional / plain / none; the
+``shared_transform``, ``squash``, ``reconstruction`` conditional / plain / none,
+``loss`` margin / ce / spread (the trainer pairs it); the
 kernels of both convolutions (paper 004 Table 3) are ``conv_kernel`` / ``primary_kernel``.
 Routing (paper 003): ``routing_iters``, the soft update rate ``routing_eta`` (eq. 3) and
 ``grad_through_routing`` (False: gradients only through the last iteration).
@@ -20,7 +21,7 @@ from torch import nn
 
 from capsmed.errors import CapsmedError
 from capsmed.models.capsules import MaskedDecoder, PrimaryCapsules, RoutedCapsules, capsule_length
-from capsmed.models.common import ModelOutput, Standardize, as_size
+from capsmed.models.common import LOSS_KINDS, ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 
 ROUTINGS = ("dynamic", "none")
@@ -30,16 +31,17 @@ RECONSTRUCTIONS = ("conditional", "plain", "none")
 class CapsNet(nn.Module):
     """Conv -> primary capsules -> routed class capsules (+ decoder)."""
 
-    loss_kind = "margin"
-
     def __init__(self, in_channels: int, num_classes: int, input_size: tuple[int, int], *,
                  conv_channels: int, conv_kernel: int, primary_types: int, primary_dim: int,
                  primary_kernel: int, class_dim: int, routing: str, routing_iters: int,
                  routing_eta: float, grad_through_routing: bool,
-                 shared_transform: bool, squash: bool, reconstruction: str,
+                 shared_transform: bool, squash: bool, reconstruction: str, loss: str,
                  decoder_hidden: tuple[int, ...], input_mean: list[float] | None,
                  input_std: list[float] | None) -> None:
         super().__init__()
+        if loss not in LOSS_KINDS:
+            raise CapsmedError(f"loss must be one of {', '.join(LOSS_KINDS)}, got '{loss}'")
+        self.loss_kind = loss  # paper 004's Loss factor; the trainer pairs it
         if routing not in ROUTINGS:
             raise CapsmedError(f"routing must be one of {', '.join(ROUTINGS)}, got '{routing}'"
                                " (EM routing is the em-capsnet architecture)")
@@ -94,7 +96,7 @@ def capsnet(in_channels: int = 1, num_classes: int = 10,
             primary_kernel: int = 9, class_dim: int = 16, routing: str = "dynamic",
             routing_iters: int = 3, routing_eta: float = 1.0,
             grad_through_routing: bool = True, shared_transform: bool = False,
-            squash: bool = True, reconstruction: str = "conditional",
+            squash: bool = True, reconstruction: str = "conditional", loss: str = "margin",
             decoder_hidden: tuple[int, ...] = (512, 1024),
             input_mean: list[float] | None = None,
             input_std: list[float] | None = None) -> CapsNet:
@@ -106,7 +108,7 @@ def capsnet(in_channels: int = 1, num_classes: int = 10,
                    routing_iters=routing_iters, routing_eta=routing_eta,
                    grad_through_routing=grad_through_routing,
                    shared_transform=shared_transform, squash=squash,
-                   reconstruction=reconstruction,
+                   reconstruction=reconstruction, loss=loss,
                    decoder_hidden=tuple(decoder_hidden), input_mean=input_mean,
                    input_std=input_std)
 
@@ -116,7 +118,7 @@ def aff_capsnet(in_channels: int = 1, num_classes: int = 10,
                 input_size: int | tuple[int, int] = 40, conv_channels: int = 256,
                 conv_kernel: int = 9, primary_types: int = 32, primary_dim: int = 8,
                 primary_kernel: int = 9, class_dim: int = 16, squash: bool = True,
-                reconstruction: str = "conditional",
+                reconstruction: str = "conditional", loss: str = "margin",
                 decoder_hidden: tuple[int, ...] = (512, 1024),
                 input_mean: list[float] | None = None,
                 input_std: list[float] | None = None) -> CapsNet:
@@ -134,5 +136,5 @@ def aff_capsnet(in_channels: int = 1, num_classes: int = 10,
                    primary_kernel=primary_kernel, class_dim=class_dim, routing="none",
                    routing_iters=1, routing_eta=1.0, grad_through_routing=True,
                    shared_transform=True, squash=squash,
-                   reconstruction=reconstruction, decoder_hidden=tuple(decoder_hidden),
+                   reconstruction=reconstruction, loss=loss, decoder_hidden=tuple(decoder_hidden),
                    input_mean=input_mean, input_std=input_std)

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# The losses a model can declare as its ``loss_kind``; capsmed.train.losses implements them.
+LOSS_KINDS = ("margin", "ce", "spread")
+
 
 @dataclass
 class ModelOutput:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from capsmed.models.common import ModelOutput
+from capsmed.models.common import LOSS_KINDS, ModelOutput
 
 
 def margin_loss(lengths: torch.Tensor, target: torch.Tensor, m_pos: float = 0.9,
@@ -20,6 +20,18 @@ def margin_loss(lengths: torch.Tensor, target: torch.Tensor, m_pos: float = 0.9,
     return (present + absent).sum(dim=1).mean()
 
 
+def spread_loss(scores: torch.Tensor, target: torch.Tensor, margin: float = 0.9
+                ) -> torch.Tensor:
+    """Hinton et al. 2018: ``sum_{i != t} max(0, margin - (a_t - a_i))^2``, batch mean.
+
+    The true class's activation must exceed every other by ``margin``.
+    """
+    a_t = scores.gather(1, target[:, None])
+    gaps = F.relu(margin - (a_t - scores)) ** 2
+    gaps = gaps * (1.0 - F.one_hot(target, scores.shape[1]).to(scores.dtype))
+    return gaps.sum(dim=1).mean()
+
+
 def reconstruction_loss(reconstruction: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     """Squared error summed over pixels, averaged over the batch.
 
@@ -31,12 +43,21 @@ def reconstruction_loss(reconstruction: torch.Tensor, images: torch.Tensor) -> t
 
 def training_loss(loss_kind: str, output: ModelOutput, images: torch.Tensor,
                   target: torch.Tensor, recon_weight: float) -> torch.Tensor:
-    """The loss a model is trained with, chosen by its ``loss_kind``."""
+    """The loss a model is trained with: its ``loss_kind`` on the class scores, plus the
+    weighted reconstruction loss whenever the model reconstructs.
+
+    For capsule networks ``ce`` is the cross-entropy of a softmax over capsule lengths
+    (our reading of paper 004's "CE Loss" ablation).
+    """
+    scores = output.scores.float()
     if loss_kind == "margin":
-        loss = margin_loss(output.scores.float(), target)
-        if output.reconstruction is not None and recon_weight > 0:
-            loss = loss + recon_weight * reconstruction_loss(output.reconstruction, images)
-        return loss
-    if loss_kind == "ce":
-        return F.cross_entropy(output.scores.float(), target)
-    raise ValueError(f"unknown loss kind {loss_kind!r}")
+        loss = margin_loss(scores, target)
+    elif loss_kind == "ce":
+        loss = F.cross_entropy(scores, target)
+    elif loss_kind == "spread":
+        loss = spread_loss(scores, target)
+    else:
+        raise ValueError(f"unknown loss kind {loss_kind!r} (choose from {LOSS_KINDS})")
+    if output.reconstruction is not None and recon_weight > 0:
+        loss = loss + recon_weight * reconstruction_loss(output.reconstruction, images)
+    return loss
