@@ -138,3 +138,19 @@ def test_partial_yaml_config_is_completed_by_flags(cli_dataset, tmp_path):
     assert result.exit_code == 1 and "unknown training option(s) epocs" in result.stderr
     result = runner.invoke(app, ["train", "--arch", "lenet", "--out", str(tmp_path / "r3")])
     assert result.exit_code == 1 and "missing required option(s) data" in result.stderr
+
+
+def test_branches_flag_reaches_the_model(cli_dataset, tmp_path):
+    from tests.test_models import TINY
+
+    run = tmp_path / "par"
+    args = ["train", "--data", str(cli_dataset / "t.h5"), "--arch", "parallel-dr",
+            "--branches", "2", "--epochs", "1", "--out", str(run)]
+    for key, value in TINY["parallel-dr"].items():
+        if key != "branches":
+            args += ["--model-arg", f"{key}={json.dumps(value)}"]
+    _ok(args)
+    assert json.loads((run / "checkpoint.json").read_text())["model_kwargs"]["branches"] == 2
+    result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
+                                 "lenet", "--branches", "2", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and "has no option(s) branches" in result.stderr

@@ -16,7 +16,10 @@ TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
         "lenet": {"widths": (3, 4), "hidden": (8,)},
         "baseline": TINY_FC, "convnet-fc": TINY_FC, "convnet-avg": {"channels": (4, 4)},
         "resnext50": {"layers": (1, 1, 1, 1), "planes": (4, 8, 8, 8), "cardinality": 2,
-                      "base_width": 32, "stem_channels": 8}}
+                      "base_width": 32, "stem_channels": 8},
+        "parallel-dr": {"branches": 3, "stem_channels": 8, "stem_planes": (4,),
+                        "branch_planes": 4, "cardinality": 2, "base_width": 32,
+                        "primary_dim": 8, "mid_dim": 4, "class_dim": 4}}
 
 
 @pytest.mark.parametrize("entry", list_models(), ids=lambda e: e.name)
@@ -253,3 +256,39 @@ def test_loss_switch_pairs_the_training_loss(loss):
         expected.item())
     with pytest.raises(CapsmedError, match="loss must be one of"):
         _tiny_capsnet(loss="hinge")
+
+
+@pytest.mark.parametrize("layers, branches, paper_millions", [
+    (3, 2, 11.3), (3, 12, 73.2), (2, 1, 77.3), (2, 4, 77.6)])
+def test_parallel_dr_counts_near_paper_001_table_1(layers, branches, paper_millions):
+    # the stem widths are not in the paper; our reading lands within 6% (see docstring)
+    model = create_model("parallel-dr", in_channels=3, num_classes=15, input_size=400,
+                         branches=branches, capsule_layers=layers)
+    assert abs(count_parameters(model) / 1e6 - paper_millions) / paper_millions < 0.07
+
+
+def test_parallel_dr_mid_capsule_is_the_unrouted_sum_of_votes():
+    torch.manual_seed(3)
+    model = create_model("parallel-dr", num_classes=3, in_channels=1, input_size=28,
+                         **TINY["parallel-dr"])
+    model.eval()
+    x = torch.rand(2, 1, 28, 28)
+    features = model.stem(x)
+    primary = torch.stack([b(features) for b in model.branches], dim=1)  # B, N, I, D
+    votes = torch.einsum("nidc,bnic->bnid", model.mid_weight, primary)  # explicit u_hat
+    mid = squash(votes.sum(dim=2))  # a single output capsule: every coupling is 1
+    expected, _ = dynamic_routing(
+        torch.einsum("ijdc,bic->bijd", model.classes.weight, mid), 3)
+    assert torch.allclose(model(x).capsules, expected, atol=1e-5)
+    assert model.mid_weight.shape[:2] == (3, 4 * 4 * 2)  # branches, grid 4x4 x 2 per point
+
+
+def test_parallel_dr_options():
+    two = create_model("parallel-dr", num_classes=3, input_size=28, in_channels=1,
+                       **{**TINY["parallel-dr"], "primary_dim": 12}, capsule_layers=2)
+    assert two.branches[0].primary_dim == 4  # shortened by the 3 branches (paper 001)
+    assert two.classes.weight.shape[0] == 3 * 32  # all primary capsules routed directly
+    with pytest.raises(CapsmedError, match="4-layer variant is not built yet"):
+        create_model("parallel-dr", capsule_layers=4)
+    with pytest.raises(CapsmedError, match="branches must be >= 1"):
+        create_model("parallel-dr", branches=0)

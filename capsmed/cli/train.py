@@ -21,6 +21,8 @@ def train(
     seed: int = typer.Option(None, help="Random seed [0]."),
     device: str = typer.Option(None, help="auto, cpu, cuda, cuda:1, mps [auto]."),
     out: Path = typer.Option(None, help="Run directory [runs/<dataset>-<arch>-s<seed>-<time>]."),
+    branches: int = typer.Option(None, help="Parallel branches (parallel-dr; paper 001's "
+                                 "best: 12). Same as --model-arg branches=N."),
     model_arg: list[str] = typer.Option(None, help="Architecture option key=value, "
                                         "repeatable (e.g. conv_channels=64)."),
     config: Path = typer.Option(None, help="YAML file of these options; flags override it."),
@@ -35,6 +37,7 @@ def train(
                          device=device, out=str(out) if out else None)
     merged = {**base, **overrides}
     merged["model_kwargs"] = {**base.get("model_kwargs", {}),
-                              **parse_key_values(model_arg, "--model-arg")}
+                              **parse_key_values(model_arg, "--model-arg"),
+                              **only_set(branches=branches)}
     run_dir = run_training(TrainConfig.from_dict(merged, origin="capsmed train"))
     typer.echo(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")

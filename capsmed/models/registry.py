@@ -83,4 +83,4 @@ def count_parameters(model: nn.Module) -> int:
 
 def _import_families() -> None:
     # Importing a family module runs its @register_model decorators.
-    from capsmed.models import capsnet, convnets, lenet, resnext  # noqa: F401
+    from capsmed.models import capsnet, convnets, lenet, parallel, resnext  # noqa: F401
