@@ -17,6 +17,9 @@ TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
         "baseline": TINY_FC, "convnet-fc": TINY_FC, "convnet-avg": {"channels": (4, 4)},
         "resnext50": {"layers": (1, 1, 1, 1), "planes": (4, 8, 8, 8), "cardinality": 2,
                       "base_width": 32, "stem_channels": 8},
+        "convnet-cr": {"conv_channels": 16, "decoder_hidden": (16, 16)},
+        "convnet-r": {"conv_channels": 16, "decoder_hidden": (16, 16)},
+        "convnet-cr-sf": {"conv_channels": 16, "decoder_hidden": (16, 16)},
         "parallel-dr": {"branches": 3, "stem_channels": 8, "stem_planes": (4,),
                         "branch_planes": 4, "cardinality": 2, "base_width": 32,
                         "primary_dim": 8, "mid_dim": 4, "class_dim": 4}}
@@ -292,3 +295,25 @@ def test_parallel_dr_options():
         create_model("parallel-dr", capsule_layers=4)
     with pytest.raises(CapsmedError, match="branches must be >= 1"):
         create_model("parallel-dr", branches=0)
+
+
+def test_recon_convnets_match_their_reading_of_paper_004():
+    caps = count_parameters(create_model("capsnet"))
+    # "the same number of parameters as in CapsNet": W_ij becomes FC(160), plus its bias
+    assert count_parameters(create_model("convnet-cr")) == caps + 160
+    assert count_parameters(create_model("convnet-cr-sf")) == caps + 160
+    assert count_parameters(create_model("convnet-r")) == caps + 160 + 161 * 10
+    torch.manual_seed(4)
+    x, y1, y2 = torch.rand(2, 1, 28, 28), torch.tensor([0, 0]), torch.tensor([1, 1])
+    cr = create_model("convnet-cr", num_classes=3, **TINY["convnet-cr"])
+    out = cr(x, target=y1)
+    assert cr.loss_kind == "margin"
+    assert torch.allclose(out.scores, torch.sigmoid(out.capsules.sum(dim=-1)))
+    assert not torch.allclose(out.reconstruction, cr(x, target=y2).reconstruction)
+    r = create_model("convnet-r", num_classes=3, **TINY["convnet-r"])
+    assert r.loss_kind == "ce"
+    assert torch.allclose(r(x, target=y1).reconstruction, r(x, target=y2).reconstruction)
+    sf = create_model("convnet-cr-sf", num_classes=3, **TINY["convnet-cr-sf"])
+    scores = sf(x * 50).scores
+    assert ((scores > 0) & (scores < 1)).all()
+    assert torch.allclose(scores, sf(x * 50).capsules.norm(dim=-1), atol=1e-4)

@@ -83,4 +83,11 @@ def count_parameters(model: nn.Module) -> int:
 
 def _import_families() -> None:
     # Importing a family module runs its @register_model decorators.
-    from capsmed.models import capsnet, convnets, lenet, parallel, resnext  # noqa: F401
+    from capsmed.models import (  # noqa: F401
+        capsnet,
+        convnets,
+        lenet,
+        parallel,
+        recon_convnets,
+        resnext,
+    )
