@@ -20,6 +20,8 @@ TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
         "convnet-cr": {"conv_channels": 16, "decoder_hidden": (16, 16)},
         "convnet-r": {"conv_channels": 16, "decoder_hidden": (16, 16)},
         "convnet-cr-sf": {"conv_channels": 16, "decoder_hidden": (16, 16)},
+        "em-capsnet": {"stem_channels": 8, "stem_blocks": 2, "cardinality": 2, "base_width": 8,
+                       "primary_types": 4, "mid_types": 4},
         "parallel-dr": {"branches": 3, "stem_channels": 8, "stem_planes": (4,),
                         "branch_planes": 4, "cardinality": 2, "base_width": 32,
                         "primary_dim": 8, "mid_dim": 4, "class_dim": 4}}

@@ -86,6 +86,7 @@ def _import_families() -> None:
     from capsmed.models import (  # noqa: F401
         capsnet,
         convnets,
+        em_capsnet,
         lenet,
         parallel,
         recon_convnets,
