@@ -154,3 +154,14 @@ def test_branches_flag_reaches_the_model(cli_dataset, tmp_path):
     result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
                                  "lenet", "--branches", "2", "--out", str(tmp_path / "x")])
     assert result.exit_code == 1 and "has no option(s) branches" in result.stderr
+
+
+def test_models_at_large_inputs_allocates_nothing():
+    # the baseline has ~6.7 billion parameters at 400x400: counted on the meta device
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = _ok(["models", "--input-size", "400", "--channels", "3", "--num-classes", "15"]).output
+    assert "68,948,160" in out and "23,010,639" in out  # parallel-dr, resnext50
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 1000

@@ -42,10 +42,13 @@ class Standardize(nn.Module):
                  std: Sequence[float] | None) -> None:
         super().__init__()
         self.enabled = mean is not None and std is not None
-        m = torch.tensor(mean if mean is not None else [0.0] * channels, dtype=torch.float32)
-        s = torch.tensor(std if std is not None else [1.0] * channels, dtype=torch.float32)
-        if m.numel() != channels or s.numel() != channels or (s <= 0).any():
+        mean = list(mean) if mean is not None else [0.0] * channels
+        std = list(std) if std is not None else [1.0] * channels
+        # checked on plain values, so models can also be built on the meta device
+        if len(mean) != channels or len(std) != channels or min(std) <= 0:
             raise ValueError(f"input_mean/input_std need {channels} values (std > 0)")
+        m = torch.tensor(mean, dtype=torch.float32)
+        s = torch.tensor(std, dtype=torch.float32)
         # Non-persistent: the values live in the model's arguments, not its weights.
         self.register_buffer("mean", m.view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", s.view(1, -1, 1, 1), persistent=False)
