@@ -57,7 +57,7 @@ from torch import nn
 from capsmed.errors import CapsmedError
 from capsmed.models.common import ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
-from capsmed.models.resnext import ResNeXtBlock
+from capsmed.models.resnext import capsule_stem
 
 # Inputs per output the cost is normalised to (Gritzman 2019; see module docstring).
 COST_REFERENCE_INPUTS = 100.0
@@ -264,18 +264,9 @@ class EMCapsNet(nn.Module):
                                f"stem_blocks={stem_blocks} needs inputs of at least "
                                f"{least}x{least} pixels, got {h}x{w}")
         self.standardize = Standardize(in_channels, input_mean, input_std)
-        layers: list[nn.Module] = [
-            nn.Conv2d(in_channels, stem_channels, 7, stride=2, padding=3, bias=False),
-            nn.BatchNorm2d(stem_channels), nn.ReLU(inplace=True)]
-        channels = stem_channels
-        for i in range(stem_blocks):
-            block = ResNeXtBlock(channels, stem_channels * 2 ** i, 2, cardinality, base_width)
-            layers.append(block)
-            channels = block.out_channels
-        self.stem = nn.Sequential(*layers)
-        for m in self.stem.modules():  # He initialisation, as ResNeXt
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        self.stem, channels = capsule_stem(
+            in_channels, stem_channels, tuple(stem_channels * 2 ** i for i in range(stem_blocks)),
+            cardinality, base_width)
         self.primary = PrimaryMatrixCapsules(channels, primary_types)
         self.mid = (ConvMatrixCapsules(primary_types, mid_types, 3, 2, routing_iters,
                                        final_lambda) if capsule_layers == 3 else None)

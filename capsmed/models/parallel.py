@@ -40,7 +40,7 @@ from capsmed.errors import CapsmedError
 from capsmed.models.capsules import RoutedCapsules, capsule_length, squash
 from capsmed.models.common import ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
-from capsmed.models.resnext import ResNeXtBlock
+from capsmed.models.resnext import ResNeXtBlock, capsule_stem
 
 
 def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -90,15 +90,8 @@ class ParallelDRCapsNet(nn.Module):
         for _ in range(len(stem_planes) + 1):  # stem blocks and the branch block halve it
             grid = [_conv_out(s, 3, 2, 1) for s in grid]
         self.standardize = Standardize(in_channels, input_mean, input_std)
-        layers: list[nn.Module] = [
-            nn.Conv2d(in_channels, stem_channels, 7, stride=2, padding=3, bias=False),
-            nn.BatchNorm2d(stem_channels), nn.ReLU(inplace=True)]
-        channels = stem_channels
-        for planes in stem_planes:
-            block = ResNeXtBlock(channels, planes, 2, cardinality, base_width)
-            layers.append(block)
-            channels = block.out_channels
-        self.stem = nn.Sequential(*layers)
+        self.stem, channels = capsule_stem(in_channels, stem_channels, stem_planes,
+                                           cardinality, base_width)
         self.branches = nn.ModuleList(
             Branch(channels, branch_planes, caps_per_point, primary_dim, primary_kernel,
                    cardinality, base_width) for _ in range(branches))

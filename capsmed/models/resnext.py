@@ -62,6 +62,29 @@ def resnext_stage(in_channels: int, planes: int, blocks: int, stride: int, cardi
     return nn.Sequential(*layers)
 
 
+def capsule_stem(in_channels: int, stem_channels: int, planes: tuple[int, ...],
+                 cardinality: int, base_width: int) -> tuple[nn.Sequential, int]:
+    """The CNN stem of paper 001's capsule networks: conv 7x7/2 + BN + ReLU, then one
+    stride-2 ResNeXt block per entry of ``planes``.
+
+    Returns:
+        The stem and its number of output channels.
+    """
+    layers: list[nn.Module] = [
+        nn.Conv2d(in_channels, stem_channels, 7, stride=2, padding=3, bias=False),
+        nn.BatchNorm2d(stem_channels), nn.ReLU(inplace=True)]
+    channels = stem_channels
+    for width in planes:
+        block = ResNeXtBlock(channels, width, 2, cardinality, base_width)
+        layers.append(block)
+        channels = block.out_channels
+    stem = nn.Sequential(*layers)
+    for m in stem.modules():  # He initialisation, as ResNeXt
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+    return stem, channels
+
+
 class ResNeXt(nn.Module):
     """Stem, four ResNeXt stages, global average pooling, class layer."""
 
