@@ -22,6 +22,9 @@ TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
         "convnet-cr-sf": {"conv_channels": 16, "decoder_hidden": (16, 16)},
         "em-capsnet": {"stem_channels": 8, "stem_blocks": 2, "cardinality": 2, "base_width": 8,
                        "primary_types": 4, "mid_types": 4},
+        "parallel-em": {"branches": 2, "stem_channels": 8, "stem_planes": (8,),
+                        "branch_planes": 8, "cardinality": 2, "base_width": 16,
+                        "primary_types": 4},
         "parallel-dr": {"branches": 3, "stem_channels": 8, "stem_planes": (4,),
                         "branch_planes": 4, "cardinality": 2, "base_width": 32,
                         "primary_dim": 8, "mid_dim": 4, "class_dim": 4}}
@@ -319,3 +322,23 @@ def test_recon_convnets_match_their_reading_of_paper_004():
     scores = sf(x * 50).scores
     assert ((scores > 0) & (scores < 1)).all()
     assert torch.allclose(scores, sf(x * 50).capsules.norm(dim=-1), atol=1e-4)
+
+
+def test_parallel_em_concatenates_branches_as_capsule_types():
+    torch.manual_seed(5)
+    three = create_model("parallel-em", num_classes=3, in_channels=1, input_size=32,
+                         **TINY["parallel-em"])
+    poses, acts = three.branches[0](three.stem(torch.rand(2, 1, 32, 32)))
+    assert poses.shape[3] == 1 and acts.shape[3] == 1  # one mid capsule type per branch
+    assert three.classes.weight.shape[0] == 2  # class layer sees N types
+    out = three(torch.rand(2, 1, 32, 32), return_couplings=True)
+    assert out.scores.shape == (2, 3) and ((out.scores > 0) & (out.scores < 1)).all()
+    assert torch.allclose(out.couplings.sum(dim=-1), torch.ones_like(out.couplings[..., 0]),
+                          atol=1e-5)
+    two = create_model("parallel-em", num_classes=3, in_channels=1, input_size=64,
+                       **TINY["parallel-em"], capsule_layers=2)
+    assert two.classes.weight.shape[0] == 2 * 2  # 4 primary types split over 2 branches
+    with pytest.raises(CapsmedError, match="grid of at least 3x3"):
+        create_model("parallel-em", input_size=16, in_channels=1, **TINY["parallel-em"])
+    with pytest.raises(CapsmedError, match="capsule_layers must be 2 or 3"):
+        create_model("parallel-em", capsule_layers=4)

@@ -1,4 +1,6 @@
-"""Parallel capsule networks with dynamic routing (paper 001, Vigueras-Guillen et al. 2021).
+"""Parallel capsule networks (paper 001, Vigueras-Guillen et al. 2021): DR and EM.
+
+``parallel-em`` is documented on :class:`ParallelEMCapsNet`. For ``parallel-dr``:
 
 Our reading of paper 001 section 2.1 and Fig. 1, for the 3-capsule-layer DR network:
 
@@ -39,6 +41,11 @@ from torch import nn
 from capsmed.errors import CapsmedError
 from capsmed.models.capsules import RoutedCapsules, capsule_length, squash
 from capsmed.models.common import ModelOutput, Standardize, as_size
+from capsmed.models.em_capsnet import (
+    ClassMatrixCapsules,
+    ConvMatrixCapsules,
+    PrimaryMatrixCapsules,
+)
 from capsmed.models.registry import register_model
 from capsmed.models.resnext import ResNeXtBlock, capsule_stem
 
@@ -142,4 +149,106 @@ def parallel_dr(in_channels: int = 3, num_classes: int = 15,
         cardinality=cardinality, base_width=base_width, caps_per_point=caps_per_point,
         primary_dim=primary_dim, primary_kernel=primary_kernel, mid_dim=mid_dim,
         class_dim=class_dim, routing_iters=routing_iters, input_mean=input_mean,
+        input_std=input_std)
+
+
+class EMBranch(nn.Module):
+    """One EM branch: its own ResNeXt block(s), primary matrix capsules and, with three
+    capsule layers, one mid capsule type from a 3x3/2 convolutional capsule layer."""
+
+    def __init__(self, in_channels: int, planes: int, blocks: int, types: int,
+                 mid: bool, routing_iters: int, final_lambda: float, cardinality: int,
+                 base_width: int) -> None:
+        super().__init__()
+        layers = []
+        for _ in range(blocks):
+            block = ResNeXtBlock(in_channels, planes, 2, cardinality, base_width)
+            layers.append(block)
+            in_channels = block.out_channels
+        self.blocks = nn.Sequential(*layers)
+        self.primary = PrimaryMatrixCapsules(in_channels, types)
+        self.mid = (ConvMatrixCapsules(types, 1, 3, 2, routing_iters, final_lambda)
+                    if mid else None)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        poses, acts = self.primary(self.blocks(x))
+        return self.mid(poses, acts) if self.mid is not None else (poses, acts)
+
+
+class ParallelEMCapsNet(nn.Module):
+    """Paper 001's parallel EM-CapsNet: shared stem -> N branches -> class capsules.
+
+    Three capsule layers (paper 001 Fig. 1, top): per branch 32 primary capsule types
+    and one mid capsule type (window 3x3, stride 2); the branches' mid capsules are
+    concatenated as capsule types and EM-routed to the class capsules (window 1x1:
+    one transform per type and class shared over the grid). No coordinate addition.
+    Two capsule layers: the primary types are split evenly among the branches, which
+    are concatenated before the class capsules, and each branch repeats its CNN block
+    for the stride the mid capsules no longer provide.
+
+    Paper 001 Table 1 gives 30.1M parameters for N=10 (3 layers) and 4.6M for N=2
+    (2 layers); the defaults here give 19.95M and 8.12M at 400x400x3. Nearly all of
+    the parameters are in the CNN blocks, whose widths the paper does not state.
+    """
+
+    loss_kind = "spread"
+
+    def __init__(self, in_channels: int, num_classes: int, input_size: tuple[int, int], *,
+                 branches: int, capsule_layers: int, stem_channels: int,
+                 stem_planes: tuple[int, ...], branch_planes: int, cardinality: int,
+                 base_width: int, primary_types: int, routing_iters: int,
+                 final_lambda: float, input_mean: list[float] | None,
+                 input_std: list[float] | None) -> None:
+        super().__init__()
+        if branches < 1:
+            raise CapsmedError(f"branches must be >= 1, got {branches}")
+        if capsule_layers not in (2, 3):
+            raise CapsmedError(f"capsule_layers must be 2 or 3 for parallel-em, got "
+                               f"{capsule_layers} (the 4-layer variant is not built yet)")
+        types = primary_types if capsule_layers == 3 else max(1, primary_types // branches)
+        blocks = 1 if capsule_layers == 3 else 2
+        h, w = input_size
+        grid = [_conv_out(s, 7, 2, 3) for s in (h, w)]
+        for _ in range(len(stem_planes) + blocks):
+            grid = [_conv_out(s, 3, 2, 1) for s in grid]
+        if capsule_layers == 3 and min(grid) < 3:
+            raise CapsmedError(f"parallel-em with 3 capsule layers needs a primary capsule "
+                               f"grid of at least 3x3 for the mid capsules' window; "
+                               f"{h}x{w} gives {grid[0]}x{grid[1]}: use larger inputs")
+        self.standardize = Standardize(in_channels, input_mean, input_std)
+        self.stem, channels = capsule_stem(in_channels, stem_channels, stem_planes,
+                                           cardinality, base_width)
+        self.branches = nn.ModuleList(
+            EMBranch(channels, branch_planes, blocks, types, capsule_layers == 3,
+                     routing_iters, final_lambda, cardinality, base_width)
+            for _ in range(branches))
+        self.classes = ClassMatrixCapsules(branches * (1 if capsule_layers == 3 else types),
+                                           num_classes, routing_iters, False, final_lambda)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor | None = None,
+                return_couplings: bool = False) -> ModelOutput:
+        features = self.stem(self.standardize(x))
+        outputs = [branch(features) for branch in self.branches]
+        poses = torch.cat([p for p, _ in outputs], dim=3)  # branches become capsule types
+        acts = torch.cat([a for _, a in outputs], dim=3)
+        pose, scores, couplings = self.classes(poses, acts, return_couplings)
+        return ModelOutput(scores=scores, capsules=pose, couplings=couplings)
+
+
+@register_model("parallel-em", paper="paper 001 (best: 10 branches, 3 capsule layers)")
+def parallel_em(in_channels: int = 3, num_classes: int = 15,
+                input_size: int | tuple[int, int] = 128, branches: int = 10,
+                capsule_layers: int = 3, stem_channels: int = 64,
+                stem_planes: tuple[int, ...] = (64, 128), branch_planes: int = 256,
+                cardinality: int = 32, base_width: int = 4, primary_types: int = 32,
+                routing_iters: int = 3, final_lambda: float = 0.01,
+                input_mean: list[float] | None = None,
+                input_std: list[float] | None = None) -> ParallelEMCapsNet:
+    """Parallel EM-CapsNet: shared ResNeXt stem, N branches with one mid capsule type each."""
+    return ParallelEMCapsNet(
+        in_channels, num_classes, as_size(input_size), branches=branches,
+        capsule_layers=capsule_layers, stem_channels=stem_channels,
+        stem_planes=tuple(stem_planes), branch_planes=branch_planes,
+        cardinality=cardinality, base_width=base_width, primary_types=primary_types,
+        routing_iters=routing_iters, final_lambda=final_lambda, input_mean=input_mean,
         input_std=input_std)
