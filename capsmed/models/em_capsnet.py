@@ -57,7 +57,7 @@ from torch import nn
 from capsmed.errors import CapsmedError
 from capsmed.models.common import ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
-from capsmed.models.resnext import capsule_stem
+from capsmed.models.resnext import capsule_stem, stem_grid
 
 # Inputs per output the cost is normalised to (Gritzman 2019; see module docstring).
 COST_REFERENCE_INPUTS = 100.0
@@ -224,11 +224,6 @@ class ClassMatrixCapsules(nn.Module):
                           return_couplings)
 
 
-def primary_grid(size: int, stem_blocks: int) -> int:
-    """Primary-Caps grid side for an image side: the 7x7/2 conv and each block halve it."""
-    return math.ceil(size / 2 ** (1 + stem_blocks))
-
-
 class EMCapsNet(nn.Module):
     """ResNeXt stem -> Primary-Caps -> (Mid-Caps 3x3/2) -> Class-Caps, EM routing."""
 
@@ -258,7 +253,7 @@ class EMCapsNet(nn.Module):
                                f"block, got {stem_channels} * {base_width}")
         h, w = input_size
         need = 3 if capsule_layers == 3 else 1  # the Mid-Caps 3x3 window must fit
-        if min(primary_grid(h, stem_blocks), primary_grid(w, stem_blocks)) < need:
+        if min(stem_grid(h, stem_blocks), stem_grid(w, stem_blocks)) < need:
             least = (need - 1) * 2 ** (1 + stem_blocks) + 1
             raise CapsmedError(f"em-capsnet with capsule_layers={capsule_layers} and "
                                f"stem_blocks={stem_blocks} needs inputs of at least "

@@ -47,11 +47,7 @@ from capsmed.models.em_capsnet import (
     PrimaryMatrixCapsules,
 )
 from capsmed.models.registry import register_model
-from capsmed.models.resnext import ResNeXtBlock, capsule_stem
-
-
-def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
-    return (size + 2 * padding - kernel) // stride + 1
+from capsmed.models.resnext import ResNeXtBlock, capsule_stem, stem_grid
 
 
 class Branch(nn.Module):
@@ -93,9 +89,7 @@ class ParallelDRCapsNet(nn.Module):
         if capsule_layers == 2:  # paper 001: primary capsules shortened by the branch count
             primary_dim = max(4, primary_dim // branches)
         h, w = input_size
-        grid = [_conv_out(s, 7, 2, 3) for s in (h, w)]
-        for _ in range(len(stem_planes) + 1):  # stem blocks and the branch block halve it
-            grid = [_conv_out(s, 3, 2, 1) for s in grid]
+        grid = [stem_grid(s, len(stem_planes) + 1) for s in (h, w)]  # + the branch block
         self.standardize = Standardize(in_channels, input_mean, input_std)
         self.stem, channels = capsule_stem(in_channels, stem_channels, stem_planes,
                                            cardinality, base_width)
@@ -208,9 +202,7 @@ class ParallelEMCapsNet(nn.Module):
         types = primary_types if capsule_layers == 3 else max(1, primary_types // branches)
         blocks = 1 if capsule_layers == 3 else 2
         h, w = input_size
-        grid = [_conv_out(s, 7, 2, 3) for s in (h, w)]
-        for _ in range(len(stem_planes) + blocks):
-            grid = [_conv_out(s, 3, 2, 1) for s in grid]
+        grid = [stem_grid(s, len(stem_planes) + blocks) for s in (h, w)]
         if capsule_layers == 3 and min(grid) < 3:
             raise CapsmedError(f"parallel-em with 3 capsule layers needs a primary capsule "
                                f"grid of at least 3x3 for the mid capsules' window; "

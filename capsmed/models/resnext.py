@@ -10,6 +10,8 @@ and a class layer. That gives 23,010,639 parameters for 15 classes (paper 001: ~
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -60,6 +62,12 @@ def resnext_stage(in_channels: int, planes: int, blocks: int, stride: int, cardi
         layers.append(block)
         in_channels = block.out_channels
     return nn.Sequential(*layers)
+
+
+def stem_grid(size: int, stride2_blocks: int) -> int:
+    """Side of the feature grid after :func:`capsule_stem`'s 7x7/2 convolution and
+    ``stride2_blocks`` stride-2 ResNeXt blocks (each padded, so each rounds up)."""
+    return math.ceil(size / 2 ** (1 + stride2_blocks))
 
 
 def capsule_stem(in_channels: int, stem_channels: int, planes: tuple[int, ...],
