@@ -5,21 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-import capsmed.models.em_capsnet  # noqa: F401  (registers em-capsnet)
 from capsmed.errors import CapsmedError
 from capsmed.models import count_parameters, create_model
+from capsmed.models.capsules import em_routing, lambda_schedule
 from capsmed.models.em_capsnet import (
     ClassMatrixCapsules,
     ConvMatrixCapsules,
     PrimaryMatrixCapsules,
-    em_routing,
-    lambda_schedule,
 )
 from capsmed.train.losses import spread_loss, training_loss
+from tests.test_models import TINY
 
 # Reduced widths for em-capsnet: a 4x4 primary grid at 28x28 and 32x32, 6x6 at 48x48.
-TINY_EM = {"stem_channels": 8, "stem_blocks": 2, "cardinality": 2, "base_width": 8,
-           "primary_types": 4, "mid_types": 4}
+TINY_EM = TINY["em-capsnet"]
 
 
 def _betas(n_out: int) -> tuple[torch.Tensor, torch.Tensor]:

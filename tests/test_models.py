@@ -125,7 +125,9 @@ def test_routing_couplings_sum_to_one_over_outputs_and_follow_agreement():
     u_hat = torch.randn(2, 6, 3, 4) * 0.1
     u_hat[:, :, 1] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # all inputs agree on output 1
     _, c1 = dynamic_routing(u_hat, iterations=1, return_couplings=True)
-    assert torch.allclose(c1, torch.full_like(c1, 1 / 3))  # one iteration = uniform
+    assert torch.allclose(c1, torch.full_like(c1, 1 / 3))  # one pass = uniform
+    _, c0 = dynamic_routing(u_hat, iterations=0, return_couplings=True)
+    assert torch.equal(c0, c1)  # 0 agreement steps: uniform too
     v, c3 = dynamic_routing(u_hat, iterations=3, return_couplings=True)
     assert torch.allclose(c3.sum(dim=2), torch.ones(2, 6), atol=1e-6)
     assert (c3[:, :, 1] > 1 / 3).all()  # agreement increases the coupling
@@ -179,7 +181,7 @@ def test_shared_transform_is_one_matrix_per_class():
     u = torch.randn(2, 144, 4)
     u_same = u.clone()
     u_same[:, 1:] = u[:, :1]
-    _, c = shared.classes(u_same, return_couplings=True)
+    _, _, c = shared.classes(u_same, return_couplings=True)
     assert torch.allclose(c[:, 0], c[:, 1])
 
 
@@ -203,8 +205,8 @@ def test_reconstruction_switch():
     assert none(x, target=y1).reconstruction is None and none.decoder is None
     with pytest.raises(CapsmedError, match="reconstruction must be one of"):
         _tiny_capsnet(reconstruction="sometimes")
-    with pytest.raises(CapsmedError, match="EM routing is the em-capsnet"):
-        _tiny_capsnet(routing="em")
+    with pytest.raises(CapsmedError, match="routing must be one of dynamic, em, none"):
+        _tiny_capsnet(routing="magic")
 
 
 def test_baseline_dropout_is_active_only_in_training():
@@ -342,3 +344,18 @@ def test_parallel_em_concatenates_branches_as_capsule_types():
         create_model("parallel-em", input_size=16, in_channels=1, **TINY["parallel-em"])
     with pytest.raises(CapsmedError, match="capsule_layers must be 2 or 3"):
         create_model("parallel-em", capsule_layers=4)
+
+
+def test_routing_em_switch_routes_vote_vectors_by_em():
+    x = torch.rand(2, 1, 28, 28)
+    em = _tiny_capsnet(routing="em", routing_iters=3)
+    out = em(x, return_couplings=True)
+    assert {"classes.beta_u", "classes.beta_a"} <= set(dict(em.named_parameters()))
+    assert ((out.scores > 0) & (out.scores < 1)).all()  # EM activations, not lengths
+    assert torch.allclose(out.couplings.sum(dim=2), torch.ones(2, 144), atol=1e-5)
+    dynamic = _tiny_capsnet(routing="dynamic")
+    dynamic.load_state_dict(em.state_dict(), strict=False)
+    assert not torch.allclose(dynamic(x).scores, out.scores)
+    training_loss(em.loss_kind, em(x, target=torch.tensor([0, 1])), x,
+                  torch.tensor([0, 1]), 0.1).backward()
+    assert em.classes.beta_a.grad is not None and em.classes.beta_a.grad.abs().sum() > 0

@@ -6,7 +6,8 @@ capsule per class by dynamic routing (3 iterations) -> masked decoder FC 512-102
 Parameters: 8,215,568 at 28x28, 1 channel, 10 classes (paper 000: 8.2M) and
 13,475,648 at paper 004's 40x40 affNIST setting (paper 004: 13.5M).
 
-Switches (paper 004 Table 2): ``routing`` dynamic or none (uniform couplings, "NoR"),
+Switches (paper 004 Table 2): ``routing`` dynamic, em (EM routing of the vote vectors,
+primary capsule lengths as activations) or none (uniform couplings, "NoR"),
 ``shared_transform``, ``squash``, ``reconstruction`` conditional / plain / none,
 ``loss`` margin / ce / spread (the trainer pairs it); the
 kernels of both convolutions (paper 004 Table 3) are ``conv_kernel`` / ``primary_kernel``.
@@ -20,11 +21,11 @@ import torch
 from torch import nn
 
 from capsmed.errors import CapsmedError
-from capsmed.models.capsules import MaskedDecoder, PrimaryCapsules, RoutedCapsules, capsule_length
+from capsmed.models.capsules import MaskedDecoder, PrimaryCapsules, RoutedCapsules
 from capsmed.models.common import LOSS_KINDS, ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 
-ROUTINGS = ("dynamic", "none")
+ROUTINGS = ("dynamic", "em", "none")
 RECONSTRUCTIONS = ("conditional", "plain", "none")
 
 
@@ -44,12 +45,13 @@ class CapsNet(nn.Module):
         self.loss_kind = loss  # paper 004's Loss factor; the trainer pairs it
         if routing not in ROUTINGS:
             raise CapsmedError(f"routing must be one of {', '.join(ROUTINGS)}, got '{routing}'"
-                               " (EM routing is the em-capsnet architecture)")
+                               " (matrix capsules with EM routing: the em-capsnet "
+                               "architecture)")
         if reconstruction not in RECONSTRUCTIONS:
             raise CapsmedError(f"reconstruction must be one of {', '.join(RECONSTRUCTIONS)}, "
                                f"got '{reconstruction}'")
-        if routing == "dynamic" and routing_iters < 1:
-            raise CapsmedError(f"routing_iters must be >= 1, got {routing_iters}")
+        if routing_iters < 0:
+            raise CapsmedError(f"routing_iters must be >= 0, got {routing_iters}")
         h, w = input_size
         gh = (h - conv_kernel + 1 - primary_kernel) // 2 + 1
         gw = (w - conv_kernel + 1 - primary_kernel) // 2 + 1
@@ -64,10 +66,11 @@ class CapsNet(nn.Module):
                                        primary_kernel, stride=2, squash=squash)
         self.classes = RoutedCapsules(primary_types * gh * gw, primary_dim, num_classes,
                                       class_dim,
-                                      iterations=routing_iters if routing == "dynamic" else 1,
+                                      iterations=routing_iters if routing != "none" else 1,
                                       shared=shared_transform, squash=squash,
                                       eta=routing_eta,
-                                      grad_through_routing=grad_through_routing)
+                                      grad_through_routing=grad_through_routing,
+                                      routing="em" if routing == "em" else "dynamic")
         self.decoder = (None if reconstruction == "none" else
                         MaskedDecoder(num_classes, class_dim, (in_channels, h, w),
                                       decoder_hidden, conditional=reconstruction == "conditional"))
@@ -79,8 +82,7 @@ class CapsNet(nn.Module):
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None,
                 return_couplings: bool = False) -> ModelOutput:
         u = self.primary(self.conv(self.standardize(x)))
-        v, couplings = self.classes(u, return_couplings)
-        scores = capsule_length(v)
+        v, scores, couplings = self.classes(u, return_couplings)
         recon = None
         if self.decoder is not None:
             keep = target if target is not None else scores.argmax(dim=1)

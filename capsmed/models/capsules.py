@@ -5,6 +5,8 @@ Shapes: ``B`` batch, ``I`` input capsules, ``J`` output capsules, ``D`` capsule 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,8 +39,9 @@ def dynamic_routing(
 
     Args:
         u_hat: Prediction vectors [B, I, J, D] of each input capsule for each output.
-        iterations: Number of times the outputs are computed; 1 = uniform couplings
-            (no routing: every input sends 1/J of its vote to every output).
+        iterations: Number of times the outputs are computed (Sabour et al.'s count);
+            0 or 1 = uniform couplings (no routing: every input sends 1/J of its vote
+            to every output).
         return_couplings: Also return the final coupling coefficients [B, I, J].
         squash_outputs: Apply the squash non-linearity (paper 004's ``Squash-fn``).
         eta: Soft update rate (paper 003 eq. 3): ``c <- eta softmax(b) + (1 - eta) c``;
@@ -50,8 +53,9 @@ def dynamic_routing(
     Returns:
         Output capsules v [B, J, D] and, optionally, the couplings.
     """
-    if iterations < 1:
-        raise ValueError("routing needs at least one iteration")
+    if iterations < 0:
+        raise ValueError(f"routing iterations must be >= 0, got {iterations}")
+    iterations = max(1, iterations)  # 0 agreement steps is one pass with uniform couplings
     if not 0.0 <= eta <= 1.0:
         raise ValueError(f"routing eta must be within [0, 1], got {eta}")
     # Routing is a tiny share of the compute but sensitive to precision: keep it fp32.
@@ -70,6 +74,73 @@ def dynamic_routing(
             if not last:
                 logits = logits + torch.einsum("bijd,bjd->bij", votes, v)
     return v, (c if return_couplings else None)
+
+
+COST_REFERENCE_INPUTS = 100.0
+LAMBDA_DECAY = 0.95
+
+
+def lambda_schedule(iterations: int, final_lambda: float) -> list[float]:
+    """Inverse temperature per iteration: ``final_lambda * (1 - 0.95**(t+1))``, t = 0..T-1.
+
+    It rises toward ``final_lambda`` as its asymptote (0.05, 0.0975, 0.1426 of it for T=3).
+    """
+    return [final_lambda * (1.0 - LAMBDA_DECAY ** (t + 1)) for t in range(iterations)]
+
+
+def em_routing(votes: torch.Tensor, activations: torch.Tensor, beta_u: torch.Tensor,
+               beta_a: torch.Tensor, iterations: int = 3, final_lambda: float = 0.01,
+               return_couplings: bool = False, eps: float = 1e-8,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """EM routing (Hinton et al. 2018, procedure 1), vectorised over batch and capsules.
+
+    Each output capsule is a diagonal Gaussian over the votes it explains; the M-step
+    fits it (mean = pose), the E-step reassigns votes by ``a_j p_j(V_ij)``.
+
+    Args:
+        votes: [B, N_in, N_out, P] votes ``V_ij`` (P = 16 for 4x4 poses).
+        activations: [B, N_in] input activations ``a_i`` in [0, 1].
+        beta_u: Cost per unit of routing mass, broadcastable to [N_out].
+        beta_a: Activation offset, broadcastable to [N_out].
+        iterations: EM iterations T (>= 1); the last one ends after its M-step.
+        final_lambda: Inverse temperature of the last M-step (see :func:`lambda_schedule`).
+        return_couplings: Also return the assignments R used by the last M-step.
+        eps: Added to variances and inside logs, against log(0) and division by 0.
+
+    Returns:
+        Poses [B, N_out, P], activations [B, N_out] in (0, 1) and, if requested,
+        R [B, N_in, N_out] (sums to 1 over outputs), all float32.
+    """
+    if votes.dim() != 4 or activations.shape != votes.shape[:2]:
+        raise ValueError(f"em_routing needs votes [B, N_in, N_out, P] and activations "
+                         f"[B, N_in], got {tuple(votes.shape)} and {tuple(activations.shape)}")
+    if iterations < 1:
+        raise ValueError("routing needs at least one iteration")
+    # Variances, logs and a softmax of large log-likelihoods: bf16/fp16 are not enough.
+    with torch.autocast(device_type=votes.device.type, enabled=False):
+        v = votes.float()
+        a_in = activations.float().unsqueeze(-1)  # [B, N_in, 1]
+        b_u = beta_u.float().unsqueeze(-1)  # broadcasts over [B, N_out, P]
+        b_a = beta_a.float()
+        n_in, n_out = v.shape[1], v.shape[2]
+        mass_scale = COST_REFERENCE_INPUTS * n_out / n_in
+        r = v.new_full(v.shape[:3], 1.0 / n_out)
+        for t, lam in enumerate(lambda_schedule(iterations, final_lambda)):
+            # M-step: weight the assignments by the input activations, fit Gaussians.
+            ra = r * a_in
+            mass = ra.sum(dim=1)  # [B, N_out]
+            w = (ra / (mass.unsqueeze(1) + eps)).unsqueeze(-1)  # [B, N_in, N_out, 1]
+            mu = (w * v).sum(dim=1)  # [B, N_out, P]
+            var = (w * (v - mu.unsqueeze(1)) ** 2).sum(dim=1) + eps
+            cost = ((b_u + 0.5 * torch.log(var)) * (mass * mass_scale).unsqueeze(-1)).sum(-1)
+            a_out = torch.sigmoid(lam * (b_a - cost))
+            if t == iterations - 1:
+                break
+            # E-step in log space: log a_j + log N(V_ij; mu_j, var_j), softmax over j.
+            log_p = -0.5 * (((v - mu.unsqueeze(1)) ** 2 / var.unsqueeze(1)).sum(-1)
+                            + torch.log(2 * math.pi * var).sum(-1).unsqueeze(1))
+            r = torch.softmax(torch.log(a_out + eps).unsqueeze(1) + log_p, dim=2)
+    return mu, a_out, (r if return_couplings else None)
 
 
 class PrimaryCapsules(nn.Module):
@@ -93,36 +164,52 @@ class PrimaryCapsules(nn.Module):
 
 
 class RoutedCapsules(nn.Module):
-    """Fully connected capsule layer: transforms W_ij, then dynamic routing.
+    """Fully connected capsule layer: transforms W_ij, then routing.
 
     Args:
+        routing: ``dynamic`` (Sabour et al.) or ``em``: EM routing of the vote vectors,
+            with the input capsules' lengths as their activations; the class scores
+            are then the EM activations and the poses the Gaussian means.
         shared: One transform per output capsule, shared by every input capsule
             (Aff-CapsNet, paper 004) instead of one per (input, output) pair.
-        iterations: Routing iterations; 1 = no routing (uniform couplings).
-        squash: Squash the outputs.
+        iterations: Routing iterations; 0 or 1 = no agreement step (uniform couplings).
+        squash: Squash the outputs (dynamic routing only).
         eta, grad_through_routing: See :func:`dynamic_routing`.
+        final_lambda: EM inverse temperature (see :func:`lambda_schedule`).
     """
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int,
                  iterations: int = 3, shared: bool = False, squash: bool = True,
                  eta: float = 1.0, grad_through_routing: bool = True,
+                 routing: str = "dynamic", final_lambda: float = 0.01,
                  init_std: float = 0.05) -> None:
         super().__init__()
         if not 0.0 <= eta <= 1.0:
             raise CapsmedError(f"routing_eta must be within [0, 1], got {eta}")
-        self.iterations, self.squash = iterations, squash
+        if routing not in ("dynamic", "em"):
+            raise CapsmedError(f"routing must be dynamic or em here, got '{routing}'")
+        self.iterations, self.squash, self.routing = max(1, iterations), squash, routing
         self.eta, self.grad_through_routing = eta, grad_through_routing
+        self.final_lambda = final_lambda
         # W[i, j] maps input capsule i's pose to its prediction for output capsule j;
         # with shared transforms the input axis has length 1 and broadcasts.
         self.weight = nn.Parameter(
             init_std * torch.randn(1 if shared else in_caps, out_caps, out_dim, in_dim))
+        if routing == "em":  # learned per-output costs of the EM activation
+            self.beta_u = nn.Parameter(torch.zeros(out_caps))
+            self.beta_a = nn.Parameter(torch.zeros(out_caps))
 
     def forward(self, u: torch.Tensor, return_couplings: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Returns output poses [B, J, D], class scores [B, J] and optionally couplings."""
         w = self.weight.expand(u.shape[1], -1, -1, -1)  # a view: no copy when shared
         u_hat = torch.einsum("ijdc,bic->bijd", w, u)
-        return dynamic_routing(u_hat, self.iterations, return_couplings, self.squash,
+        if self.routing == "em":
+            return em_routing(u_hat, capsule_length(u), self.beta_u, self.beta_a,
+                              self.iterations, self.final_lambda, return_couplings)
+        v, c = dynamic_routing(u_hat, self.iterations, return_couplings, self.squash,
                                self.eta, self.grad_through_routing)
+        return v, capsule_length(v), c
 
 
 class MaskedDecoder(nn.Module):

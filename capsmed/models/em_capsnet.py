@@ -49,84 +49,17 @@ Choices (everything the paper leaves open is a switch of the ``em-capsnet`` buil
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from capsmed.errors import CapsmedError
+from capsmed.models.capsules import em_routing
 from capsmed.models.common import ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 from capsmed.models.resnext import capsule_stem, stem_grid
 
+
 # Inputs per output the cost is normalised to (Gritzman 2019; see module docstring).
-COST_REFERENCE_INPUTS = 100.0
-LAMBDA_DECAY = 0.95
-
-
-def lambda_schedule(iterations: int, final_lambda: float) -> list[float]:
-    """Inverse temperature per iteration: ``final_lambda * (1 - 0.95**(t+1))``, t = 0..T-1.
-
-    It rises toward ``final_lambda`` as its asymptote (0.05, 0.0975, 0.1426 of it for T=3).
-    """
-    return [final_lambda * (1.0 - LAMBDA_DECAY ** (t + 1)) for t in range(iterations)]
-
-
-def em_routing(votes: torch.Tensor, activations: torch.Tensor, beta_u: torch.Tensor,
-               beta_a: torch.Tensor, iterations: int = 3, final_lambda: float = 0.01,
-               return_couplings: bool = False, eps: float = 1e-8,
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """EM routing (Hinton et al. 2018, procedure 1), vectorised over batch and capsules.
-
-    Each output capsule is a diagonal Gaussian over the votes it explains; the M-step
-    fits it (mean = pose), the E-step reassigns votes by ``a_j p_j(V_ij)``.
-
-    Args:
-        votes: [B, N_in, N_out, P] votes ``V_ij`` (P = 16 for 4x4 poses).
-        activations: [B, N_in] input activations ``a_i`` in [0, 1].
-        beta_u: Cost per unit of routing mass, broadcastable to [N_out].
-        beta_a: Activation offset, broadcastable to [N_out].
-        iterations: EM iterations T (>= 1); the last one ends after its M-step.
-        final_lambda: Inverse temperature of the last M-step (see :func:`lambda_schedule`).
-        return_couplings: Also return the assignments R used by the last M-step.
-        eps: Added to variances and inside logs, against log(0) and division by 0.
-
-    Returns:
-        Poses [B, N_out, P], activations [B, N_out] in (0, 1) and, if requested,
-        R [B, N_in, N_out] (sums to 1 over outputs), all float32.
-    """
-    if votes.dim() != 4 or activations.shape != votes.shape[:2]:
-        raise ValueError(f"em_routing needs votes [B, N_in, N_out, P] and activations "
-                         f"[B, N_in], got {tuple(votes.shape)} and {tuple(activations.shape)}")
-    if iterations < 1:
-        raise ValueError("routing needs at least one iteration")
-    # Variances, logs and a softmax of large log-likelihoods: bf16/fp16 are not enough.
-    with torch.autocast(device_type=votes.device.type, enabled=False):
-        v = votes.float()
-        a_in = activations.float().unsqueeze(-1)  # [B, N_in, 1]
-        b_u = beta_u.float().unsqueeze(-1)  # broadcasts over [B, N_out, P]
-        b_a = beta_a.float()
-        n_in, n_out = v.shape[1], v.shape[2]
-        mass_scale = COST_REFERENCE_INPUTS * n_out / n_in
-        r = v.new_full(v.shape[:3], 1.0 / n_out)
-        for t, lam in enumerate(lambda_schedule(iterations, final_lambda)):
-            # M-step: weight the assignments by the input activations, fit Gaussians.
-            ra = r * a_in
-            mass = ra.sum(dim=1)  # [B, N_out]
-            w = (ra / (mass.unsqueeze(1) + eps)).unsqueeze(-1)  # [B, N_in, N_out, 1]
-            mu = (w * v).sum(dim=1)  # [B, N_out, P]
-            var = (w * (v - mu.unsqueeze(1)) ** 2).sum(dim=1) + eps
-            cost = ((b_u + 0.5 * torch.log(var)) * (mass * mass_scale).unsqueeze(-1)).sum(-1)
-            a_out = torch.sigmoid(lam * (b_a - cost))
-            if t == iterations - 1:
-                break
-            # E-step in log space: log a_j + log N(V_ij; mu_j, var_j), softmax over j.
-            log_p = -0.5 * (((v - mu.unsqueeze(1)) ** 2 / var.unsqueeze(1)).sum(-1)
-                            + torch.log(2 * math.pi * var).sum(-1).unsqueeze(1))
-            r = torch.softmax(torch.log(a_out + eps).unsqueeze(1) + log_p, dim=2)
-    return mu, a_out, (r if return_couplings else None)
-
-
 def _transforms(*shape: int) -> nn.Parameter:
     # A vote entry sums 4 products pose x weight: std 0.5 keeps the pose's variance.
     return nn.Parameter(torch.randn(*shape) * 0.5)

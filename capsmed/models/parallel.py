@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from capsmed.errors import CapsmedError
-from capsmed.models.capsules import RoutedCapsules, capsule_length, squash
+from capsmed.models.capsules import RoutedCapsules, squash
 from capsmed.models.common import ModelOutput, Standardize, as_size
 from capsmed.models.em_capsnet import (
     ClassMatrixCapsules,
@@ -119,10 +119,10 @@ class ParallelDRCapsNet(nn.Module):
             # One output per branch: coupling 1, so the mid capsule is the plain sum of
             # the votes, contracted directly (no [B, N, I, 16] vote tensor).
             mid = squash(torch.einsum("nidc,bnic->bnd", self.mid_weight, primary))
-            v, couplings = self.classes(mid, return_couplings)
+            v, scores, couplings = self.classes(mid, return_couplings)
         else:
-            v, couplings = self.classes(primary.flatten(1, 2), return_couplings)
-        return ModelOutput(scores=capsule_length(v), capsules=v, couplings=couplings)
+            v, scores, couplings = self.classes(primary.flatten(1, 2), return_couplings)
+        return ModelOutput(scores=scores, capsules=v, couplings=couplings)
 
 
 @register_model("parallel-dr", paper="paper 001 (best: 12 branches, 3 capsule layers)")
