@@ -201,7 +201,7 @@ def test_em_capsnet_minimum_input_size_is_exact():
 
 
 @pytest.mark.parametrize("option, match", [
-    ({"capsule_layers": 4}, "capsule_layers must be 2 or 3"),
+    ({"capsule_layers": 5}, "capsule_layers must be 2, 3 or 4"),
     ({"routing_iters": 0}, "routing_iters must be >= 1"),
     ({"final_lambda": 0.0}, "final_lambda must be > 0"),
     ({"primary_types": 0}, "primary_types must be >= 1"),

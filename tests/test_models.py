@@ -80,9 +80,7 @@ TABLE3 = {
 @pytest.mark.parametrize("name, k, printed",
                          [(n, k, v) for n, row in TABLE3.items() for k, v in row.items()])
 def test_kernel_size_switch_reproduces_paper_004_table_3(name, k, printed):
-    kwargs = ({"conv_kernel": k, "primary_kernel": k} if name == "capsnet"
-              else {"kernel_size": k})
-    params = count_parameters(create_model(name, input_size=40, **kwargs))
+    params = count_parameters(create_model(name, input_size=40, kernel_size=k))
     # the printed precision is inconsistent (5,332,234 is printed "5.30"): within 1%
     assert abs(params / 1e6 - float(printed)) / float(printed) < 0.01
 
@@ -298,8 +296,8 @@ def test_parallel_dr_options():
                        **{**TINY["parallel-dr"], "primary_dim": 12}, capsule_layers=2)
     assert two.branches[0].primary_dim == 4  # shortened by the 3 branches (paper 001)
     assert two.classes.weight.shape[0] == 3 * 32  # all primary capsules routed directly
-    with pytest.raises(CapsmedError, match="4-layer variant is not built yet"):
-        create_model("parallel-dr", capsule_layers=4)
+    with pytest.raises(CapsmedError, match="capsule_layers must be 2, 3 or 4"):
+        create_model("parallel-dr", capsule_layers=5)
     with pytest.raises(CapsmedError, match="branches must be >= 1"):
         create_model("parallel-dr", branches=0)
 
@@ -342,8 +340,8 @@ def test_parallel_em_concatenates_branches_as_capsule_types():
     assert two.classes.weight.shape[0] == 2 * 2  # 4 primary types split over 2 branches
     with pytest.raises(CapsmedError, match="grid of at least 3x3"):
         create_model("parallel-em", input_size=16, in_channels=1, **TINY["parallel-em"])
-    with pytest.raises(CapsmedError, match="capsule_layers must be 2 or 3"):
-        create_model("parallel-em", capsule_layers=4)
+    with pytest.raises(CapsmedError, match="capsule_layers must be 2, 3 or 4"):
+        create_model("parallel-em", capsule_layers=5)
 
 
 def test_routing_em_switch_routes_vote_vectors_by_em():
@@ -359,3 +357,25 @@ def test_routing_em_switch_routes_vote_vectors_by_em():
     training_loss(em.loss_kind, em(x, target=torch.tensor([0, 1])), x,
                   torch.tensor([0, 1]), 0.1).backward()
     assert em.classes.beta_a.grad is not None and em.classes.beta_a.grad.abs().sum() > 0
+
+
+def test_four_capsule_layer_variants():
+    x, y = torch.rand(2, 1, 64, 64), torch.tensor([0, 2])
+    dr = create_model("parallel-dr", num_classes=3, in_channels=1, input_size=64,
+                      **TINY["parallel-dr"], capsule_layers=4, mid_caps=3)
+    assert dr.mid_weight.shape[2] == 3 and dr.last_weight.shape == (3, 3, 4, 4)
+    em = create_model("parallel-em", num_classes=3, in_channels=1, input_size=64,
+                      **TINY["parallel-em"], capsule_layers=4)
+    assert [m.weight.shape[3] for m in em.branches[0].mids] == [4, 1]  # types -> 1
+    assert [m.stride for m in em.branches[0].mids] == [2, 1]
+    hinton = create_model("em-capsnet", num_classes=3, in_channels=1, input_size=64,
+                          **TINY["em-capsnet"], capsule_layers=4)
+    assert len(hinton.mids) == 2
+    for model in (dr, em, hinton):
+        out = model(x, target=y)
+        assert out.scores.shape == (2, 3) and torch.isfinite(out.scores).all()
+        training_loss(model.loss_kind, out, x, y, 0.0).backward()
+        assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(CapsmedError, match="at least 7x7"):
+        create_model("parallel-em", num_classes=3, in_channels=1, input_size=32,
+                     **TINY["parallel-em"], capsule_layers=4)

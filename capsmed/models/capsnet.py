@@ -99,14 +99,19 @@ def capsnet(in_channels: int = 1, num_classes: int = 10,
             routing_iters: int = 3, routing_eta: float = 1.0,
             grad_through_routing: bool = True, shared_transform: bool = False,
             squash: bool = True, reconstruction: str = "conditional", loss: str = "margin",
-            decoder_hidden: tuple[int, ...] = (512, 1024),
+            decoder_hidden: tuple[int, ...] = (512, 1024), kernel_size: int | None = None,
             input_mean: list[float] | None = None,
             input_std: list[float] | None = None) -> CapsNet:
-    """Sabour et al. CapsNet: dynamic routing, margin loss, masked reconstruction decoder."""
+    """Sabour et al. CapsNet: dynamic routing, margin loss, masked reconstruction decoder.
+
+    ``kernel_size`` sets both convolutions' kernels at once (paper 004 Table 3; the same
+    name as the ConvNets' option, so one sweep covers every model).
+    """
     return CapsNet(in_channels, num_classes, as_size(input_size),
-                   conv_channels=conv_channels, conv_kernel=conv_kernel,
+                   conv_channels=conv_channels, conv_kernel=kernel_size or conv_kernel,
                    primary_types=primary_types, primary_dim=primary_dim,
-                   primary_kernel=primary_kernel, class_dim=class_dim, routing=routing,
+                   primary_kernel=kernel_size or primary_kernel, class_dim=class_dim,
+                   routing=routing,
                    routing_iters=routing_iters, routing_eta=routing_eta,
                    grad_through_routing=grad_through_routing,
                    shared_transform=shared_transform, squash=squash,
@@ -121,7 +126,7 @@ def aff_capsnet(in_channels: int = 1, num_classes: int = 10,
                 conv_kernel: int = 9, primary_types: int = 32, primary_dim: int = 8,
                 primary_kernel: int = 9, class_dim: int = 16, squash: bool = True,
                 reconstruction: str = "conditional", loss: str = "margin",
-                decoder_hidden: tuple[int, ...] = (512, 1024),
+                decoder_hidden: tuple[int, ...] = (512, 1024), kernel_size: int | None = None,
                 input_mean: list[float] | None = None,
                 input_std: list[float] | None = None) -> CapsNet:
     """CapsNet without routing and with one transform per class shared by all inputs.
@@ -133,9 +138,10 @@ def aff_capsnet(in_channels: int = 1, num_classes: int = 10,
     documented rather than guessed away.
     """
     return CapsNet(in_channels, num_classes, as_size(input_size),
-                   conv_channels=conv_channels, conv_kernel=conv_kernel,
+                   conv_channels=conv_channels, conv_kernel=kernel_size or conv_kernel,
                    primary_types=primary_types, primary_dim=primary_dim,
-                   primary_kernel=primary_kernel, class_dim=class_dim, routing="none",
+                   primary_kernel=kernel_size or primary_kernel, class_dim=class_dim,
+                   routing="none",
                    routing_iters=1, routing_eta=1.0, grad_through_routing=True,
                    shared_transform=True, squash=squash,
                    reconstruction=reconstruction, loss=loss, decoder_hidden=tuple(decoder_hidden),

@@ -168,8 +168,8 @@ class EMCapsNet(nn.Module):
                  final_lambda: float, coordinate_addition: bool,
                  input_mean: list[float] | None, input_std: list[float] | None) -> None:
         super().__init__()
-        if capsule_layers not in (2, 3):
-            raise CapsmedError(f"capsule_layers must be 2 or 3, got {capsule_layers}")
+        if capsule_layers not in (2, 3, 4):
+            raise CapsmedError(f"capsule_layers must be 2, 3 or 4, got {capsule_layers}")
         if routing_iters < 1:
             raise CapsmedError(f"routing_iters must be >= 1, got {routing_iters}")
         if final_lambda <= 0:
@@ -185,7 +185,9 @@ class EMCapsNet(nn.Module):
             raise CapsmedError(f"stem_channels * base_width must be >= 64 for a ResNeXt "
                                f"block, got {stem_channels} * {base_width}")
         h, w = input_size
-        need = 3 if capsule_layers == 3 else 1  # the Mid-Caps 3x3 window must fit
+        # primary grid that the mid layers' 3x3 windows need: 3 for one 3x3/2 layer,
+        # 7 for 3x3/2 then 3x3/1 (Hinton et al.'s four capsule layers)
+        need = {2: 1, 3: 3, 4: 7}[capsule_layers]
         if min(stem_grid(h, stem_blocks), stem_grid(w, stem_blocks)) < need:
             least = (need - 1) * 2 ** (1 + stem_blocks) + 1
             raise CapsmedError(f"em-capsnet with capsule_layers={capsule_layers} and "
@@ -196,17 +198,23 @@ class EMCapsNet(nn.Module):
             in_channels, stem_channels, tuple(stem_channels * 2 ** i for i in range(stem_blocks)),
             cardinality, base_width)
         self.primary = PrimaryMatrixCapsules(channels, primary_types)
-        self.mid = (ConvMatrixCapsules(primary_types, mid_types, 3, 2, routing_iters,
-                                       final_lambda) if capsule_layers == 3 else None)
-        self.classes = ClassMatrixCapsules(primary_types if self.mid is None else mid_types,
+        mids = []
+        if capsule_layers >= 3:
+            mids.append(ConvMatrixCapsules(primary_types, mid_types, 3, 2, routing_iters,
+                                           final_lambda))
+        if capsule_layers == 4:
+            mids.append(ConvMatrixCapsules(mid_types, mid_types, 3, 1, routing_iters,
+                                           final_lambda))
+        self.mids = nn.ModuleList(mids)
+        self.classes = ClassMatrixCapsules(primary_types if not mids else mid_types,
                                            num_classes, routing_iters, coordinate_addition,
                                            final_lambda)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None,
                 return_couplings: bool = False) -> ModelOutput:
         poses, acts = self.primary(self.stem(self.standardize(x)))
-        if self.mid is not None:
-            poses, acts = self.mid(poses, acts)
+        for mid in self.mids:
+            poses, acts = mid(poses, acts)
         pose, scores, couplings = self.classes(poses, acts, return_couplings)
         return ModelOutput(scores=scores, capsules=pose, couplings=couplings)
 

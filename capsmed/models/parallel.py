@@ -20,7 +20,11 @@ Our reading of paper 001 section 2.1 and Fig. 1, for the 3-capsule-layer DR netw
 
 ``capsule_layers=2`` drops the mid capsules: every branch's primary capsules
 (``primary_dim // branches`` long, as paper 001 shortens them) are concatenated and
-routed to the class capsules directly. The 4-layer variant is not built yet.
+routed to the class capsules directly. ``capsule_layers=4``: paper 001 says only that
+it "performs the merging before the Class-Caps", i.e. each branch owns every capsule
+layer but the class layer. Here a branch routes its primary capsules (non-shared
+transforms) to ``mid_caps`` 16-D capsules, and those to its single last capsule. The
+paper gives no sizes and reports that this network did not converge.
 
 Paper 001 does not state the stem and branch widths. With the defaults here (stem
 planes 32 and 64, branch planes 128, 1x1 primary convolution), at 400x400x3 with
@@ -39,7 +43,7 @@ import torch
 from torch import nn
 
 from capsmed.errors import CapsmedError
-from capsmed.models.capsules import RoutedCapsules, squash
+from capsmed.models.capsules import RoutedCapsules, dynamic_routing, squash
 from capsmed.models.common import ModelOutput, Standardize, as_size
 from capsmed.models.em_capsnet import (
     ClassMatrixCapsules,
@@ -78,14 +82,15 @@ class ParallelDRCapsNet(nn.Module):
                  branches: int, capsule_layers: int, stem_channels: int,
                  stem_planes: tuple[int, ...], branch_planes: int, cardinality: int,
                  base_width: int, caps_per_point: int, primary_dim: int, primary_kernel: int,
-                 mid_dim: int, class_dim: int, routing_iters: int,
+                 mid_caps: int, mid_dim: int, class_dim: int, routing_iters: int,
                  input_mean: list[float] | None, input_std: list[float] | None) -> None:
         super().__init__()
         if branches < 1:
             raise CapsmedError(f"branches must be >= 1, got {branches}")
-        if capsule_layers not in (2, 3):
-            raise CapsmedError(f"capsule_layers must be 2 or 3 for parallel-dr, got "
-                               f"{capsule_layers} (the 4-layer variant is not built yet)")
+        if capsule_layers not in (2, 3, 4):
+            raise CapsmedError(f"capsule_layers must be 2, 3 or 4, got {capsule_layers}")
+        if mid_caps < 1:
+            raise CapsmedError(f"mid_caps must be >= 1, got {mid_caps}")
         if capsule_layers == 2:  # paper 001: primary capsules shortened by the branch count
             primary_dim = max(4, primary_dim // branches)
         h, w = input_size
@@ -97,11 +102,20 @@ class ParallelDRCapsNet(nn.Module):
             Branch(channels, branch_planes, caps_per_point, primary_dim, primary_kernel,
                    cardinality, base_width) for _ in range(branches))
         primary_caps = grid[0] * grid[1] * caps_per_point
-        self.capsule_layers = capsule_layers
+        self.capsule_layers, self.routing_iters = capsule_layers, routing_iters
+        if capsule_layers == 4:
+            # W[n, i, a]: primary capsule i of branch n -> mid capsule a of that branch
+            # (non-shared, as the 3-layer network), then each branch's mid capsules ->
+            # its single last capsule
+            self.mid_weight = nn.Parameter(
+                0.05 * torch.randn(branches, primary_caps, mid_caps, mid_dim, primary_dim))
+            self.last_weight = nn.Parameter(
+                0.05 * torch.randn(branches, mid_caps, mid_dim, mid_dim))
         if capsule_layers == 3:
             # W[n, i]: primary capsule i of branch n -> that branch's single mid capsule
             self.mid_weight = nn.Parameter(
                 0.05 * torch.randn(branches, primary_caps, mid_dim, primary_dim))
+        if capsule_layers >= 3:
             self.classes = RoutedCapsules(branches, mid_dim, num_classes, class_dim,
                                           iterations=routing_iters)
         else:
@@ -120,6 +134,13 @@ class ParallelDRCapsNet(nn.Module):
             # the votes, contracted directly (no [B, N, I, 16] vote tensor).
             mid = squash(torch.einsum("nidc,bnic->bnd", self.mid_weight, primary))
             v, scores, couplings = self.classes(mid, return_couplings)
+        elif self.capsule_layers == 4:
+            b, n = primary.shape[:2]
+            votes = torch.einsum("niadc,bnic->bniad", self.mid_weight, primary)
+            mid, _ = dynamic_routing(votes.flatten(0, 1), self.routing_iters)  # per branch
+            last = squash(torch.einsum("nadc,bnac->bnd", self.last_weight,
+                                       mid.view(b, n, *mid.shape[1:])))
+            v, scores, couplings = self.classes(last, return_couplings)
         else:
             v, scores, couplings = self.classes(primary.flatten(1, 2), return_couplings)
         return ModelOutput(scores=scores, capsules=v, couplings=couplings)
@@ -131,8 +152,8 @@ def parallel_dr(in_channels: int = 3, num_classes: int = 15,
                 capsule_layers: int = 3, stem_channels: int = 64,
                 stem_planes: tuple[int, ...] = (32, 64), branch_planes: int = 128,
                 cardinality: int = 32, base_width: int = 4, caps_per_point: int = 2,
-                primary_dim: int = 256, primary_kernel: int = 1, mid_dim: int = 16,
-                class_dim: int = 16, routing_iters: int = 3,
+                primary_dim: int = 256, primary_kernel: int = 1, mid_caps: int = 2,
+                mid_dim: int = 16, class_dim: int = 16, routing_iters: int = 3,
                 input_mean: list[float] | None = None,
                 input_std: list[float] | None = None) -> ParallelDRCapsNet:
     """Parallel DR-CapsNet: shared ResNeXt stem, N branches with one mid capsule each."""
@@ -141,17 +162,19 @@ def parallel_dr(in_channels: int = 3, num_classes: int = 15,
         capsule_layers=capsule_layers, stem_channels=stem_channels,
         stem_planes=tuple(stem_planes), branch_planes=branch_planes,
         cardinality=cardinality, base_width=base_width, caps_per_point=caps_per_point,
-        primary_dim=primary_dim, primary_kernel=primary_kernel, mid_dim=mid_dim,
+        primary_dim=primary_dim, primary_kernel=primary_kernel, mid_caps=mid_caps,
+        mid_dim=mid_dim,
         class_dim=class_dim, routing_iters=routing_iters, input_mean=input_mean,
         input_std=input_std)
 
 
 class EMBranch(nn.Module):
-    """One EM branch: its own ResNeXt block(s), primary matrix capsules and, with three
-    capsule layers, one mid capsule type from a 3x3/2 convolutional capsule layer."""
+    """One EM branch: its own ResNeXt block(s), primary matrix capsules and its mid
+    capsule layers: none (2 capsule layers), a 3x3/2 layer to one type (3), or 3x3/2
+    to ``types`` types then 3x3/1 to one type (4)."""
 
     def __init__(self, in_channels: int, planes: int, blocks: int, types: int,
-                 mid: bool, routing_iters: int, final_lambda: float, cardinality: int,
+                 mid_layers: int, routing_iters: int, final_lambda: float, cardinality: int,
                  base_width: int) -> None:
         super().__init__()
         layers = []
@@ -161,12 +184,16 @@ class EMBranch(nn.Module):
             in_channels = block.out_channels
         self.blocks = nn.Sequential(*layers)
         self.primary = PrimaryMatrixCapsules(in_channels, types)
-        self.mid = (ConvMatrixCapsules(types, 1, 3, 2, routing_iters, final_lambda)
-                    if mid else None)
+        shapes = {0: [], 1: [(types, 1, 2)], 2: [(types, types, 2), (types, 1, 1)]}
+        self.mids = nn.ModuleList(ConvMatrixCapsules(i, o, 3, stride, routing_iters,
+                                                     final_lambda)
+                                  for i, o, stride in shapes[mid_layers])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         poses, acts = self.primary(self.blocks(x))
-        return self.mid(poses, acts) if self.mid is not None else (poses, acts)
+        for mid in self.mids:
+            poses, acts = mid(poses, acts)
+        return poses, acts
 
 
 class ParallelEMCapsNet(nn.Module):
@@ -178,7 +205,10 @@ class ParallelEMCapsNet(nn.Module):
     one transform per type and class shared over the grid). No coordinate addition.
     Two capsule layers: the primary types are split evenly among the branches, which
     are concatenated before the class capsules, and each branch repeats its CNN block
-    for the stride the mid capsules no longer provide.
+    for the stride the mid capsules no longer provide. Four capsule layers (paper 001:
+    "performs the merging before the Class-Caps", i.e. each branch owns every capsule
+    layer but the class layer): primary -> 3x3/2 to ``primary_types`` types -> 3x3/1 to
+    one type, per branch. The paper gives no sizes and reports poor results for it.
 
     Paper 001 Table 1 gives 30.1M parameters for N=10 (3 layers) and 4.6M for N=2
     (2 layers); the defaults here give 19.95M and 8.12M at 400x400x3. Nearly all of
@@ -196,25 +226,26 @@ class ParallelEMCapsNet(nn.Module):
         super().__init__()
         if branches < 1:
             raise CapsmedError(f"branches must be >= 1, got {branches}")
-        if capsule_layers not in (2, 3):
-            raise CapsmedError(f"capsule_layers must be 2 or 3 for parallel-em, got "
-                               f"{capsule_layers} (the 4-layer variant is not built yet)")
-        types = primary_types if capsule_layers == 3 else max(1, primary_types // branches)
-        blocks = 1 if capsule_layers == 3 else 2
+        if capsule_layers not in (2, 3, 4):
+            raise CapsmedError(f"capsule_layers must be 2, 3 or 4, got {capsule_layers}")
+        types = primary_types if capsule_layers > 2 else max(1, primary_types // branches)
+        blocks = 2 if capsule_layers == 2 else 1
         h, w = input_size
         grid = [stem_grid(s, len(stem_planes) + blocks) for s in (h, w)]
-        if capsule_layers == 3 and min(grid) < 3:
-            raise CapsmedError(f"parallel-em with 3 capsule layers needs a primary capsule "
-                               f"grid of at least 3x3 for the mid capsules' window; "
-                               f"{h}x{w} gives {grid[0]}x{grid[1]}: use larger inputs")
+        need = {2: 1, 3: 3, 4: 7}[capsule_layers]  # for the mid layers' 3x3 windows
+        if min(grid) < need:
+            raise CapsmedError(f"parallel-em with {capsule_layers} capsule layers needs a "
+                               f"primary capsule grid of at least {need}x{need} for the mid "
+                               f"capsules' windows; {h}x{w} gives {grid[0]}x{grid[1]}: use "
+                               "larger inputs")
         self.standardize = Standardize(in_channels, input_mean, input_std)
         self.stem, channels = capsule_stem(in_channels, stem_channels, stem_planes,
                                            cardinality, base_width)
         self.branches = nn.ModuleList(
-            EMBranch(channels, branch_planes, blocks, types, capsule_layers == 3,
+            EMBranch(channels, branch_planes, blocks, types, capsule_layers - 2,
                      routing_iters, final_lambda, cardinality, base_width)
             for _ in range(branches))
-        self.classes = ClassMatrixCapsules(branches * (1 if capsule_layers == 3 else types),
+        self.classes = ClassMatrixCapsules(branches * (types if capsule_layers == 2 else 1),
                                            num_classes, routing_iters, False, final_lambda)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None,
