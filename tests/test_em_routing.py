@@ -211,3 +211,17 @@ def test_em_capsnet_minimum_input_size_is_exact():
 def test_em_capsnet_invalid_options_fail_clearly(option, match):
     with pytest.raises(CapsmedError, match=match):
         create_model("em-capsnet", **option)
+
+
+@pytest.mark.parametrize("arch", ["em-capsnet", "parallel-em"])
+@pytest.mark.parametrize("pose", [3, 5])
+def test_pose_size_switch_gives_capsules_of_9_and_25(arch, pose):
+    # paper 001 compares capsule sizes 9, 16 and 25: 3x3, 4x4 and 5x5 pose matrices
+    model = create_model(arch, num_classes=3, in_channels=1, input_size=32, pose=pose,
+                         **TINY[arch])
+    x, y = torch.rand(2, 1, 32, 32), torch.tensor([0, 1])
+    out = model(x, target=y)
+    assert out.capsules.shape == (2, 3, pose * pose)
+    training_loss("spread", out, x, y, 0.0).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all()
+               for p in model.parameters())

@@ -165,9 +165,11 @@ class EMCapsNet(nn.Module):
     def __init__(self, in_channels: int, num_classes: int, input_size: tuple[int, int], *,
                  stem_channels: int, stem_blocks: int, cardinality: int, base_width: int,
                  primary_types: int, mid_types: int, capsule_layers: int, routing_iters: int,
-                 final_lambda: float, coordinate_addition: bool,
+                 final_lambda: float, coordinate_addition: bool, pose: int,
                  input_mean: list[float] | None, input_std: list[float] | None) -> None:
         super().__init__()
+        if pose < 2:
+            raise CapsmedError(f"pose must be >= 2 (a pose x pose matrix), got {pose}")
         if capsule_layers not in (2, 3, 4):
             raise CapsmedError(f"capsule_layers must be 2, 3 or 4, got {capsule_layers}")
         if routing_iters < 1:
@@ -197,18 +199,18 @@ class EMCapsNet(nn.Module):
         self.stem, channels = capsule_stem(
             in_channels, stem_channels, tuple(stem_channels * 2 ** i for i in range(stem_blocks)),
             cardinality, base_width)
-        self.primary = PrimaryMatrixCapsules(channels, primary_types)
+        self.primary = PrimaryMatrixCapsules(channels, primary_types, pose)
         mids = []
         if capsule_layers >= 3:
             mids.append(ConvMatrixCapsules(primary_types, mid_types, 3, 2, routing_iters,
-                                           final_lambda))
+                                           final_lambda, pose))
         if capsule_layers == 4:
             mids.append(ConvMatrixCapsules(mid_types, mid_types, 3, 1, routing_iters,
-                                           final_lambda))
+                                           final_lambda, pose))
         self.mids = nn.ModuleList(mids)
         self.classes = ClassMatrixCapsules(primary_types if not mids else mid_types,
                                            num_classes, routing_iters, coordinate_addition,
-                                           final_lambda)
+                                           final_lambda, pose)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None,
                 return_couplings: bool = False) -> ModelOutput:
@@ -225,13 +227,18 @@ def em_capsnet(in_channels: int = 3, num_classes: int = 15,
                stem_blocks: int = 3, cardinality: int = 32, base_width: int = 4,
                primary_types: int = 32, mid_types: int = 32, capsule_layers: int = 2,
                routing_iters: int = 3, final_lambda: float = 0.01,
-               coordinate_addition: bool = False, input_mean: list[float] | None = None,
+               coordinate_addition: bool = False, pose: int = 4,
+               input_mean: list[float] | None = None,
                input_std: list[float] | None = None) -> EMCapsNet:
-    """Matrix capsules with EM routing after a ResNeXt stem; spread loss; no decoder."""
+    """Matrix capsules with EM routing after a ResNeXt stem; spread loss; no decoder.
+
+    ``pose`` is the side of the pose matrices: 3, 4 or 5 gives paper 001's capsule
+    sizes 9, 16 and 25.
+    """
     return EMCapsNet(in_channels, num_classes, as_size(input_size),
                      stem_channels=stem_channels, stem_blocks=stem_blocks,
                      cardinality=cardinality, base_width=base_width,
                      primary_types=primary_types, mid_types=mid_types,
                      capsule_layers=capsule_layers, routing_iters=routing_iters,
                      final_lambda=final_lambda, coordinate_addition=coordinate_addition,
-                     input_mean=input_mean, input_std=input_std)
+                     pose=pose, input_mean=input_mean, input_std=input_std)

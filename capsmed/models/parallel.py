@@ -175,7 +175,7 @@ class EMBranch(nn.Module):
 
     def __init__(self, in_channels: int, planes: int, blocks: int, types: int,
                  mid_layers: int, routing_iters: int, final_lambda: float, cardinality: int,
-                 base_width: int) -> None:
+                 base_width: int, pose: int) -> None:
         super().__init__()
         layers = []
         for _ in range(blocks):
@@ -183,10 +183,10 @@ class EMBranch(nn.Module):
             layers.append(block)
             in_channels = block.out_channels
         self.blocks = nn.Sequential(*layers)
-        self.primary = PrimaryMatrixCapsules(in_channels, types)
+        self.primary = PrimaryMatrixCapsules(in_channels, types, pose)
         shapes = {0: [], 1: [(types, 1, 2)], 2: [(types, types, 2), (types, 1, 1)]}
         self.mids = nn.ModuleList(ConvMatrixCapsules(i, o, 3, stride, routing_iters,
-                                                     final_lambda)
+                                                     final_lambda, pose)
                                   for i, o, stride in shapes[mid_layers])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,7 +221,7 @@ class ParallelEMCapsNet(nn.Module):
                  branches: int, capsule_layers: int, stem_channels: int,
                  stem_planes: tuple[int, ...], branch_planes: int, cardinality: int,
                  base_width: int, primary_types: int, routing_iters: int,
-                 final_lambda: float, input_mean: list[float] | None,
+                 final_lambda: float, pose: int, input_mean: list[float] | None,
                  input_std: list[float] | None) -> None:
         super().__init__()
         if branches < 1:
@@ -243,10 +243,11 @@ class ParallelEMCapsNet(nn.Module):
                                            cardinality, base_width)
         self.branches = nn.ModuleList(
             EMBranch(channels, branch_planes, blocks, types, capsule_layers - 2,
-                     routing_iters, final_lambda, cardinality, base_width)
+                     routing_iters, final_lambda, cardinality, base_width, pose)
             for _ in range(branches))
         self.classes = ClassMatrixCapsules(branches * (types if capsule_layers == 2 else 1),
-                                           num_classes, routing_iters, False, final_lambda)
+                                           num_classes, routing_iters, False, final_lambda,
+                                           pose)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor | None = None,
                 return_couplings: bool = False) -> ModelOutput:
@@ -264,7 +265,7 @@ def parallel_em(in_channels: int = 3, num_classes: int = 15,
                 capsule_layers: int = 3, stem_channels: int = 64,
                 stem_planes: tuple[int, ...] = (64, 128), branch_planes: int = 256,
                 cardinality: int = 32, base_width: int = 4, primary_types: int = 32,
-                routing_iters: int = 3, final_lambda: float = 0.01,
+                routing_iters: int = 3, final_lambda: float = 0.01, pose: int = 4,
                 input_mean: list[float] | None = None,
                 input_std: list[float] | None = None) -> ParallelEMCapsNet:
     """Parallel EM-CapsNet: shared ResNeXt stem, N branches with one mid capsule type each."""
@@ -273,5 +274,5 @@ def parallel_em(in_channels: int = 3, num_classes: int = 15,
         capsule_layers=capsule_layers, stem_channels=stem_channels,
         stem_planes=tuple(stem_planes), branch_planes=branch_planes,
         cardinality=cardinality, base_width=base_width, primary_types=primary_types,
-        routing_iters=routing_iters, final_lambda=final_lambda, input_mean=input_mean,
-        input_std=input_std)
+        routing_iters=routing_iters, final_lambda=final_lambda, pose=pose,
+        input_mean=input_mean, input_std=input_std)
