@@ -165,3 +165,24 @@ def test_models_at_large_inputs_allocates_nothing():
     assert "68,948,160" in out and "23,010,639" in out  # parallel-dr, resnext50
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mb < 1000
+
+
+def test_protocol_flags_are_recorded(cli_dataset, tmp_path):
+    run = tmp_path / "proto"
+    _ok(["train", "--data", str(cli_dataset / "t.h5"), "--arch", "lenet", "--epochs", "1",
+         "--fraction", "0.5", "--imbalance", "mitosis=50", "--sampler", "balanced",
+         "--optimizer", "nadam", "--patience", "5", "--out", str(run)])
+    config = yaml.safe_load((run / "config.yaml").read_text())["train"]
+    assert config["fraction"] == 0.5 and config["imbalance"] == {"mitosis": 50.0}
+    assert config["sampler"] == "balanced" and config["optimizer"] == "nadam"
+    labels = load_split(cli_dataset / "t.h5", "train").labels
+    chosen = np.load(run / "train_indices.npy", allow_pickle=False)
+    full = np.bincount(labels, minlength=2)
+    kept = np.bincount(labels[chosen], minlength=2)
+    assert kept[1] == max(1, round(0.5 * max(1, round(0.5 * full[1]))))  # 50% then 50%
+    assert kept[0] == max(1, round(0.5 * full[0]))
+    result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
+                                 "lenet", "--imbalance", "tumour=20", "--out",
+                                 str(tmp_path / "bad")])
+    assert result.exit_code == 1 and "unknown class(es) tumour" in result.stderr
+    assert not (tmp_path / "bad").exists()  # refused before anything was written

@@ -9,7 +9,10 @@ from typing import Any
 
 import yaml
 
+from capsmed.data.protocols import Protocol
 from capsmed.errors import CapsmedError
+from capsmed.train.optim import OPTIMIZERS, SCHEDULES
+from capsmed.train.sampling import SAMPLERS
 
 # Paper 000: Sabour et al.'s lr and reconstruction weight for MNIST-family data,
 # both divided by 10 for the medical sets.
@@ -36,6 +39,17 @@ class TrainConfig:
         standardize: Standardise inputs with the training split's per-channel mean
             and std (stored in the model's arguments). Without it the paper CapsNet
             barely learns on dark-on-bright histology patches in a few hundred steps.
+        fraction: Train on this share of the training split, per class (paper 000).
+        imbalance: ``{class: percent kept}`` reductions (paper 000 section 3.2).
+        steps_per_epoch: Batches per epoch; None = one pass, or, under a fraction or
+            imbalance protocol, as many steps as one pass over the full split (paper 000
+            trains subsets for the same number of iterations). Paper 001: 500.
+        sampler: ``shuffle`` or ``balanced`` (same count of every class per batch,
+            paper 001).
+        patience: Stop when validation loss has not improved for this many epochs
+            (paper 000: 20); None never stops early.
+        optimizer: ``adam`` (papers 000, 004) or ``nadam`` (paper 001).
+        lr_schedule: ``constant`` or ``exponential`` (multiplied by ``lr_decay`` per epoch).
     """
 
     data: str
@@ -50,6 +64,14 @@ class TrainConfig:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_batch_size: int = 512
     standardize: bool = True
+    fraction: float | None = None
+    imbalance: dict[str, float] = field(default_factory=dict)
+    steps_per_epoch: int | None = None
+    sampler: str = "shuffle"
+    patience: int | None = 20
+    optimizer: str = "adam"
+    lr_schedule: str = "constant"
+    lr_decay: float = 0.96
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -60,6 +82,23 @@ class TrainConfig:
             raise CapsmedError(f"lr must be > 0, got {self.lr}")
         if self.recon_weight is not None and self.recon_weight < 0:
             raise CapsmedError(f"recon_weight must be >= 0, got {self.recon_weight}")
+        if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
+            raise CapsmedError(f"steps_per_epoch must be >= 1, got {self.steps_per_epoch}")
+        if self.patience is not None and self.patience < 1:
+            raise CapsmedError(f"patience must be >= 1, got {self.patience}")
+        for name, value, allowed in (("sampler", self.sampler, SAMPLERS),
+                                     ("optimizer", self.optimizer, OPTIMIZERS),
+                                     ("lr_schedule", self.lr_schedule, SCHEDULES)):
+            if value not in allowed:
+                raise CapsmedError(f"{name} must be one of {', '.join(allowed)}, got "
+                                   f"'{value}'")
+        if not 0.0 < self.lr_decay <= 1.0:
+            raise CapsmedError(f"lr_decay must be within (0, 1], got {self.lr_decay}")
+        Protocol(self.fraction, dict(self.imbalance))  # validates fraction/imbalance
+
+    @property
+    def protocol(self) -> Protocol:
+        return Protocol(self.fraction, dict(self.imbalance))
 
     def resolved(self, dataset: str) -> TrainConfig:
         """Fill the paper defaults that depend on the dataset (lr, reconstruction weight)."""

@@ -20,13 +20,16 @@ from rich.progress import TextColumn
 
 from capsmed import __version__
 from capsmed.data.contract import DatasetInfo, SplitData, load_split, read_info
+from capsmed.data.protocols import select_training_indices
 from capsmed.errors import CapsmedError
-from capsmed.io import ensure_writable_dir, write_text_atomic
+from capsmed.io import atomic_path, ensure_writable_dir, write_text_atomic
 from capsmed.models import count_parameters, create_model
 from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.config import TrainConfig
 from capsmed.train.losses import training_loss
+from capsmed.train.optim import build_optimizer, build_schedule
+from capsmed.train.sampling import BatchSampler
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +122,18 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
     cfg = config.resolved(info.dataset)
     if "train" not in info.split_sizes:
         raise CapsmedError(f"{info.path}: has no 'train' split")
+    device = select_device(cfg.device)
+    full_train = load_split(info.path, "train")
+    # Paper 000's protocols choose indices; the run records them, the file is untouched.
+    # Chosen before the run directory exists, so a bad protocol leaves nothing behind.
+    chosen = select_training_indices(full_train.labels, info.class_names, cfg.protocol,
+                                     cfg.seed)
     run_dir = _prepare_run_dir(Path(cfg.out) if cfg.out else _default_run_dir(cfg, info))
     seed_everything(cfg.seed)
-    device = select_device(cfg.device)
-
-    train_split = load_split(info.path, "train")
+    with atomic_path(run_dir / "train_indices.npy") as tmp, tmp.open("wb") as fh:
+        np.save(fh, chosen)
+    train_split = SplitData(full_train.images[chosen], full_train.labels[chosen],
+                            full_train.groups[chosen])
     model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
                     "input_size": list(info.image_size),
                     **(channel_statistics(train_split.images) if cfg.standardize else {}),
@@ -135,7 +145,13 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
     if val_data is None:
         log.warning("%s has no validation split: the last epoch's weights are kept",
                     info.path)
-    optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimiser = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
+    schedule = build_schedule(cfg.lr_schedule, optimiser, cfg.lr_decay)
+    steps = cfg.steps_per_epoch
+    if steps is None and not cfg.protocol.is_full:  # same iterations as the full split
+        steps = math.ceil(len(full_train) / cfg.batch_size)
+    sampler = BatchSampler(train_data.labels, cfg.batch_size, cfg.sampler, steps,
+                           torch.Generator().manual_seed(cfg.seed))
 
     resolved = {**cfg.to_dict(), "data": str(info.path.resolve()), "out": str(run_dir)}
     environment = {"capsmed": __version__, "torch": str(torch.__version__),
@@ -145,13 +161,12 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
         {"train": resolved, "model_kwargs": model_kwargs, "environment": environment,
          "dataset": {"name": info.dataset, "class_names": list(info.class_names),
                      "splits": info.split_sizes}}, sort_keys=False))
-    log.info("training %s (%s parameters) on %s, %d train / %d val images -> %s", cfg.arch,
-             f"{environment['parameters']:,}", environment["device"], len(train_data),
-             len(val_data) if val_data else 0, run_dir)
+    log.info("training %s (%s parameters) on %s, %d of %d train / %d val images, %d steps "
+             "per epoch -> %s", cfg.arch, f"{environment['parameters']:,}",
+             environment["device"], len(train_data), len(full_train),
+             len(val_data) if val_data else 0, len(sampler), run_dir)
 
-    generator = torch.Generator().manual_seed(cfg.seed)
-    steps = math.ceil(len(train_data) / cfg.batch_size)
-    best = math.inf
+    best, best_epoch, stopped_early = math.inf, 0, False
     metrics_path = run_dir / "metrics.jsonl"
     status = TextColumn("{task.fields[status]}")
     with make_progress(status, disable=disable_progress) as progress, \
@@ -160,13 +175,13 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
         for epoch in range(1, cfg.epochs + 1):
             started = time.perf_counter()
             model.train()
-            order = torch.randperm(len(train_data), generator=generator).to(device)
             loss_sum = torch.zeros((), device=device)
             correct = torch.zeros((), device=device)
-            batch_task = progress.add_task(f"epoch {epoch}", total=steps, status="")
-            for step in range(steps):
-                index = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
-                x, y = train_data.batch(index)
+            seen = 0
+            batch_task = progress.add_task(f"epoch {epoch}", total=len(sampler), status="")
+            for index in sampler:
+                x, y = train_data.batch(index.to(device, non_blocking=True))
+                seen += len(y)
                 out = model(x, target=y)
                 loss = training_loss(model.loss_kind, out, x, y, cfg.recon_weight)
                 optimiser.zero_grad(set_to_none=True)
@@ -176,19 +191,21 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
                 correct += (out.scores.detach().argmax(1) == y).sum()
                 progress.advance(batch_task)
             progress.remove_task(batch_task)
-            train_loss = loss_sum.item() / len(train_data)
+            lr = optimiser.param_groups[0]["lr"]
+            schedule.step()
+            train_loss = loss_sum.item() / seen
             if not math.isfinite(train_loss):
                 raise CapsmedError(f"{run_dir}: loss became {train_loss} in epoch {epoch}; "
                                    "the last good checkpoint is kept (try a lower --lr)")
             record: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss,
-                                      "train_acc": correct.item() / len(train_data)}
+                                      "train_acc": correct.item() / seen, "lr": lr}
             if val_data is not None:
                 record["val_loss"], record["val_acc"] = evaluate_loss(model, val_data, cfg)
             record["seconds"] = round(time.perf_counter() - started, 3)
             selection = record.get("val_loss", train_loss)
             record["best"] = selection < best
             if record["best"] or val_data is None:
-                best = min(best, selection)
+                best, best_epoch = min(best, selection), epoch
                 save_checkpoint(run_dir, model, {
                     "arch": cfg.arch, "model_kwargs": model_kwargs, "epoch": epoch,
                     "val_loss": record.get("val_loss"), "dataset": info.dataset,
@@ -201,6 +218,16 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
                           if val_data is not None else ""))
             progress.update(epochs_task, advance=1, status=summary)
             log.info("epoch %d/%d: %s", epoch, cfg.epochs, summary)
+            if (val_data is not None and cfg.patience is not None
+                    and epoch - best_epoch >= cfg.patience):
+                stopped_early = True
+                log.info("early stop: validation loss has not improved for %d epochs "
+                         "(best: epoch %d)", cfg.patience, best_epoch)
+                break
+    write_text_atomic(run_dir / "summary.json", json.dumps({
+        "best_epoch": best_epoch, "best_selection_loss": best, "epochs_run": epoch,
+        "stopped_early": stopped_early, "train_samples": len(train_data),
+        "train_samples_full": len(full_train), "steps_per_epoch": len(sampler)}, indent=2))
     _write_curves(run_dir)
     return run_dir
 

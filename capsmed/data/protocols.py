@@ -1,0 +1,97 @@
+"""Paper 000's data-challenge protocols: which training samples a run may use.
+
+* ``fraction``: a seeded subset of the training split keeping the class ratios
+  (paper 000 section 3.1: 50%, 10%, 5%, 1%);
+* ``imbalance``: named classes reduced to a percentage of their samples (section 3.2:
+  one class, or two, cut to 20%).
+
+Both compose (imbalance first, then fraction) and act on indices only, so the subset
+is recorded in the run directory and the dataset file is never rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from capsmed.errors import CapsmedError
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A data-challenge protocol.
+
+    Attributes:
+        fraction: Share of the training split to keep, per class (0 < f <= 1).
+        imbalance: ``{class name: percent kept}`` for the classes to reduce.
+    """
+
+    fraction: float | None = None
+    imbalance: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
+            raise CapsmedError(f"--fraction must be within (0, 1], got {self.fraction}")
+        for name, pct in self.imbalance.items():
+            if not 0.0 < pct <= 100.0:
+                raise CapsmedError(f"--imbalance {name}={pct}: the percentage kept must be "
+                                   "within (0, 100]")
+
+    @property
+    def is_full(self) -> bool:
+        return self.fraction in (None, 1.0) and not self.imbalance
+
+
+def parse_imbalance(text: str | None) -> dict[str, float]:
+    """``"mitosis=20,non-mitosis=50"`` -> ``{"mitosis": 20.0, "non-mitosis": 50.0}``."""
+    out: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, pct = item.rpartition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            out[name.strip()] = float(pct)
+        except ValueError:
+            raise CapsmedError(f"--imbalance expects CLASS=PERCENT[,CLASS=PERCENT], got "
+                               f"'{item}'") from None
+    return out
+
+
+def _keep_per_class(labels: np.ndarray, keep: Mapping[int, float],
+                    rng: np.random.Generator) -> np.ndarray:
+    """Indices keeping ``keep[c]`` (a share) of each class c; at least one sample each."""
+    chosen = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        share = keep.get(int(c), 1.0)
+        count = len(members) if share >= 1.0 else max(1, round(share * len(members)))
+        chosen.append(rng.choice(members, size=count, replace=False) if count < len(members)
+                      else members)
+    return np.sort(np.concatenate(chosen)) if chosen else np.empty(0, dtype=np.int64)
+
+
+def select_training_indices(labels: np.ndarray, class_names: Sequence[str],
+                            protocol: Protocol, seed: int) -> np.ndarray:
+    """Indices of the training samples a run uses under ``protocol`` (sorted, seeded).
+
+    Raises:
+        CapsmedError: if ``imbalance`` names a class the dataset does not have.
+    """
+    labels = np.asarray(labels)
+    index = np.arange(len(labels))
+    rng = np.random.default_rng([seed, 2018])  # its own stream: training seeds differ
+    if protocol.imbalance:
+        unknown = sorted(set(protocol.imbalance) - set(class_names))
+        if unknown:
+            raise CapsmedError(f"--imbalance: unknown class(es) {', '.join(unknown)} "
+                               f"(the dataset has: {', '.join(class_names)})")
+        keep = {class_names.index(n): p / 100.0 for n, p in protocol.imbalance.items()}
+        index = index[_keep_per_class(labels[index], keep, rng)]
+    if protocol.fraction is not None and protocol.fraction < 1.0:
+        keep = {int(c): protocol.fraction for c in np.unique(labels[index])}
+        index = index[_keep_per_class(labels[index], keep, rng)]
+    return index

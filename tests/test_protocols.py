@@ -1,0 +1,126 @@
+"""Paper 000's data-challenge protocols, the samplers and the optimisation options."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from capsmed.data.contract import load_split
+from capsmed.data.protocols import Protocol, parse_imbalance, select_training_indices
+from capsmed.errors import CapsmedError
+from capsmed.train.config import TrainConfig
+from capsmed.train.engine import train
+from capsmed.train.sampling import BatchSampler
+
+LABELS = np.array([0] * 600 + [1] * 400)
+NAMES = ["healthy", "lesion"]
+
+
+def test_fraction_keeps_class_ratios_and_is_seeded():
+    idx = select_training_indices(LABELS, NAMES, Protocol(fraction=0.1), seed=3)
+    assert np.bincount(LABELS[idx]).tolist() == [60, 40]
+    assert np.array_equal(idx, np.unique(idx))  # sorted, no repeats
+    again = select_training_indices(LABELS, NAMES, Protocol(fraction=0.1), seed=3)
+    other = select_training_indices(LABELS, NAMES, Protocol(fraction=0.1), seed=4)
+    assert np.array_equal(idx, again) and not np.array_equal(idx, other)
+    tiny = select_training_indices(LABELS, NAMES, Protocol(fraction=0.001), seed=0)
+    assert np.bincount(LABELS[tiny]).tolist() == [1, 1]  # every class keeps a sample
+
+
+def test_imbalance_reduces_named_classes_and_composes_with_fraction():
+    idx = select_training_indices(LABELS, NAMES, Protocol(imbalance={"lesion": 20}), 0)
+    assert np.bincount(LABELS[idx]).tolist() == [600, 80]
+    both = select_training_indices(LABELS, NAMES,
+                                   Protocol(fraction=0.5, imbalance={"lesion": 20}), 0)
+    assert np.bincount(LABELS[both]).tolist() == [300, 40]
+    assert Protocol().is_full and not Protocol(fraction=0.5).is_full
+    with pytest.raises(CapsmedError, match="unknown class"):
+        select_training_indices(LABELS, NAMES, Protocol(imbalance={"tumour": 20}), 0)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: Protocol(fraction=0.0), "within \\(0, 1\\]"),
+    (lambda: Protocol(imbalance={"lesion": 120}), "within \\(0, 100\\]"),
+    (lambda: parse_imbalance("lesion"), "CLASS=PERCENT"),
+    (lambda: parse_imbalance("lesion=lots"), "CLASS=PERCENT"),
+])
+def test_protocol_errors(bad, message):
+    with pytest.raises(CapsmedError, match=message):
+        bad()
+
+
+def test_parse_imbalance_accepts_class_names_with_dashes():
+    assert parse_imbalance("non-mitosis=20, mitosis=50") == {"non-mitosis": 20.0,
+                                                             "mitosis": 50.0}
+
+
+def _sampler(mode, steps, batch=10):
+    labels = torch.tensor(LABELS[:50].tolist() + [1] * 20)  # 50 of class 0, 20 of class 1
+    return BatchSampler(labels, batch, mode, steps, torch.Generator().manual_seed(0)), labels
+
+
+def test_shuffle_sampler_one_pass_and_fixed_steps():
+    sampler, labels = _sampler("shuffle", None)
+    seen = torch.cat(list(sampler))
+    assert len(sampler) == 7 and sorted(seen.tolist()) == list(range(70))
+    sampler, _ = _sampler("shuffle", 20)
+    batches = list(sampler)
+    assert len(batches) == 20 and all(len(b) == 10 for b in batches)
+    counts = torch.bincount(torch.cat(batches), minlength=70)
+    assert counts.min() >= 2 and counts.max() <= 3  # 200 draws cycle ~3 passes evenly
+
+
+def test_balanced_sampler_gives_every_class_equally_per_batch():
+    sampler, labels = _sampler("balanced", 8)
+    for batch in sampler:
+        assert torch.bincount(labels[batch], minlength=2).tolist() == [5, 5]
+    assert len(_sampler("balanced", None)[0]) == 7  # one pass worth of samples
+
+
+def _run(tiny_h5, tmp_path, name, **options):
+    cfg = TrainConfig(data=str(tiny_h5), arch="lenet", epochs=3, batch_size=8, seed=1,
+                      out=str(tmp_path / name), model_kwargs={"widths": [3, 4],
+                                                             "hidden": [8]}, **options)
+    run = train(cfg, disable_progress=True)
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return run, metrics, json.loads((run / "summary.json").read_text())
+
+
+def test_fraction_run_records_its_subset_and_trains_as_many_steps(tiny_h5, tmp_path):
+    full = load_split(tiny_h5, "train")
+    run, _, summary = _run(tiny_h5, tmp_path, "frac", fraction=0.5)
+    chosen = np.load(run / "train_indices.npy", allow_pickle=False)
+    counts = np.bincount(full.labels[chosen], minlength=2)
+    assert counts.tolist() == [max(1, round(0.5 * c)) for c in np.bincount(full.labels)]
+    assert summary["train_samples"] == len(chosen) < summary["train_samples_full"]
+    assert summary["steps_per_epoch"] == -(-len(full) // 8)  # the full split's steps
+    _, _, plain = _run(tiny_h5, tmp_path, "plain")
+    assert plain["steps_per_epoch"] == summary["steps_per_epoch"]
+
+
+def test_early_stopping_and_schedules(tiny_h5, tmp_path):
+    # with an lr far below float resolution the weights never change, so the
+    # validation loss never improves after epoch 1 and patience 1 stops at epoch 2
+    _, metrics, summary = _run(tiny_h5, tmp_path, "stop", lr=1e-30, patience=1)
+    assert [m["epoch"] for m in metrics] == [1, 2]
+    assert summary["stopped_early"] and summary["best_epoch"] == 1
+    _, metrics, _ = _run(tiny_h5, tmp_path, "sched", optimizer="nadam", lr=1e-3,
+                         lr_schedule="exponential", lr_decay=0.5, patience=None)
+    assert [m["lr"] for m in metrics] == pytest.approx([1e-3, 5e-4, 2.5e-4])
+    _, metrics, summary = _run(tiny_h5, tmp_path, "bal", sampler="balanced",
+                               steps_per_epoch=4, patience=None)
+    assert summary["steps_per_epoch"] == 4 and len(metrics) == 3
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("sampler", "weighted", "sampler must be one of"),
+    ("optimizer", "sgd", "optimizer must be one of"),
+    ("patience", 0, "patience must be >= 1"),
+    ("fraction", 1.5, "within \\(0, 1\\]"),
+])
+def test_train_config_rejects_bad_options(option, value, message):
+    with pytest.raises(CapsmedError, match=message):
+        TrainConfig(data="x.h5", arch="lenet", **{option: value})
