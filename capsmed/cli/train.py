@@ -36,6 +36,10 @@ def train(
                                  "better validation loss [20]."),
     optimizer: str = typer.Option(None, help="adam or nadam [adam]."),
     lr_schedule: str = typer.Option(None, help="constant or exponential [constant]."),
+    augment: bool = typer.Option(None, "--augment/--no-augment", help="Augment batches on "
+                                 "the device with the papers' recipe for the dataset."),
+    augment_recipe: str = typer.Option(None, help="paper000-medical, paper000-mnist, "
+                                       "paper000-fashion or paper001 (implies --augment)."),
     model_arg: list[str] = typer.Option(None, help="Architecture option key=value, "
                                         "repeatable (e.g. conv_channels=64)."),
     config: Path = typer.Option(None, help="YAML file of these options; flags override it."),
@@ -51,7 +55,9 @@ def train(
                          device=device, out=str(out) if out else None, fraction=fraction,
                          imbalance=parse_imbalance(imbalance) if imbalance else None,
                          steps_per_epoch=steps_per_epoch, sampler=sampler,
-                         patience=patience, optimizer=optimizer, lr_schedule=lr_schedule)
+                         patience=patience, optimizer=optimizer, lr_schedule=lr_schedule,
+                         augment=True if augment_recipe else augment,
+                         augment_recipe=augment_recipe)
     merged = {**base, **overrides}
     merged["model_kwargs"] = {**base.get("model_kwargs", {}),
                               **parse_key_values(model_arg, "--model-arg"),

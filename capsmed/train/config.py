@@ -11,6 +11,7 @@ import yaml
 
 from capsmed.data.protocols import Protocol
 from capsmed.errors import CapsmedError
+from capsmed.train.augment import DEFAULT_RECIPE, get_recipe
 from capsmed.train.optim import OPTIMIZERS, SCHEDULES
 from capsmed.train.sampling import SAMPLERS
 
@@ -50,6 +51,9 @@ class TrainConfig:
             (paper 000: 20); None never stops early.
         optimizer: ``adam`` (papers 000, 004) or ``nadam`` (paper 001).
         lr_schedule: ``constant`` or ``exponential`` (multiplied by ``lr_decay`` per epoch).
+        augment: Augment training batches on the device.
+        augment_recipe: A recipe of :mod:`capsmed.train.augment`; None = the papers'
+            recipe for the dataset (paper 000 medical / MNIST / Fashion-MNIST, paper 001).
     """
 
     data: str
@@ -72,6 +76,8 @@ class TrainConfig:
     optimizer: str = "adam"
     lr_schedule: str = "constant"
     lr_decay: float = 0.96
+    augment: bool = False
+    augment_recipe: str | None = None
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -95,6 +101,8 @@ class TrainConfig:
         if not 0.0 < self.lr_decay <= 1.0:
             raise CapsmedError(f"lr_decay must be within (0, 1], got {self.lr_decay}")
         Protocol(self.fraction, dict(self.imbalance))  # validates fraction/imbalance
+        if self.augment_recipe is not None:
+            get_recipe(self.augment_recipe)
 
     @property
     def protocol(self) -> Protocol:
@@ -108,6 +116,8 @@ class TrainConfig:
             lr=self.lr if self.lr is not None else PAPER_LR * scale,
             recon_weight=(self.recon_weight if self.recon_weight is not None
                           else PAPER_RECON_WEIGHT * scale),
+            augment_recipe=(self.augment_recipe if self.augment_recipe or not self.augment
+                            else DEFAULT_RECIPE.get(dataset, "paper000-medical")),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path, ensure_writable_dir, write_text_atomic
 from capsmed.models import count_parameters, create_model
 from capsmed.progress import make_progress
+from capsmed.train.augment import augment_batch, get_recipe
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.config import TrainConfig
 from capsmed.train.losses import training_loss
@@ -152,6 +153,9 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
         steps = math.ceil(len(full_train) / cfg.batch_size)
     sampler = BatchSampler(train_data.labels, cfg.batch_size, cfg.sampler, steps,
                            torch.Generator().manual_seed(cfg.seed))
+    augment = get_recipe(cfg.augment_recipe) if cfg.augment else None
+    augment_rng = (torch.Generator(device=device).manual_seed(cfg.seed + 1)
+                   if augment is not None else None)
 
     resolved = {**cfg.to_dict(), "data": str(info.path.resolve()), "out": str(run_dir)}
     environment = {"capsmed": __version__, "torch": str(torch.__version__),
@@ -181,6 +185,8 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
             batch_task = progress.add_task(f"epoch {epoch}", total=len(sampler), status="")
             for index in sampler:
                 x, y = train_data.batch(index.to(device, non_blocking=True))
+                if augment is not None:
+                    x = augment_batch(x, augment, augment_rng)
                 seen += len(y)
                 out = model(x, target=y)
                 loss = training_loss(model.loss_kind, out, x, y, cfg.recon_weight)

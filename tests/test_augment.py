@@ -1,0 +1,70 @@
+"""Batched on-device augmentation: exact flips, label-free, recipes per dataset."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+from capsmed.errors import CapsmedError
+from capsmed.train.augment import AugmentSpec, augment_batch, get_recipe
+from capsmed.train.config import TrainConfig
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_identity_spec_changes_nothing():
+    x = torch.rand(4, 3, 28, 28)
+    out = augment_batch(x, AugmentSpec(), _gen())
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert torch.allclose(out, x, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec, dim", [(AugmentSpec(hflip=True), -1),
+                                       (AugmentSpec(vflip=True), -2)])
+def test_flips_are_exact_and_random_per_image(spec, dim):
+    x = torch.rand(32, 1, 28, 28)
+    out = augment_batch(x, spec, _gen(1))
+    same = [torch.allclose(o, i, atol=1e-5) for o, i in zip(out, x, strict=True)]
+    flipped = [torch.allclose(o, i.flip(dim), atol=1e-5) for o, i in zip(out, x, strict=True)]
+    assert all(a or b for a, b in zip(same, flipped, strict=True))
+    assert any(same) and any(flipped)
+
+
+def test_rotation_and_translation_move_content_but_keep_constants():
+    constant = torch.full((8, 1, 28, 28), 0.7)
+    spec = AugmentSpec(rotation=45, translation=0.3)
+    assert torch.allclose(augment_batch(constant, spec, _gen()), constant, atol=1e-5)
+    x = torch.zeros(8, 1, 28, 28)
+    x[:, :, 4:10, 4:10] = 1.0  # an off-centre square
+    out = augment_batch(x, spec, _gen())
+    assert not torch.allclose(out, x, atol=1e-3)
+    assert torch.allclose(augment_batch(x, spec, _gen()), out)  # seeded
+
+
+def test_recipes_follow_the_dataset_and_reject_unknown_names():
+    def recipe(dataset, **kw):
+        return TrainConfig(data="x.h5", arch="lenet", **kw).resolved(dataset).augment_recipe
+
+    assert recipe("tupac16", augment=True) == "paper000-medical"
+    assert recipe("mnist", augment=True) == "paper000-mnist"
+    assert recipe("tupac16", augment=True, augment_recipe="paper001") == "paper001"
+    assert recipe("tupac16") is None  # no augmentation, no recipe
+    # paper 000's medical translations are the extraction jitter, not applied twice
+    assert get_recipe("paper000-medical").translation == 0
+    with pytest.raises(CapsmedError, match="unknown augmentation recipe"):
+        TrainConfig(data="x.h5", arch="lenet", augment=True, augment_recipe="mixup")
+
+
+def test_train_with_augmentation_through_the_cli(tiny_h5, tmp_path):
+    run = tmp_path / "aug"
+    result = CliRunner().invoke(app, ["-q", "train", "--data", str(tiny_h5), "--arch",
+                                      "lenet", "--epochs", "1", "--augment", "--out",
+                                      str(run)])
+    assert result.exit_code == 0, result.stderr
+    config = yaml.safe_load((run / "config.yaml").read_text())["train"]
+    assert config["augment"] is True and config["augment_recipe"] == "paper000-medical"
