@@ -124,3 +124,20 @@ def test_early_stopping_and_schedules(tiny_h5, tmp_path):
 def test_train_config_rejects_bad_options(option, value, message):
     with pytest.raises(CapsmedError, match=message):
         TrainConfig(data="x.h5", arch="lenet", **{option: value})
+
+
+def test_same_seed_gives_bit_identical_cpu_runs(tiny_h5, tmp_path):
+    from safetensors.torch import load_file
+
+    options = {"fraction": 0.5, "augment": True, "sampler": "balanced", "patience": None}
+    a, metrics_a, _ = _run(tiny_h5, tmp_path, "a", **options)
+    b, metrics_b, _ = _run(tiny_h5, tmp_path, "b", **options)
+    strip = [{k: v for k, v in m.items() if k not in ("seconds", "images_per_s")}
+             for m in metrics_a]
+    assert strip == [{k: v for k, v in m.items() if k not in ("seconds", "images_per_s")}
+                     for m in metrics_b]
+    wa = load_file(str(a / "checkpoint.safetensors"))
+    wb = load_file(str(b / "checkpoint.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    c, metrics_c, _ = _run(tiny_h5, tmp_path, "c", **{**options, "augment": False})
+    assert metrics_c[0]["train_loss"] != metrics_a[0]["train_loss"]

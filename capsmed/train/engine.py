@@ -199,12 +199,14 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
             progress.remove_task(batch_task)
             lr = optimiser.param_groups[0]["lr"]
             schedule.step()
-            train_loss = loss_sum.item() / seen
+            train_loss = loss_sum.item() / seen  # waits for the device: time after it
+            train_seconds = time.perf_counter() - started
             if not math.isfinite(train_loss):
                 raise CapsmedError(f"{run_dir}: loss became {train_loss} in epoch {epoch}; "
                                    "the last good checkpoint is kept (try a lower --lr)")
             record: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss,
-                                      "train_acc": correct.item() / seen, "lr": lr}
+                                      "train_acc": correct.item() / seen, "lr": lr,
+                                      "images_per_s": round(seen / train_seconds, 1)}
             if val_data is not None:
                 record["val_loss"], record["val_acc"] = evaluate_loss(model, val_data, cfg)
             record["seconds"] = round(time.perf_counter() - started, 3)
@@ -219,7 +221,8 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
                     "loss_kind": model.loss_kind, "format": 1})
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
-            summary = (f"loss {train_loss:.4f} acc {record['train_acc']:.3f}"
+            summary = (f"loss {train_loss:.4f} acc {record['train_acc']:.3f} "
+                       f"({record['images_per_s']:,.0f} img/s)"
                        + (f" | val loss {record['val_loss']:.4f} acc {record['val_acc']:.3f}"
                           if val_data is not None else ""))
             progress.update(epochs_task, advance=1, status=summary)
