@@ -186,3 +186,25 @@ def test_protocol_flags_are_recorded(cli_dataset, tmp_path):
                                  str(tmp_path / "bad")])
     assert result.exit_code == 1 and "unknown class(es) tumour" in result.stderr
     assert not (tmp_path / "bad").exists()  # refused before anything was written
+
+
+def test_runs_ls_summarises_runs_and_skips_broken_ones(cli_dataset, tmp_path):
+    root = tmp_path / "runs"
+    _ok(["train", "--data", str(cli_dataset / "t.h5"), "--arch", "lenet", "--epochs", "2",
+         "--fraction", "0.5", "--out", str(root / "a")])
+    _ok(["evaluate", str(root / "a")])
+    (root / "broken").mkdir()
+    (root / "broken" / "config.yaml").write_text("not: [a run")
+    result = runner.invoke(app, ["runs", "ls", str(root)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.stderr
+    row = next(line for line in result.output.splitlines() if line.startswith("│ a "))
+    assert "lenet" in row and "tupac16" in row and "fraction" in row and "yes" in row
+    metrics = [json.loads(x) for x in (root / "a" / "metrics.jsonl").read_text().splitlines()]
+    best = min(metrics, key=lambda m: m["val_loss"])
+    assert f"{best['val_loss']:.4f}" in row
+    assert "broken: skipped" in result.stderr.replace("\n", " ")
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert "no runs under" in _ok(["runs", "ls", str(empty)]).output
+    result = runner.invoke(app, ["runs", "ls", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "no such folder" in result.stderr

@@ -7,7 +7,7 @@ import logging
 import typer
 
 from capsmed import __version__
-from capsmed.cli import data, demo, evaluate, models, preprocess, synth, train
+from capsmed.cli import data, demo, evaluate, models, preprocess, runs, synth, train
 from capsmed.cli.common import setup_logging
 
 app = typer.Typer(
@@ -48,6 +48,7 @@ app.add_typer(data.app, name="data")
 app.command("models")(models.models)
 app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
+app.add_typer(runs.app, name="runs")
 app.command("demo")(demo.demo)
 
 

@@ -1,0 +1,43 @@
+"""``capsmed runs``: list training runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from capsmed.cli.common import handles_errors
+
+app = typer.Typer(help="List and inspect training runs.", no_args_is_help=True)
+
+
+@app.command("ls")
+@handles_errors
+def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs.")) -> None:
+    """Runs below ROOT: architecture, dataset, protocol, best epoch, validation metrics."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from capsmed.errors import CapsmedError
+    from capsmed.train.runs import find_runs
+
+    if not root.is_dir():
+        raise CapsmedError(f"{root}: no such folder")
+    runs = find_runs(root)
+    if not runs:
+        typer.echo(f"no runs under {root} (train one with: capsmed train ...)")
+        return
+    table = Table(title=f"Runs under {root}")
+    table.caption = ("ep: epochs run; best: kept epoch; loss/acc: validation at the kept "
+                     "epoch; rep: evaluated")
+    for column, width in (("run", 8), ("arch", 7), ("data", 7), ("protocol", 10)):
+        table.add_column(column, overflow="fold", min_width=width)
+    for column in ("ep", "best", "loss", "acc", "rep"):
+        table.add_column(column, no_wrap=True, justify="right")
+    for r in runs:
+        table.add_row(str(r.path.relative_to(root)) or ".", r.arch, r.dataset, r.protocol,
+                      str(r.epochs_run), str(r.best_epoch or "-"),
+                      f"{r.val_loss:.4f}" if r.val_loss is not None else "-",
+                      f"{r.val_acc:.3f}" if r.val_acc is not None else "-",
+                      "yes" if r.evaluated else "no")
+    Console().print(table)
