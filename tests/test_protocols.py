@@ -141,3 +141,31 @@ def test_same_seed_gives_bit_identical_cpu_runs(tiny_h5, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     c, metrics_c, _ = _run(tiny_h5, tmp_path, "c", **{**options, "augment": False})
     assert metrics_c[0]["train_loss"] != metrics_a[0]["train_loss"]
+
+
+def test_balanced_class_weights_and_weighted_losses():
+    from capsmed.models.common import ModelOutput
+    from capsmed.train.losses import balanced_class_weights, margin_loss, training_loss
+
+    labels = torch.tensor([0, 0, 0, 1])
+    w = balanced_class_weights(labels, 3)
+    assert w.tolist() == pytest.approx([4 / 6, 2.0, 1.0])  # absent class: 1
+    lengths = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.5, 0.0]])
+    target = torch.tensor([0, 1])
+    per_sample = (0.9 - 0.5) ** 2  # both samples: present term only
+    assert margin_loss(lengths, target, class_weights=w).item() == pytest.approx(
+        (per_sample * 4 / 6 + per_sample * 2.0) / 2)
+    out = ModelOutput(scores=torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0]]))
+    x = torch.zeros(2, 1, 2, 2)
+    ce = torch.nn.functional.cross_entropy(out.scores, target, reduction="none")
+    assert training_loss("ce", out, x, target, 0.0, w).item() == pytest.approx(
+        ((ce * w[target]).mean()).item())
+
+
+def test_class_weighted_training_under_imbalance(tiny_h5, tmp_path):
+    common = {"imbalance": {"mitosis": 30}, "patience": None}
+    _, plain, _ = _run(tiny_h5, tmp_path, "plain-w", **common)
+    _, weighted, _ = _run(tiny_h5, tmp_path, "weighted", class_weights="balanced", **common)
+    assert weighted[0]["train_loss"] != plain[0]["train_loss"]
+    with pytest.raises(CapsmedError, match="class_weights must be 'balanced'"):
+        TrainConfig(data="x.h5", arch="lenet", class_weights="inverse")

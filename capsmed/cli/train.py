@@ -36,6 +36,8 @@ def train(
                                  "better validation loss [20]."),
     optimizer: str = typer.Option(None, help="adam or nadam [adam]."),
     lr_schedule: str = typer.Option(None, help="constant or exponential [constant]."),
+    class_weights: str = typer.Option(None, help="'balanced': weight each sample's loss "
+                                      "by N/(K n_c) of its class."),
     augment: bool = typer.Option(None, "--augment/--no-augment", help="Augment batches on "
                                  "the device with the papers' recipe for the dataset."),
     augment_recipe: str = typer.Option(None, help="paper000-medical, paper000-mnist, "
@@ -56,6 +58,7 @@ def train(
                          imbalance=parse_imbalance(imbalance) if imbalance else None,
                          steps_per_epoch=steps_per_epoch, sampler=sampler,
                          patience=patience, optimizer=optimizer, lr_schedule=lr_schedule,
+                         class_weights=class_weights,
                          augment=True if augment_recipe else augment,
                          augment_recipe=augment_recipe)
     merged = {**base, **overrides}

@@ -51,6 +51,8 @@ class TrainConfig:
             (paper 000: 20); None never stops early.
         optimizer: ``adam`` (papers 000, 004) or ``nadam`` (paper 001).
         lr_schedule: ``constant`` or ``exponential`` (multiplied by ``lr_decay`` per epoch).
+        class_weights: ``balanced`` weights each sample's loss by N / (K n_c) of its
+            class in the training samples used; None = unweighted.
         augment: Augment training batches on the device.
         augment_recipe: A recipe of :mod:`capsmed.train.augment`; None = the papers'
             recipe for the dataset (paper 000 medical / MNIST / Fashion-MNIST, paper 001).
@@ -76,6 +78,7 @@ class TrainConfig:
     optimizer: str = "adam"
     lr_schedule: str = "constant"
     lr_decay: float = 0.96
+    class_weights: str | None = None
     augment: bool = False
     augment_recipe: str | None = None
 
@@ -103,6 +106,9 @@ class TrainConfig:
         Protocol(self.fraction, dict(self.imbalance))  # validates fraction/imbalance
         if self.augment_recipe is not None:
             get_recipe(self.augment_recipe)
+        if self.class_weights not in (None, "balanced"):
+            raise CapsmedError(f"class_weights must be 'balanced' or unset, got "
+                               f"'{self.class_weights}'")
 
     @property
     def protocol(self) -> Protocol:

@@ -28,7 +28,7 @@ from capsmed.progress import make_progress
 from capsmed.train.augment import augment_batch, get_recipe
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.config import TrainConfig
-from capsmed.train.losses import training_loss
+from capsmed.train.losses import balanced_class_weights, training_loss
 from capsmed.train.optim import build_optimizer, build_schedule
 from capsmed.train.sampling import BatchSampler
 
@@ -153,6 +153,8 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
         steps = math.ceil(len(full_train) / cfg.batch_size)
     sampler = BatchSampler(train_data.labels, cfg.batch_size, cfg.sampler, steps,
                            torch.Generator().manual_seed(cfg.seed))
+    weights = (balanced_class_weights(train_data.labels, info.num_classes)
+               if cfg.class_weights == "balanced" else None)
     augment = get_recipe(cfg.augment_recipe) if cfg.augment else None
     augment_rng = (torch.Generator(device=device).manual_seed(cfg.seed + 1)
                    if augment is not None else None)
@@ -189,7 +191,7 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
                     x = augment_batch(x, augment, augment_rng)
                 seen += len(y)
                 out = model(x, target=y)
-                loss = training_loss(model.loss_kind, out, x, y, cfg.recon_weight)
+                loss = training_loss(model.loss_kind, out, x, y, cfg.recon_weight, weights)
                 optimiser.zero_grad(set_to_none=True)
                 loss.backward()
                 optimiser.step()

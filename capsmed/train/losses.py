@@ -8,20 +8,29 @@ import torch.nn.functional as F
 from capsmed.models.common import LOSS_KINDS, ModelOutput
 
 
+def _weighted_mean(per_sample: torch.Tensor, target: torch.Tensor,
+                   class_weights: torch.Tensor | None) -> torch.Tensor:
+    if class_weights is None:
+        return per_sample.mean()
+    return (per_sample * class_weights[target]).mean()
+
+
 def margin_loss(lengths: torch.Tensor, target: torch.Tensor, m_pos: float = 0.9,
-                m_neg: float = 0.1, lam: float = 0.5) -> torch.Tensor:
+                m_neg: float = 0.1, lam: float = 0.5,
+                class_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Paper 000 eq. 1 (Sabour et al.): summed over classes, averaged over the batch.
 
-    ``L_k = T_k max(0, m+ - |v_k|)^2 + lam (1 - T_k) max(0, |v_k| - m-)^2``.
+    ``L_k = T_k max(0, m+ - |v_k|)^2 + lam (1 - T_k) max(0, |v_k| - m-)^2``; with
+    ``class_weights`` each sample's loss is scaled by the weight of its class.
     """
     t = F.one_hot(target, lengths.shape[1]).to(lengths.dtype)
     present = t * F.relu(m_pos - lengths) ** 2
     absent = lam * (1.0 - t) * F.relu(lengths - m_neg) ** 2
-    return (present + absent).sum(dim=1).mean()
+    return _weighted_mean((present + absent).sum(dim=1), target, class_weights)
 
 
-def spread_loss(scores: torch.Tensor, target: torch.Tensor, margin: float = 0.9
-                ) -> torch.Tensor:
+def spread_loss(scores: torch.Tensor, target: torch.Tensor, margin: float = 0.9,
+                class_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Hinton et al. 2018: ``sum_{i != t} max(0, margin - (a_t - a_i))^2``, batch mean.
 
     The true class's activation must exceed every other by ``margin``.
@@ -29,7 +38,7 @@ def spread_loss(scores: torch.Tensor, target: torch.Tensor, margin: float = 0.9
     a_t = scores.gather(1, target[:, None])
     gaps = F.relu(margin - (a_t - scores)) ** 2
     gaps = gaps * (1.0 - F.one_hot(target, scores.shape[1]).to(scores.dtype))
-    return gaps.sum(dim=1).mean()
+    return _weighted_mean(gaps.sum(dim=1), target, class_weights)
 
 
 def reconstruction_loss(reconstruction: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
@@ -41,8 +50,18 @@ def reconstruction_loss(reconstruction: torch.Tensor, images: torch.Tensor) -> t
     return ((reconstruction.float() - images.float()) ** 2).flatten(1).sum(dim=1).mean()
 
 
+def balanced_class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``N / (K n_c)`` per class, K counting the classes present (1 for an absent
+    class): each class then weighs as much as in a balanced set, and the weights of
+    the N samples still sum to N."""
+    counts = torch.bincount(labels, minlength=num_classes).float()
+    present = (counts > 0).sum()
+    return torch.where(counts > 0, len(labels) / (present * counts.clamp(min=1)), 1.0)
+
+
 def training_loss(loss_kind: str, output: ModelOutput, images: torch.Tensor,
-                  target: torch.Tensor, recon_weight: float) -> torch.Tensor:
+                  target: torch.Tensor, recon_weight: float,
+                  class_weights: torch.Tensor | None = None) -> torch.Tensor:
     """The loss a model is trained with: its ``loss_kind`` on the class scores, plus the
     weighted reconstruction loss whenever the model reconstructs.
 
@@ -51,11 +70,12 @@ def training_loss(loss_kind: str, output: ModelOutput, images: torch.Tensor,
     """
     scores = output.scores.float()
     if loss_kind == "margin":
-        loss = margin_loss(scores, target)
+        loss = margin_loss(scores, target, class_weights=class_weights)
     elif loss_kind == "ce":
-        loss = F.cross_entropy(scores, target)
+        loss = _weighted_mean(F.cross_entropy(scores, target, reduction="none"), target,
+                              class_weights)
     elif loss_kind == "spread":
-        loss = spread_loss(scores, target)
+        loss = spread_loss(scores, target, class_weights=class_weights)
     else:
         raise ValueError(f"unknown loss kind {loss_kind!r} (choose from {LOSS_KINDS})")
     if output.reconstruction is not None and recon_weight > 0:
