@@ -169,3 +169,14 @@ def test_class_weighted_training_under_imbalance(tiny_h5, tmp_path):
     assert weighted[0]["train_loss"] != plain[0]["train_loss"]
     with pytest.raises(CapsmedError, match="class_weights must be 'balanced'"):
         TrainConfig(data="x.h5", arch="lenet", class_weights="inverse")
+
+
+def test_full_disk_fails_at_start(tiny_h5, tmp_path, monkeypatch):
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(10**9, 10**9, 1024))
+    with pytest.raises(CapsmedError, match="MiB free, a run of this model needs about"):
+        _run(tiny_h5, tmp_path, "full-disk")
+    assert not (tmp_path / "full-disk").exists()  # refused before anything was written

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,22 @@ def channel_statistics(images: np.ndarray) -> dict[str, list[float]]:
             "input_std": [round(float(max(v, 1e-3)), 6) for v in std]}
 
 
+def check_free_space(run_dir: Path, model: torch.nn.Module) -> None:
+    """Fail now, not after hours, if the run directory cannot hold two checkpoints.
+
+    A checkpoint is written beside the previous one before replacing it, hence two,
+    plus a margin for metrics, curves and the report.
+    """
+    need = 2 * sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    need += 32 * 2**20
+    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < need:
+        raise CapsmedError(f"{run_dir}: only {free / 2**20:,.0f} MiB free, a run of this "
+                           f"model needs about {need / 2**20:,.0f} MiB; free some space or "
+                           "choose another --out")
+
+
 def _default_run_dir(cfg: TrainConfig, info: DatasetInfo) -> Path:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{info.dataset}-{cfg.arch}-s{cfg.seed}-{stamp}"
@@ -129,17 +146,19 @@ def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
     # Chosen before the run directory exists, so a bad protocol leaves nothing behind.
     chosen = select_training_indices(full_train.labels, info.class_names, cfg.protocol,
                                      cfg.seed)
-    run_dir = _prepare_run_dir(Path(cfg.out) if cfg.out else _default_run_dir(cfg, info))
-    seed_everything(cfg.seed)
-    with atomic_path(run_dir / "train_indices.npy") as tmp, tmp.open("wb") as fh:
-        np.save(fh, chosen)
     train_split = SplitData(full_train.images[chosen], full_train.labels[chosen],
                             full_train.groups[chosen])
     model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
                     "input_size": list(info.image_size),
                     **(channel_statistics(train_split.images) if cfg.standardize else {}),
                     **cfg.model_kwargs}
+    run_path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
+    seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
     model = create_model(cfg.arch, **model_kwargs).to(device)
+    check_free_space(run_path, model)  # before anything is written
+    run_dir = _prepare_run_dir(run_path)
+    with atomic_path(run_dir / "train_indices.npy") as tmp, tmp.open("wb") as fh:
+        np.save(fh, chosen)
     train_data = DeviceSplit(train_split, device)
     val_data = (DeviceSplit(load_split(info.path, "val"), device)
                 if info.split_sizes.get("val") else None)
