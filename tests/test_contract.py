@@ -112,3 +112,53 @@ def test_missing_split_is_reported(tmp_path):
     path = _write(tmp_path / "d.h5", {"train": ([0], ["a"])})
     with pytest.raises(CapsmedError, match="has no 'val' split"):
         load_split(path, "val")
+
+
+def _write_folds(path, folds, groups, allow=False):
+    n = len(folds)
+    with DatasetWriter(path, dataset="toy", class_names=["neg", "pos"], image_shape=(1, 4, 4),
+                       preprocessing={}, source={}, allow_group_leak=allow) as w:
+        half = n // 2  # two batches, to exercise appending folds
+        for sl in (slice(0, half), slice(half, n)):
+            k = len(folds[sl])
+            w.append("all", np.zeros((k, 1, 4, 4), np.uint8), np.arange(k) % 2, groups[sl],
+                     meta={"pair": np.ones((k, 2, 3), np.uint8)}, folds=np.asarray(folds[sl]))
+    return path
+
+
+def test_folds_and_nd_meta_round_trip(tmp_path):
+    path = _write_folds(tmp_path / "f.h5", [0, 1, 2, 0, 1, 2], list("abcdef"))
+    info = read_info(path)
+    assert info.folds == {"all": 3} and info.split_sizes == {"all": 6}
+    split = load_split(path, "all", with_meta=True)
+    assert split.folds.dtype == np.int8 and split.folds.tolist() == [0, 1, 2, 0, 1, 2]
+    assert split.meta["pair"].shape == (6, 2, 3)
+
+
+def test_group_spanning_two_folds_is_refused(tmp_path):
+    with pytest.raises(CapsmedError, match="span two folds"):
+        _write_folds(tmp_path / "f.h5", [0, 1, 0, 1], ["a", "a", "b", "c"])
+    assert not (tmp_path / "f.h5").exists()
+    _write_folds(tmp_path / "f.h5", [0, 1, 0, 1], ["a", "a", "b", "c"], allow=True)
+    with h5py.File(tmp_path / "f.h5") as f:
+        assert bool(f.attrs["group_leak_allowed"])
+
+
+def test_folds_on_some_batches_only_are_rejected(tmp_path):
+    with pytest.raises(CapsmedError, match="folds given for some"), \
+            DatasetWriter(tmp_path / "f.h5", dataset="t", class_names=["a"],
+                          image_shape=(1, 2, 2), preprocessing={}, source={}) as w:
+        w.append("all", np.zeros((1, 1, 2, 2), np.uint8), [0], ["g"], folds=np.array([0]))
+        w.append("all", np.zeros((1, 1, 2, 2), np.uint8), [0], ["h"])
+
+
+def test_data_info_shows_folds(tmp_path):
+    from rich.console import Console
+
+    from capsmed.data.describe import describe_dataset
+
+    path = _write_folds(tmp_path / "f.h5", [0, 1, 2, 0, 1, 2], list("abcdef"))
+    console = Console(record=True, width=120)
+    console.print(describe_dataset(path))
+    text = console.export_text()
+    assert "CV folds of 'all'" in text and "fold" in text

@@ -7,8 +7,9 @@ import logging
 import typer
 
 from capsmed import __version__
-from capsmed.cli import data, demo, evaluate, models, preprocess, runs, synth, train
+from capsmed.cli import data, demo, evaluate, fetch, models, preprocess, runs, synth, train
 from capsmed.cli.common import setup_logging
+from capsmed.cli.sources import register_all
 
 app = typer.Typer(
     name="capsmed",
@@ -42,6 +43,8 @@ def main_options(
 
 
 # Registered in pipeline order, which is the order --help lists them in.
+register_all()
+app.add_typer(fetch.app, name="fetch")
 app.add_typer(synth.app, name="synth")
 app.add_typer(preprocess.app, name="preprocess")
 app.add_typer(data.app, name="data")

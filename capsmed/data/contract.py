@@ -5,7 +5,10 @@ Layout::
     /<split>/images   uint8 [N, C, H, W], chunked, lzf-compressed
     /<split>/labels   int64 [N]
     /<split>/groups   str   [N]   case / patient / slide id each sample came from
-    /<split>/meta/*   optional per-sample arrays (source file, row, col, ...)
+    /<split>/meta/*   optional per-sample arrays, 1-D or N-D (source file, row, col,
+                      a second label, source images, ...)
+    /<split>/folds    optional int8 [N]: cross-validation fold of each sample (usually
+                      in a split named ``all``); groups never span two folds
     file attrs: format_version, dataset, class_names (JSON), image_size, channels,
                 preprocessing (JSON), source (JSON), capsmed_version, created (UTC)
 
@@ -55,6 +58,7 @@ class DatasetInfo:
     capsmed_version: str
     created: str
     format_version: int
+    folds: dict[str, int] = field(default_factory=dict)  # split -> number of folds
 
     @property
     def num_classes(self) -> int:
@@ -69,6 +73,7 @@ class SplitData:
     labels: np.ndarray
     groups: np.ndarray
     meta: dict[str, np.ndarray] = field(default_factory=dict)
+    folds: np.ndarray | None = None  # int8 [N] when the split carries CV folds
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -125,6 +130,7 @@ class DatasetWriter:
         self.source = dict(source)
         self.allow_group_leak = allow_group_leak
         self._groups: dict[str, set[str]] = {}
+        self._group_folds: dict[str, dict[str, set[int]]] = {}  # split -> group -> folds
         self._sizes: dict[str, int] = {}
         self._atomic = atomic_path(self.path)
         self._file: h5py.File | None = None
@@ -148,8 +154,13 @@ class DatasetWriter:
         self._atomic.__exit__(exc_type, exc, tb)
 
     def append(self, split: str, images: np.ndarray, labels: np.ndarray,
-               groups: Sequence[str], meta: Mapping[str, np.ndarray] | None = None) -> None:
+               groups: Sequence[str], meta: Mapping[str, np.ndarray] | None = None,
+               folds: np.ndarray | None = None) -> None:
         """Append a batch of samples to ``split``.
+
+        ``meta`` arrays have the batch length as first axis (any trailing shape);
+        ``folds`` gives each sample's cross-validation fold (0..k-1) and must be given
+        for every batch of a split or for none.
 
         Raises:
             CapsmedError: on a shape/dtype mismatch or (unless allowed) a group leak.
@@ -173,12 +184,26 @@ class DatasetWriter:
                 raise CapsmedError(_leak_message(self.path, leaks))
         if n == 0:  # nothing to store; empty arrays would also carry meaningless dtypes
             return
+        arrays = [("images", images), ("labels", labels),
+                  ("groups", np.asarray([str(g) for g in groups], dtype=object))]
+        if folds is not None:
+            folds = np.asarray(folds)
+            if folds.shape != (n,) or folds.min() < 0 or folds.max() > 127:
+                raise CapsmedError(f"{self.path}: folds for '{split}' must be {n} integers "
+                                   "in 0..127")
+            arrays.append(("folds", folds.astype(np.int8)))
+            per_group = self._group_folds.setdefault(split, {})
+            for g, k in zip(groups, folds.tolist(), strict=True):
+                per_group.setdefault(str(g), set()).add(int(k))
+        for name, values in (meta or {}).items():
+            if len(values) != n:
+                raise CapsmedError(f"{self.path}: meta '{name}' has {len(values)} rows for "
+                                   f"{n} samples in '{split}'")
         self._groups.setdefault(split, set()).update(new_groups)
-        grp = self._ensure_split(split, meta or {})
+        grp = self._ensure_split(split, meta or {}, with_folds=folds is not None)
         start = self._sizes[split]
         self._sizes[split] = start + n
-        for name, values in (("images", images), ("labels", labels),
-                             ("groups", np.asarray([str(g) for g in groups], dtype=object))):
+        for name, values in arrays:
             grp[name].resize(start + n, axis=0)
             grp[name][start:] = values
         for name, values in (meta or {}).items():
@@ -189,7 +214,8 @@ class DatasetWriter:
             ds.resize(start + n, axis=0)
             ds[start:] = values
 
-    def _ensure_split(self, split: str, meta: Mapping[str, np.ndarray]) -> h5py.Group:
+    def _ensure_split(self, split: str, meta: Mapping[str, np.ndarray],
+                      with_folds: bool) -> h5py.Group:
         assert self._file is not None
         if split in self._file:
             grp = self._file[split]
@@ -197,6 +223,9 @@ class DatasetWriter:
             if mismatch:
                 raise CapsmedError(f"{self.path}: inconsistent meta fields in '{split}': "
                                    f"{sorted(mismatch)}")
+            if ("folds" in grp) != with_folds:
+                raise CapsmedError(f"{self.path}: folds given for some batches of '{split}' "
+                                   "but not others")
             return grp
         grp = self._file.create_group(split)
         c, h, w = self.image_shape
@@ -206,12 +235,19 @@ class DatasetWriter:
         grp.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64,
                            chunks=(4096,))
         grp.create_dataset("groups", shape=(0,), maxshape=(None,), dtype=_STR, chunks=(4096,))
+        if with_folds:
+            grp.create_dataset("folds", shape=(0,), maxshape=(None,), dtype=np.int8,
+                               chunks=(4096,))
         meta_grp = grp.create_group("meta")
         for name, values in meta.items():
             values = np.asarray(values)
             dtype = _STR if values.dtype.kind in "UO" else values.dtype
-            meta_grp.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype,
-                                    chunks=(4096,))
+            tail = values.shape[1:]
+            rows = max(1, CHUNK_BYTES // max(1, int(np.prod(tail)) * dtype.itemsize)) \
+                if tail and dtype != _STR else 4096
+            meta_grp.create_dataset(name, shape=(0, *tail), maxshape=(None, *tail),
+                                    dtype=dtype, chunks=(min(rows, 4096), *tail),
+                                    compression="lzf" if tail else None)
         self._sizes[split] = 0
         return grp
 
@@ -222,6 +258,12 @@ class DatasetWriter:
         leaks = find_leaks(self._groups)
         if leaks and not self.allow_group_leak:
             raise CapsmedError(_leak_message(self.path, leaks))
+        for split, per_group in self._group_folds.items():
+            spanning = sorted(g for g, k in per_group.items() if len(k) > 1)
+            if spanning and not self.allow_group_leak:
+                raise CapsmedError(f"{self.path}: {len(spanning)} group(s) of '{split}' span "
+                                   f"two folds (e.g. {spanning[0]}); assign folds by group")
+            leaks = leaks or dict.fromkeys(spanning, [split])
         c, h, w = self.image_shape
         attrs = self._file.attrs
         attrs["format_version"] = FORMAT_VERSION
@@ -273,7 +315,8 @@ def read_info(path: Path) -> DatasetInfo:
         splits = _split_names(f)
         if not splits:
             raise CapsmedError(f"{path}: contains no splits (expected train/val/test groups)")
-        sizes = {}
+        sizes: dict[str, int] = {}
+        folds: dict[str, int] = {}
         for split in splits:
             grp = f[split]
             for key in ("images", "labels", "groups"):
@@ -285,6 +328,11 @@ def read_info(path: Path) -> DatasetInfo:
                                    f"(images {grp['images'].shape[0]}, labels {n}, "
                                    f"groups {grp['groups'].shape[0]})")
             sizes[split] = n
+            if "folds" in grp:
+                if grp["folds"].shape[0] != n:
+                    raise CapsmedError(f"{path}: split '{split}' has {grp['folds'].shape[0]} "
+                                       f"folds for {n} samples")
+                folds[split] = int(grp["folds"][...].max()) + 1 if n else 0
         h, w = json.loads(f.attrs["image_size"])
         return DatasetInfo(
             path=path,
@@ -298,6 +346,7 @@ def read_info(path: Path) -> DatasetInfo:
             capsmed_version=str(f.attrs.get("capsmed_version", "?")),
             created=str(f.attrs.get("created", "?")),
             format_version=version,
+            folds=folds,
         )
 
 
@@ -312,6 +361,7 @@ def load_split(path: Path, split: str, *, with_meta: bool = False) -> SplitData:
         images = grp["images"][...]
         labels = grp["labels"][...].astype(np.int64)
         groups = grp["groups"].asstr()[...]
+        folds = grp["folds"][...] if "folds" in grp else None
         meta = {}
         if with_meta and "meta" in grp:
             for name, ds in grp["meta"].items():
@@ -322,7 +372,7 @@ def load_split(path: Path, split: str, *, with_meta: bool = False) -> SplitData:
                            f"expected uint8 [N, {', '.join(map(str, expected))}]")
     if len(labels) and (labels.min() < 0 or labels.max() >= info.num_classes):
         raise CapsmedError(f"{path}: '{split}/labels' outside 0..{info.num_classes - 1}")
-    return SplitData(images=images, labels=labels, groups=groups, meta=meta)
+    return SplitData(images=images, labels=labels, groups=groups, meta=meta, folds=folds)
 
 
 def class_counts(path: Path) -> dict[str, np.ndarray]:
@@ -331,6 +381,19 @@ def class_counts(path: Path) -> dict[str, np.ndarray]:
     with _open(path) as f:
         return {s: np.bincount(f[s]["labels"][...], minlength=info.num_classes)
                 for s in info.split_sizes}
+
+
+def fold_class_counts(path: Path) -> dict[str, np.ndarray]:
+    """``{split: int [folds, classes]}`` label counts per fold, for splits that have folds."""
+    info = read_info(path)
+    out = {}
+    with _open(path) as f:
+        for split, k in info.folds.items():
+            labels, folds = f[split]["labels"][...], f[split]["folds"][...].astype(np.int64)
+            counts = np.zeros((k, info.num_classes), dtype=np.int64)
+            np.add.at(counts, (folds, labels), 1)
+            out[split] = counts
+    return out
 
 
 def groups_by_split(path: Path) -> dict[str, set[str]]:

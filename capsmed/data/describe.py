@@ -8,7 +8,13 @@ from pathlib import Path
 from rich.console import Group
 from rich.table import Table
 
-from capsmed.data.contract import class_counts, find_leaks, groups_by_split, read_info
+from capsmed.data.contract import (
+    class_counts,
+    find_leaks,
+    fold_class_counts,
+    groups_by_split,
+    read_info,
+)
 
 
 def describe_dataset(path: Path, max_groups: int = 12) -> Group:
@@ -49,6 +55,16 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
             shown += f", ... (+{len(ordered) - max_groups})"
         group_table.add_row(split, shown)
 
+    tables = [header, splits, group_table]
+    for split, per_fold in fold_class_counts(path).items():
+        fold_table = Table(title=f"CV folds of '{split}'")
+        fold_table.add_column("fold", justify="right")
+        for name in info.class_names:
+            fold_table.add_column(name, justify="right")
+        for k, row in enumerate(per_fold):
+            fold_table.add_row(str(k), *(f"{c:,}" for c in row))
+        tables.append(fold_table)
+
     params = Table(title="Preprocessing parameters")
     params.add_column("parameter")
     params.add_column("value")
@@ -57,4 +73,4 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
     files = info.source.get("files", {})
     params.caption = (f"source: {info.source.get('raw_dir', '?')} "
                       f"({len(files)} files, {sum(files.values()):,} bytes)")
-    return Group(header, splits, group_table, params)
+    return Group(*tables, params)

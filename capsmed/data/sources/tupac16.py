@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +24,10 @@ import tifffile
 
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
+from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.splits import read_split_files, split_groups
 from capsmed.data.stains import DEFAULT_H_MAX, hematoxylin_channel, tissue_mask
 from capsmed.errors import CapsmedError
-from capsmed.progress import track
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +281,7 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
     records = [r for r in records if r.case in split_of]
     negatives = _negatives_per_image(records, split_of, cfg)
     jobs = [_Job(i, r, negatives[split_of[r.case]], cfg) for i, r in enumerate(records)]
-    workers = cfg.workers or min(os.cpu_count() or 1, 8)
+    workers = default_workers(cfg.workers)
     log.info("%d images from %d cases; %d mitoses; %d worker(s)", len(records),
              len(split_of), sum(len(r.mitoses) for r in records), workers)
 
@@ -300,10 +297,10 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
                            image_shape=(1, cfg.output_size, cfg.output_size),
                            preprocessing=parameters, source=source,
                            allow_group_leak=cfg.allow_group_leak)
-    with writer, _executor(workers, len(jobs)) as pool:
-        results = pool.map(process_image, jobs) if pool else map(process_image, jobs)
-        for job, res in track(zip(jobs, results, strict=True), "TUPAC16 images",
-                              total=len(jobs), disable=disable_progress):
+    with writer:
+        for job, res in map_in_workers(process_image, jobs, workers=workers,
+                                       description="TUPAC16 images",
+                                       disable_progress=disable_progress):
             rec = job.record
             n = len(res.labels)
             writer.append(split_of[rec.case], res.images, res.labels, [rec.case] * n,
@@ -315,17 +312,3 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
                     "mitoses); classes are slightly less balanced", short)
     return output
 
-
-class _executor:
-    """A process pool when it pays off, else None (inline work); a context manager."""
-
-    def __init__(self, workers: int, jobs: int) -> None:
-        self.pool = (ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
-                     if workers > 1 and jobs > 1 else None)
-
-    def __enter__(self) -> ProcessPoolExecutor | None:
-        return self.pool
-
-    def __exit__(self, *exc: object) -> None:
-        if self.pool:
-            self.pool.shutdown(cancel_futures=True)
