@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, only_set, parse_key_values
+from capsmed.errors import CapsmedError
 
 
 @handles_errors
@@ -40,8 +41,32 @@ def train(
                                       "by N/(K n_c) of its class."),
     augment: bool = typer.Option(None, "--augment/--no-augment", help="Augment batches on "
                                  "the device with the papers' recipe for the dataset."),
-    augment_recipe: str = typer.Option(None, help="paper000-medical, paper000-mnist, "
-                                       "paper000-fashion or paper001 (implies --augment)."),
+    augment_recipe: str = typer.Option(None, "--augment-recipe", "--augment-spec",
+                                       help="paper000-medical, paper000-mnist, "
+                                       "paper000-fashion, paper001, or a spec such as "
+                                       "'rotation=15,translation=0.1,hflip' (implies "
+                                       "--augment)."),
+    fold: int = typer.Option(None, help="Cross-validation: test on fold K of a file with "
+                             "folds (e.g. AML), train on the others (paper 001)."),
+    folds: int = typer.Option(None, help="Expected number of folds (checked against the "
+                              "file)."),
+    per_class_limit: int = typer.Option(None, help="At most X samples per class (paper 001's "
+                                        "small-data protocol; with --fold the rest is "
+                                        "tested)."),
+    precision: str = typer.Option(None, help="auto (bf16/fp16 autocast on GPU, fp32 on CPU), "
+                                  "fp32, bf16 or fp16 [auto]. Routing stays fp32."),
+    channels_last: bool = typer.Option(None, "--channels-last/--no-channels-last",
+                                       help="Channels-last memory format [on CUDA]."),
+    compile_model: bool = typer.Option(None, "--compile/--no-compile",
+                                       help="torch.compile the model (slow start, faster "
+                                       "long runs)."),
+    data_loading: str = typer.Option(None, help="memory, stream (read HDF5 per batch) or "
+                                     "auto [auto]."),
+    loader_workers: int = typer.Option(None, help="Reader processes when streaming [2]."),
+    tensorboard: bool = typer.Option(None, "--tensorboard/--no-tensorboard",
+                                     help="Also write TensorBoard logs to RUN_DIR/tensorboard."),
+    resume: Path = typer.Option(None, help="Continue an interrupted run directory (all other "
+                                "options come from its config.yaml)."),
     model_arg: list[str] = typer.Option(None, help="Architecture option key=value, "
                                         "repeatable (e.g. conv_channels=64)."),
     config: Path = typer.Option(None, help="YAML file of these options; flags override it."),
@@ -49,6 +74,7 @@ def train(
     """Train a model; keeps the checkpoint at minimum validation loss."""
     from capsmed.data.protocols import parse_imbalance
     from capsmed.train.config import TrainConfig, read_options_yaml
+    from capsmed.train.engine import resume as resume_training
     from capsmed.train.engine import train as run_training
 
     base = read_options_yaml(config) if config else {}
@@ -60,7 +86,18 @@ def train(
                          patience=patience, optimizer=optimizer, lr_schedule=lr_schedule,
                          class_weights=class_weights,
                          augment=True if augment_recipe else augment,
-                         augment_recipe=augment_recipe)
+                         augment_recipe=augment_recipe, fold=fold, folds=folds,
+                         per_class_limit=per_class_limit, precision=precision,
+                         channels_last=channels_last, compile=compile_model,
+                         data_loading=data_loading, loader_workers=loader_workers,
+                         tensorboard=tensorboard)
+    if resume is not None:
+        if overrides or base or model_arg or branches is not None:
+            raise CapsmedError("--resume continues a run with its own options (its "
+                               "config.yaml); give no other training options")
+        run_dir = resume_training(resume)
+        typer.echo(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")
+        return
     merged = {**base, **overrides}
     merged["model_kwargs"] = {**base.get("model_kwargs", {}),
                               **parse_key_values(model_arg, "--model-arg"),

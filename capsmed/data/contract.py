@@ -375,6 +375,33 @@ def load_split(path: Path, split: str, *, with_meta: bool = False) -> SplitData:
     return SplitData(images=images, labels=labels, groups=groups, meta=meta, folds=folds)
 
 
+def read_labels(path: Path, split: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Labels int64 [N] and folds int8 [N] (None without folds) of ``split``, no images."""
+    info = read_info(path)
+    if split not in info.split_sizes:
+        raise CapsmedError(f"{path}: has no '{split}' split (has: "
+                           f"{', '.join(info.split_sizes)})")
+    with _open(path) as f:
+        grp = f[split]
+        return (grp["labels"][...].astype(np.int64),
+                grp["folds"][...] if "folds" in grp else None)
+
+
+def read_images(path: Path, split: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """Images uint8 [len(rows), C, H, W] of ``split`` (all when ``rows`` is None)."""
+    with _open(path) as f:
+        ds = f[split]["images"]
+        if rows is None:
+            return ds[...]
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return np.empty((0, *ds.shape[1:]), dtype=np.uint8)
+        if len(rows) > ds.shape[0] // 4:  # one contiguous read beats many point reads
+            return ds[...][rows]
+        unique, inverse = np.unique(rows, return_inverse=True)
+        return ds[unique][inverse]
+
+
 def class_counts(path: Path) -> dict[str, np.ndarray]:
     """Per-split label counts (length = number of classes)."""
     info = read_info(path)

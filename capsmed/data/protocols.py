@@ -5,8 +5,14 @@
 * ``imbalance``: named classes reduced to a percentage of their samples (section 3.2:
   one class, or two, cut to 20%).
 
-Both compose (imbalance first, then fraction) and act on indices only, so the subset
-is recorded in the run directory and the dataset file is never rewritten.
+* ``per_class_limit``: at most X samples of each class (paper 001's small-data
+  protocol); with cross-validation folds, see :func:`cv_partition`.
+
+They compose (limit, then imbalance, then fraction) and act on indices only, so the
+subset is recorded in the run directory and the dataset file is never rewritten.
+
+Cross-validation (paper 001): a file written with folds (split ``all`` + ``folds``)
+trains on every fold but one and tests on that one (:func:`cv_partition`).
 """
 
 from __future__ import annotations
@@ -30,8 +36,11 @@ class Protocol:
 
     fraction: float | None = None
     imbalance: dict[str, float] = field(default_factory=dict)
+    per_class_limit: int | None = None
 
     def __post_init__(self) -> None:
+        if self.per_class_limit is not None and self.per_class_limit < 1:
+            raise CapsmedError(f"--per-class-limit must be >= 1, got {self.per_class_limit}")
         if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
             raise CapsmedError(f"--fraction must be within (0, 1], got {self.fraction}")
         for name, pct in self.imbalance.items():
@@ -41,7 +50,8 @@ class Protocol:
 
     @property
     def is_full(self) -> bool:
-        return self.fraction in (None, 1.0) and not self.imbalance
+        return (self.fraction in (None, 1.0) and not self.imbalance
+                and self.per_class_limit is None)
 
 
 def parse_imbalance(text: str | None) -> dict[str, float]:
@@ -83,6 +93,8 @@ def select_training_indices(labels: np.ndarray, class_names: Sequence[str],
     """
     labels = np.asarray(labels)
     index = np.arange(len(labels))
+    if protocol.per_class_limit is not None:
+        index = limit_per_class(labels, protocol.per_class_limit, seed)
     rng = np.random.default_rng([seed, 2018])  # its own stream: training seeds differ
     if protocol.imbalance:
         unknown = sorted(set(protocol.imbalance) - set(class_names))
@@ -95,3 +107,33 @@ def select_training_indices(labels: np.ndarray, class_names: Sequence[str],
         keep = {int(c): protocol.fraction for c in np.unique(labels[index])}
         index = index[_keep_per_class(labels[index], keep, rng)]
     return index
+
+
+def limit_per_class(labels: np.ndarray, limit: int, seed: int) -> np.ndarray:
+    """Sorted indices of at most ``limit`` samples per class, chosen with ``seed``."""
+    rng = np.random.default_rng([seed, 2021])
+    chosen = [members if len(members) <= limit else rng.choice(members, limit, replace=False)
+              for members in (np.flatnonzero(labels == c) for c in np.unique(labels))]
+    return np.sort(np.concatenate(chosen)) if chosen else np.empty(0, dtype=np.int64)
+
+
+def cv_partition(labels: np.ndarray, folds: np.ndarray, fold: int,
+                 per_class_limit: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test rows for cross-validation fold ``fold`` (paper 001).
+
+    Test = the samples of fold ``fold``; train = the samples of the other folds. With
+    ``per_class_limit`` X, only up to X samples per class (chosen with ``seed``, the same
+    for every fold) take part in the folds; the rest all go to the test set, as in
+    paper 001's small-data experiments.
+
+    Raises:
+        CapsmedError: if ``fold`` is outside the file's folds.
+    """
+    k = int(folds.max()) + 1 if len(folds) else 0
+    if not 0 <= fold < k:
+        raise CapsmedError(f"--fold {fold}: the file has folds 0..{k - 1}")
+    pool = np.zeros(len(labels), dtype=bool)
+    pool[limit_per_class(labels, per_class_limit, seed) if per_class_limit
+         else np.arange(len(labels))] = True
+    in_fold = folds == fold
+    return np.flatnonzero(pool & ~in_fold), np.flatnonzero(in_fold | ~pool)

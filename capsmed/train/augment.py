@@ -49,10 +49,31 @@ DEFAULT_RECIPE = {"tupac16": "paper000-medical", "diaretdb1": "paper000-medical"
 
 
 def get_recipe(name: str) -> AugmentSpec:
-    if name not in RECIPES:
+    """A named recipe, or a spec like ``rotation=15,translation=0.1,hflip,vflip``."""
+    if name in RECIPES:
+        return RECIPES[name]
+    if "=" not in name and name not in ("hflip", "vflip") and "," not in name:
         raise CapsmedError(f"unknown augmentation recipe '{name}' (choose from: "
-                           f"{', '.join(RECIPES)})")
-    return RECIPES[name]
+                           f"{', '.join(RECIPES)}, or give a spec such as "
+                           "'rotation=15,translation=0.1,hflip,vflip')")
+    values: dict[str, float | bool] = {}
+    for item in filter(None, (part.strip() for part in name.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            if key in ("hflip", "vflip") and not sep:
+                values[key] = True
+            elif key in ("rotation", "translation") and sep:
+                values[key] = float(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise CapsmedError(f"augmentation spec '{name}': cannot read '{item}' (use "
+                               "rotation=DEG, translation=SHARE, hflip, vflip)") from None
+    spec = AugmentSpec(**values)  # type: ignore[arg-type]
+    if not 0 <= spec.translation < 1 or spec.rotation < 0:
+        raise CapsmedError(f"augmentation spec '{name}': rotation >= 0 degrees and "
+                           "translation in [0, 1) of the image side")
+    return spec
 
 
 def augment_batch(x: torch.Tensor, spec: AugmentSpec, generator: torch.Generator

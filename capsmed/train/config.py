@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from capsmed.data.loader import LOADINGS
 from capsmed.data.protocols import Protocol
 from capsmed.errors import CapsmedError
 from capsmed.train.augment import DEFAULT_RECIPE, get_recipe
@@ -19,6 +20,7 @@ from capsmed.train.sampling import SAMPLERS
 # both divided by 10 for the medical sets.
 MEDICAL_DATASETS = frozenset({"tupac16", "diaretdb1"})
 PAPER_LR, PAPER_RECON_WEIGHT = 1e-3, 5e-4
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,24 @@ class TrainConfig:
         class_weights: ``balanced`` weights each sample's loss by N / (K n_c) of its
             class in the training samples used; None = unweighted.
         augment: Augment training batches on the device.
-        augment_recipe: A recipe of :mod:`capsmed.train.augment`; None = the papers'
-            recipe for the dataset (paper 000 medical / MNIST / Fashion-MNIST, paper 001).
+        augment_recipe: A recipe of :mod:`capsmed.train.augment` or a spec such as
+            ``rotation=15,translation=0.1,hflip``; None = the papers' recipe for the
+            dataset (paper 000 medical / MNIST / Fashion-MNIST, paper 001).
+        fold: Cross-validation: test on this fold of a file written with folds, train
+            on the others (paper 001).
+        folds: Expected number of folds (checked against the file).
+        per_class_limit: At most this many samples per class (paper 001's small-data
+            protocol; with ``fold``, the rest of each class goes to the test set).
+        precision: ``auto`` (bf16 autocast on GPUs that support it, fp16 with loss
+            scaling on other GPUs, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16``.
+            Routing always runs in fp32.
+        channels_last: Channels-last memory format; None = on CUDA only.
+        compile: ``torch.compile`` the model (20-50 s start-up; pays off on long runs).
+        data_loading: ``memory`` (held on the device), ``stream`` (read from HDF5 per
+            batch) or ``auto`` (stream when the set would take over a quarter of free
+            GPU memory or 4 GiB of host memory).
+        loader_workers: Reader processes when streaming.
+        tensorboard: Also write TensorBoard event files to ``RUN_DIR/tensorboard``.
     """
 
     data: str
@@ -81,6 +99,15 @@ class TrainConfig:
     class_weights: str | None = None
     augment: bool = False
     augment_recipe: str | None = None
+    fold: int | None = None
+    folds: int | None = None
+    per_class_limit: int | None = None
+    precision: str = "auto"
+    channels_last: bool | None = None
+    compile: bool = False
+    data_loading: str = "auto"
+    loader_workers: int = 2
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -103,7 +130,19 @@ class TrainConfig:
                                    f"'{value}'")
         if not 0.0 < self.lr_decay <= 1.0:
             raise CapsmedError(f"lr_decay must be within (0, 1], got {self.lr_decay}")
-        Protocol(self.fraction, dict(self.imbalance))  # validates fraction/imbalance
+        self.protocol  # noqa: B018 -- validates fraction / imbalance / per-class limit
+        if self.fold is not None and self.fold < 0:
+            raise CapsmedError(f"fold must be >= 0, got {self.fold}")
+        if self.folds is not None and (self.folds < 2 or (self.fold or 0) >= self.folds):
+            raise CapsmedError(f"folds must be >= 2 and above fold, got fold {self.fold} "
+                               f"of {self.folds}")
+        for name, value, allowed in (("precision", self.precision, PRECISIONS),
+                                     ("data_loading", self.data_loading, LOADINGS)):
+            if value not in allowed:
+                raise CapsmedError(f"{name} must be one of {', '.join(allowed)}, got "
+                                   f"'{value}'")
+        if self.loader_workers < 0:
+            raise CapsmedError(f"loader_workers must be >= 0, got {self.loader_workers}")
         if self.augment_recipe is not None:
             get_recipe(self.augment_recipe)
         if self.class_weights not in (None, "balanced"):
@@ -112,7 +151,7 @@ class TrainConfig:
 
     @property
     def protocol(self) -> Protocol:
-        return Protocol(self.fraction, dict(self.imbalance))
+        return Protocol(self.fraction, dict(self.imbalance), self.per_class_limit)
 
     def resolved(self, dataset: str) -> TrainConfig:
         """Fill the paper defaults that depend on the dataset (lr, reconstruction weight)."""

@@ -1,37 +1,47 @@
-"""The training loop: data held on the device as uint8, Adam, validation every epoch,
-and the checkpoint at minimum validation loss kept (paper 000's protocol).
+"""Training runs: set-up (data, model, run directory) and resume; the loop is in
+:mod:`capsmed.train.loop`.
+
+A run directory describes itself: ``config.yaml`` (resolved options, model arguments,
+environment), ``train_indices.npy`` (+ ``test_indices.npy`` for a cross-validation
+fold), ``metrics.jsonl``, the checkpoint at minimum validation loss, ``resume.pt``
+while the run is unfinished, ``summary.json`` and ``curves.png`` at the end.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
+import importlib
 import logging
 import math
 import platform
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import yaml
-from rich.progress import TextColumn
 
 from capsmed import __version__
-from capsmed.data.contract import DatasetInfo, SplitData, load_split, read_info
-from capsmed.data.protocols import select_training_indices
+from capsmed.data.contract import DatasetInfo, read_info
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path, ensure_writable_dir, write_text_atomic
 from capsmed.models import count_parameters, create_model
-from capsmed.progress import make_progress
-from capsmed.train.augment import augment_batch, get_recipe
-from capsmed.train.checkpoint import save_checkpoint
+from capsmed.train import distributed
+from capsmed.train.augment import get_recipe
 from capsmed.train.config import TrainConfig
-from capsmed.train.losses import balanced_class_weights, training_loss
+from capsmed.train.data import (
+    RunRows,
+    channel_statistics,
+    make_loader,
+    sample_for_statistics,
+    select_rows,
+)
+from capsmed.train.losses import balanced_class_weights
 from capsmed.train.optim import build_optimizer, build_schedule
 from capsmed.train.sampling import BatchSampler
+from capsmed.train.state import RESUME_FILE, load_state
+from capsmed.train.step import StepSettings, TrainStep, prepare_model, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -58,38 +68,15 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-class DeviceSplit:
-    """A split held on the device as uint8; batches are sliced there, not copied per step."""
-
-    def __init__(self, split: SplitData, device: torch.device) -> None:
-        self.images = torch.from_numpy(split.images).to(device)
-        self.labels = torch.from_numpy(split.labels).to(device)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.images[index].float().div_(255.0), self.labels[index]
-
-
-def channel_statistics(images: np.ndarray) -> dict[str, list[float]]:
-    """Per-channel mean and std of uint8 images [N, C, H, W], on the [0, 1] scale."""
-    if len(images) == 0:
-        raise CapsmedError("the training split is empty")
-    x = images.astype(np.float64) / 255.0
-    std = x.std(axis=(0, 2, 3))
-    return {"input_mean": [round(float(v), 6) for v in x.mean(axis=(0, 2, 3))],
-            "input_std": [round(float(max(v, 1e-3)), 6) for v in std]}
-
-
 def check_free_space(run_dir: Path, model: torch.nn.Module) -> None:
-    """Fail now, not after hours, if the run directory cannot hold two checkpoints.
+    """Fail now, not after hours, if the run directory cannot hold the run's files.
 
-    A checkpoint is written beside the previous one before replacing it, hence two,
-    plus a margin for metrics, curves and the report.
+    A checkpoint is written beside the previous one before replacing it, hence two;
+    the resumable state holds the weights and up to two optimiser moments; plus a
+    margin for metrics, curves and the report.
     """
-    need = 2 * sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    need += 32 * 2**20
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    need = 2 * weights + 2 * 3 * weights + 32 * 2**20
     existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
     free = shutil.disk_usage(existing).free
     if free < need:
@@ -100,169 +87,28 @@ def check_free_space(run_dir: Path, model: torch.nn.Module) -> None:
 
 def _default_run_dir(cfg: TrainConfig, info: DatasetInfo) -> Path:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{info.dataset}-{cfg.arch}-s{cfg.seed}-{stamp}"
+    fold = f"-f{cfg.fold}" if cfg.fold is not None else ""
+    return Path("runs") / f"{info.dataset}-{cfg.arch}{fold}-s{cfg.seed}-{stamp}"
 
 
 def _prepare_run_dir(path: Path) -> Path:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise CapsmedError(f"{path}: run directory already exists and is not empty; "
-                           "choose another --out or remove it")
+                           "choose another --out, remove it, or continue it with "
+                           f"capsmed train --resume {path}")
     ensure_writable_dir(path)
     return path
 
 
-@torch.no_grad()
-def evaluate_loss(model: torch.nn.Module, data: DeviceSplit, cfg: TrainConfig
-                  ) -> tuple[float, float]:
-    """Mean loss and accuracy over a split (same loss as training, decoder masked by truth)."""
-    model.eval()
-    total = torch.zeros((), device=data.labels.device)
-    correct = torch.zeros((), device=data.labels.device)
-    for start in range(0, len(data), cfg.eval_batch_size):
-        index = torch.arange(start, min(start + cfg.eval_batch_size, len(data)),
-                             device=data.labels.device)
-        x, y = data.batch(index)
-        out = model(x, target=y)
-        total += training_loss(model.loss_kind, out, x, y, cfg.recon_weight) * len(y)
-        correct += (out.scores.argmax(1) == y).sum()
-    n = max(1, len(data))
-    return total.item() / n, correct.item() / n
+def _save_rows(run_dir: Path, rows: RunRows) -> None:
+    for name, values in (("train_indices.npy", rows.train_rows),
+                         ("test_indices.npy", rows.test_rows)):
+        if values is not None:
+            with atomic_path(run_dir / name) as tmp, tmp.open("wb") as fh:
+                np.save(fh, values)
 
 
-def train(config: TrainConfig, disable_progress: bool | None = None) -> Path:
-    """Train ``config.arch`` on ``config.data``; return the run directory.
-
-    The run directory holds ``config.yaml`` (resolved), ``metrics.jsonl`` (one line per
-    epoch) and the checkpoint at minimum validation loss (``checkpoint.safetensors`` +
-    ``checkpoint.json``), so ``capsmed evaluate RUN_DIR`` needs nothing else.
-    """
-    info = read_info(Path(config.data))
-    cfg = config.resolved(info.dataset)
-    if "train" not in info.split_sizes:
-        raise CapsmedError(f"{info.path}: has no 'train' split")
-    device = select_device(cfg.device)
-    full_train = load_split(info.path, "train")
-    # Paper 000's protocols choose indices; the run records them, the file is untouched.
-    # Chosen before the run directory exists, so a bad protocol leaves nothing behind.
-    chosen = select_training_indices(full_train.labels, info.class_names, cfg.protocol,
-                                     cfg.seed)
-    train_split = SplitData(full_train.images[chosen], full_train.labels[chosen],
-                            full_train.groups[chosen])
-    model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
-                    "input_size": list(info.image_size),
-                    **(channel_statistics(train_split.images) if cfg.standardize else {}),
-                    **cfg.model_kwargs}
-    run_path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
-    seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
-    model = create_model(cfg.arch, **model_kwargs).to(device)
-    check_free_space(run_path, model)  # before anything is written
-    run_dir = _prepare_run_dir(run_path)
-    with atomic_path(run_dir / "train_indices.npy") as tmp, tmp.open("wb") as fh:
-        np.save(fh, chosen)
-    train_data = DeviceSplit(train_split, device)
-    val_data = (DeviceSplit(load_split(info.path, "val"), device)
-                if info.split_sizes.get("val") else None)
-    if val_data is None:
-        log.warning("%s has no validation split: the last epoch's weights are kept",
-                    info.path)
-    optimiser = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
-    schedule = build_schedule(cfg.lr_schedule, optimiser, cfg.lr_decay)
-    steps = cfg.steps_per_epoch
-    if steps is None and not cfg.protocol.is_full:  # same iterations as the full split
-        steps = math.ceil(len(full_train) / cfg.batch_size)
-    sampler = BatchSampler(train_data.labels, cfg.batch_size, cfg.sampler, steps,
-                           torch.Generator().manual_seed(cfg.seed))
-    weights = (balanced_class_weights(train_data.labels, info.num_classes)
-               if cfg.class_weights == "balanced" else None)
-    augment = get_recipe(cfg.augment_recipe) if cfg.augment else None
-    augment_rng = (torch.Generator(device=device).manual_seed(cfg.seed + 1)
-                   if augment is not None else None)
-
-    resolved = {**cfg.to_dict(), "data": str(info.path.resolve()), "out": str(run_dir)}
-    environment = {"capsmed": __version__, "torch": str(torch.__version__),
-                   "device": _device_name(device), "python": platform.python_version(),
-                   "parameters": count_parameters(model)}
-    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(
-        {"train": resolved, "model_kwargs": model_kwargs, "environment": environment,
-         "dataset": {"name": info.dataset, "class_names": list(info.class_names),
-                     "splits": info.split_sizes}}, sort_keys=False))
-    log.info("training %s (%s parameters) on %s, %d of %d train / %d val images, %d steps "
-             "per epoch -> %s", cfg.arch, f"{environment['parameters']:,}",
-             environment["device"], len(train_data), len(full_train),
-             len(val_data) if val_data else 0, len(sampler), run_dir)
-
-    best, best_epoch, stopped_early = math.inf, 0, False
-    metrics_path = run_dir / "metrics.jsonl"
-    status = TextColumn("{task.fields[status]}")
-    with make_progress(status, disable=disable_progress) as progress, \
-            metrics_path.open("w", encoding="utf-8") as metrics_file:
-        epochs_task = progress.add_task(f"{cfg.arch} epochs", total=cfg.epochs, status="")
-        for epoch in range(1, cfg.epochs + 1):
-            started = time.perf_counter()
-            model.train()
-            loss_sum = torch.zeros((), device=device)
-            correct = torch.zeros((), device=device)
-            seen = 0
-            batch_task = progress.add_task(f"epoch {epoch}", total=len(sampler), status="")
-            for index in sampler:
-                x, y = train_data.batch(index.to(device, non_blocking=True))
-                if augment is not None:
-                    x = augment_batch(x, augment, augment_rng)
-                seen += len(y)
-                out = model(x, target=y)
-                loss = training_loss(model.loss_kind, out, x, y, cfg.recon_weight, weights)
-                optimiser.zero_grad(set_to_none=True)
-                loss.backward()
-                optimiser.step()
-                loss_sum += loss.detach() * len(y)
-                correct += (out.scores.detach().argmax(1) == y).sum()
-                progress.advance(batch_task)
-            progress.remove_task(batch_task)
-            lr = optimiser.param_groups[0]["lr"]
-            schedule.step()
-            train_loss = loss_sum.item() / seen  # waits for the device: time after it
-            train_seconds = time.perf_counter() - started
-            if not math.isfinite(train_loss):
-                raise CapsmedError(f"{run_dir}: loss became {train_loss} in epoch {epoch}; "
-                                   "the last good checkpoint is kept (try a lower --lr)")
-            record: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss,
-                                      "train_acc": correct.item() / seen, "lr": lr,
-                                      "images_per_s": round(seen / train_seconds, 1)}
-            if val_data is not None:
-                record["val_loss"], record["val_acc"] = evaluate_loss(model, val_data, cfg)
-            record["seconds"] = round(time.perf_counter() - started, 3)
-            selection = record.get("val_loss", train_loss)
-            record["best"] = selection < best
-            if record["best"] or val_data is None:
-                best, best_epoch = min(best, selection), epoch
-                save_checkpoint(run_dir, model, {
-                    "arch": cfg.arch, "model_kwargs": model_kwargs, "epoch": epoch,
-                    "val_loss": record.get("val_loss"), "dataset": info.dataset,
-                    "class_names": list(info.class_names), "data": str(info.path.resolve()),
-                    "loss_kind": model.loss_kind, "format": 1})
-            metrics_file.write(json.dumps(record) + "\n")
-            metrics_file.flush()
-            summary = (f"loss {train_loss:.4f} acc {record['train_acc']:.3f} "
-                       f"({record['images_per_s']:,.0f} img/s)"
-                       + (f" | val loss {record['val_loss']:.4f} acc {record['val_acc']:.3f}"
-                          if val_data is not None else ""))
-            progress.update(epochs_task, advance=1, status=summary)
-            log.info("epoch %d/%d: %s", epoch, cfg.epochs, summary)
-            if (val_data is not None and cfg.patience is not None
-                    and epoch - best_epoch >= cfg.patience):
-                stopped_early = True
-                log.info("early stop: validation loss has not improved for %d epochs "
-                         "(best: epoch %d)", cfg.patience, best_epoch)
-                break
-    write_text_atomic(run_dir / "summary.json", json.dumps({
-        "best_epoch": best_epoch, "best_selection_loss": best, "epochs_run": epoch,
-        "stopped_early": stopped_early, "train_samples": len(train_data),
-        "train_samples_full": len(full_train), "steps_per_epoch": len(sampler)}, indent=2))
-    _write_curves(run_dir)
-    return run_dir
-
-
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
@@ -271,9 +117,162 @@ def _device_name(device: torch.device) -> str:
     return str(device)
 
 
-def _write_curves(run_dir: Path) -> None:
-    from capsmed.evaluate.plots import plot_training_curves
+class Run:
+    """Everything a training run holds; built by :func:`train` or :func:`resume`."""
 
-    records = [json.loads(line) for line in
-               (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
-    plot_training_curves(records, run_dir / "curves.png")
+    def __init__(self, cfg: TrainConfig, info: DatasetInfo, ctx: distributed.Distributed,
+                 device: torch.device, run_dir: Path | None, model_kwargs: dict | None,
+                 disable_progress: bool | None) -> None:
+        self.cfg, self.info, self.ctx, self.device = cfg, info, ctx, device
+        self.disable_progress = disable_progress or not ctx.is_main
+        self.rows = select_rows(info, cfg)  # before anything is written
+        if model_kwargs is None:  # a new run: statistics of its own training rows
+            stats = (channel_statistics(sample_for_statistics(info, self.rows))
+                     if cfg.standardize else {})
+            model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
+                            "input_size": list(info.image_size), **stats,
+                            **cfg.model_kwargs}
+        self.model_kwargs = model_kwargs
+        if cfg.tensorboard:
+            try:
+                importlib.import_module("torch.utils.tensorboard")
+            except ImportError:
+                raise CapsmedError("--tensorboard needs the tensorboard package: pip install "
+                                   "'capsmed[tensorboard]'") from None
+        seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
+        self.model = create_model(cfg.arch, **model_kwargs)
+        new = run_dir is None
+        if new:
+            path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
+            path = Path(ctx.broadcast_text(str(path)))
+            check_free_space(path, self.model)  # before anything is written
+            if ctx.is_main:
+                _prepare_run_dir(path)
+                _save_rows(path, self.rows)
+            ctx.barrier()
+            run_dir = path
+        self.run_dir = run_dir
+        self.train_data = make_loader(info, self.rows.train_split, self.rows.train_rows, cfg,
+                                      device)
+        self.val_data = (make_loader(info, self.rows.val_split, None, cfg, device)
+                         if self.rows.val_split else None)
+        if self.val_data is None:
+            log.warning("%s: no validation data for this run: the last epoch's weights are "
+                        "kept and there is no early stopping", info.path)
+
+        channels_last = cfg.channels_last if cfg.channels_last is not None \
+            else device.type == "cuda"
+        self.model = prepare_model(self.model, device, channels_last, compile_model=False)
+        self.model.train()
+        self.optimizer = build_optimizer(cfg.optimizer, self.model.parameters(), cfg.lr)
+        self.schedule = build_schedule(cfg.lr_schedule, self.optimizer, cfg.lr_decay)
+        module = self.model
+        if ctx.enabled:
+            module = torch.nn.parallel.DistributedDataParallel(
+                module, device_ids=[device.index] if device.type == "cuda" else None)
+        if cfg.compile:
+            module = torch.compile(module)
+        steps = cfg.steps_per_epoch
+        if steps is None and not cfg.protocol.is_full:  # same iterations as the full set
+            steps = math.ceil(self.rows.full_train_size / cfg.batch_size)
+        self.sampler = BatchSampler(self.train_data.labels, cfg.batch_size, cfg.sampler,
+                                    steps, torch.Generator().manual_seed(cfg.seed))
+        weights = (balanced_class_weights(self.train_data.labels.to(device),
+                                          info.num_classes)
+                   if cfg.class_weights == "balanced" else None)
+        augment = get_recipe(cfg.augment_recipe) if cfg.augment else None
+        self.settings = StepSettings(
+            loss_kind=self.model.loss_kind, recon_weight=cfg.recon_weight,
+            autocast_dtype=resolve_precision(cfg.precision, device),
+            channels_last=channels_last, class_weights=weights, augment=augment,
+            augment_rng=(torch.Generator(device=device).manual_seed(cfg.seed + 1)
+                         if augment is not None else None))
+        self.step = TrainStep(module, self.optimizer, self.settings)
+        self.environment = {"capsmed": __version__, "torch": str(torch.__version__),
+                            "device": device_name(device),
+                            "python": platform.python_version(),
+                            "parameters": count_parameters(self.model),
+                            "precision": str(self.settings.autocast_dtype or "float32"),
+                            "world_size": ctx.world}
+        if new and ctx.is_main:
+            self._write_config()
+
+    def _write_config(self) -> None:
+        cfg, info = self.cfg, self.info
+        resolved = {**cfg.to_dict(), "data": str(info.path.resolve()),
+                    "out": str(self.run_dir)}
+        write_text_atomic(self.run_dir / "config.yaml", yaml.safe_dump(
+            {"train": resolved, "model_kwargs": self.model_kwargs,
+             "environment": self.environment,
+             "dataset": {"name": info.dataset, "class_names": list(info.class_names),
+                         "splits": info.split_sizes, "created": info.created,
+                         "train_split": self.rows.train_split,
+                         "val_split": self.rows.val_split,
+                         "test_split": self.rows.test_split}}, sort_keys=False))
+
+    def checkpoint_meta(self, epoch: int, val_loss: float | None) -> dict[str, Any]:
+        return {"arch": self.cfg.arch, "model_kwargs": self.model_kwargs, "epoch": epoch,
+                "val_loss": val_loss, "dataset": self.info.dataset,
+                "class_names": list(self.info.class_names),
+                "data": str(self.info.path.resolve()), "loss_kind": self.model.loss_kind,
+                "format": 1}
+
+
+def train(config: TrainConfig, disable_progress: bool | None = None,
+          stop_after_steps: int | None = None) -> Path:
+    """Train ``config.arch`` on ``config.data``; return the run directory.
+
+    Args:
+        config: The run's options.
+        disable_progress: Hide progress bars.
+        stop_after_steps: Stop (resumably, as on Ctrl-C) after this many steps.
+
+    Raises:
+        TrainingInterrupted: when stopped by Ctrl-C / SIGTERM / ``stop_after_steps``;
+            the state is saved and ``capsmed train --resume RUN_DIR`` continues it.
+    """
+    from capsmed.train.loop import run_loop
+
+    info = read_info(Path(config.data))
+    cfg = config.resolved(info.dataset)
+    ctx, dev = distributed.setup(cfg.device)
+    try:
+        run = Run(cfg, info, ctx, select_device(dev), None, None, disable_progress)
+        return run_loop(run, None, stop_after_steps)
+    finally:
+        distributed.teardown(ctx)
+
+
+def resume(run_dir: Path, disable_progress: bool | None = None,
+           stop_after_steps: int | None = None) -> Path:
+    """Continue an interrupted run from its ``resume.pt`` to the same result.
+
+    Raises:
+        CapsmedError: if the run has no resumable state or its dataset file changed.
+    """
+    from capsmed.train.loop import run_loop
+
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise CapsmedError(f"{run_dir}: not a run directory (no config.yaml)")
+    saved = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    state = load_state(run_dir)
+    cfg = TrainConfig.from_dict(saved["train"], origin=str(config_path))
+    info = read_info(Path(cfg.data))
+    if saved["dataset"].get("created") not in (None, info.created):
+        raise CapsmedError(f"{info.path}: the dataset file was rewritten since this run "
+                           f"started ({saved['dataset']['created']} -> {info.created}); "
+                           "start a new run")
+    ctx, dev = distributed.setup(cfg.device)
+    try:
+        run = Run(cfg, info, ctx, select_device(dev), run_dir, saved["model_kwargs"],
+                  disable_progress)
+        log.info("resuming %s at epoch %d, step %d", run_dir, state["progress"]["epoch"],
+                 state["progress"]["step"])
+        return run_loop(run, state, stop_after_steps)
+    finally:
+        distributed.teardown(ctx)
+
+
+__all__ = ["RESUME_FILE", "Run", "check_free_space", "resume", "select_device", "train"]

@@ -1,0 +1,145 @@
+"""Which rows of the dataset file a run trains, validates and tests on, and their loaders.
+
+Two kinds of file:
+
+* train / val / test splits: train on (a protocol's subset of) ``train``, select the
+  checkpoint on ``val``, test on ``test``;
+* cross-validation (split ``all`` with ``folds``, e.g. AML): ``--fold K`` trains on
+  the other folds and tests on fold K (paper 001: no validation set, the last epoch is
+  kept).
+
+The rows are saved in the run directory (``train_indices.npy``, ``test_indices.npy``
+for a fold) so ``capsmed evaluate RUN_DIR`` tests on exactly the held-out rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from capsmed.data.contract import DatasetInfo, SplitData, load_split, read_images, read_labels
+from capsmed.data.loader import DeviceSplit, StreamingSplit, should_stream, split_nbytes
+from capsmed.data.protocols import cv_partition, select_training_indices
+from capsmed.errors import CapsmedError
+from capsmed.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+CV_SPLIT = "all"
+
+
+@dataclass(frozen=True)
+class RunRows:
+    """Rows of the file a run uses.
+
+    Attributes:
+        train_split: Split the training rows index (``train``, or ``all`` under CV).
+        train_rows: Training rows after every protocol (sorted).
+        full_train_size: Training rows before fraction / imbalance / limit (for the
+            paper-000 rule "same iterations as the full set").
+        val_split: Split used for checkpoint selection, or None.
+        test_split: Split ``evaluate`` tests on.
+        test_rows: Rows of ``test_split`` to test on; None = all of them.
+    """
+
+    train_split: str
+    train_rows: np.ndarray
+    full_train_size: int
+    val_split: str | None
+    test_split: str
+    test_rows: np.ndarray | None
+
+
+def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
+    """Apply the run's protocol to the file (labels only; no images are read)."""
+    protocol = cfg.protocol
+    if cfg.fold is None:
+        if cfg.folds is not None:
+            raise CapsmedError("--folds needs --fold K (which fold to test on)")
+        if "train" not in info.split_sizes:
+            hint = (" (it has cross-validation folds: pass --fold K)" if info.folds else "")
+            raise CapsmedError(f"{info.path}: has no 'train' split{hint}")
+        labels, _ = read_labels(info.path, "train")
+        rows = select_training_indices(labels, info.class_names, protocol, cfg.seed)
+        return RunRows("train", rows, len(labels),
+                       "val" if info.split_sizes.get("val") else None, "test", None)
+    if CV_SPLIT not in info.folds:
+        raise CapsmedError(f"{info.path}: --fold needs a file written with cross-validation "
+                           f"folds (split '{CV_SPLIT}' + folds), e.g. capsmed preprocess aml")
+    if cfg.folds is not None and cfg.folds != info.folds[CV_SPLIT]:
+        raise CapsmedError(f"{info.path}: has {info.folds[CV_SPLIT]} folds, not --folds "
+                           f"{cfg.folds}")
+    labels, folds = read_labels(info.path, CV_SPLIT)
+    assert folds is not None
+    train_rows, test_rows = cv_partition(labels, folds, cfg.fold, cfg.per_class_limit,
+                                         cfg.seed)
+    rest = dataclasses.replace(protocol, per_class_limit=None)  # already applied
+    chosen = select_training_indices(labels[train_rows], info.class_names, rest, cfg.seed)
+    return RunRows(CV_SPLIT, train_rows[chosen], len(train_rows), None, CV_SPLIT, test_rows)
+
+
+def load_train_images(info: DatasetInfo, rows: RunRows) -> np.ndarray:
+    """The training images held in memory (uint8), in ``rows.train_rows`` order."""
+    return read_images(info.path, rows.train_split, rows.train_rows)
+
+
+def make_loader(info: DatasetInfo, split: str, rows: np.ndarray | None, cfg: TrainConfig,
+                device: torch.device, images: np.ndarray | None = None
+                ) -> DeviceSplit | StreamingSplit:
+    """A device-resident or streaming loader for ``rows`` of ``split`` (``cfg.data_loading``)."""
+    labels, _ = read_labels(info.path, split)
+    if rows is not None:
+        labels = labels[rows]
+    n = len(labels)
+    if should_stream(cfg.data_loading, split_nbytes(info.path, split, n), device):
+        log.info("streaming '%s' (%d images) from %s with %d reader(s)", split, n, info.path,
+                 cfg.loader_workers)
+        all_rows = rows if rows is not None else np.arange(n)
+        return StreamingSplit(info.path, split, all_rows, labels, device, cfg.loader_workers)
+    if images is None:
+        images = read_images(info.path, split, rows)
+    return DeviceSplit(images, labels, device)
+
+
+def channel_statistics(images: np.ndarray) -> dict[str, list[float]]:
+    """Per-channel mean and std of uint8 images [N, C, H, W], on the [0, 1] scale."""
+    if len(images) == 0:
+        raise CapsmedError("the training split is empty")
+    sums = np.zeros(images.shape[1]), np.zeros(images.shape[1])
+    for start in range(0, len(images), 4096):  # chunks: no float64 copy of a big set
+        x = images[start:start + 4096].astype(np.float64) / 255.0
+        sums[0][:] += x.sum(axis=(0, 2, 3))
+        sums[1][:] += (x * x).sum(axis=(0, 2, 3))
+    count = len(images) * images.shape[2] * images.shape[3]
+    mean = sums[0] / count
+    std = np.sqrt(np.maximum(sums[1] / count - mean * mean, 0.0))
+    return {"input_mean": [round(float(v), 6) for v in mean],
+            "input_std": [round(float(max(v, 1e-3)), 6) for v in std]}
+
+
+def sample_for_statistics(info: DatasetInfo, rows: RunRows, limit: int = 20000
+                          ) -> np.ndarray:
+    """Training images for the standardisation statistics (a seeded sample of big sets)."""
+    chosen = rows.train_rows
+    if len(chosen) > limit:
+        chosen = np.sort(np.random.default_rng(0).choice(chosen, limit, replace=False))
+    return read_images(info.path, rows.train_split, chosen)
+
+
+def load_run_split(run_dir: Path, data: Path, split: str) -> SplitData:
+    """The samples ``capsmed evaluate`` uses for ``split`` of a run.
+
+    For a cross-validation run, ``test`` means the run's held-out fold rows (saved in
+    ``test_indices.npy``); anything else is the file's split as is.
+    """
+    test_rows = Path(run_dir) / "test_indices.npy"
+    if split == "test" and test_rows.is_file():
+        whole = load_split(data, CV_SPLIT)
+        rows = np.load(test_rows, allow_pickle=False)
+        return SplitData(whole.images[rows], whole.labels[rows], whole.groups[rows])
+    return load_split(data, split)

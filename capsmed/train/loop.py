@@ -1,0 +1,239 @@
+"""The epoch loop: steps without host-device syncs, validation, the checkpoint at minimum
+validation loss, early stopping, resumable state, and a clean stop on Ctrl-C or NaN.
+
+Syncs happen only every :data:`CHECK_EVERY` steps (to look for a non-finite loss or a
+stop request, agreed across ranks under DDP) and at epoch ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import TextColumn
+
+from capsmed.data.loader import sequential_batches
+from capsmed.errors import CapsmedError
+from capsmed.io import write_text_atomic
+from capsmed.progress import make_progress
+from capsmed.train.checkpoint import save_checkpoint
+from capsmed.train.engine import RESUME_FILE, Run
+from capsmed.train.losses import training_loss
+from capsmed.train.state import Progress, StopRequest, restore_rng, save_state
+from capsmed.train.step import accepts_couplings, coupling_entropy, forward
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY = 50  # steps between looks at the NaN flag and stop requests
+
+
+class TrainingInterrupted(CapsmedError):
+    """A run stopped on request; its state is saved and it can be resumed."""
+
+
+@torch.no_grad()
+def evaluate_loss(run: Run, data: Any) -> dict[str, float]:
+    """Validation loss, accuracy and (capsule networks) mean coupling entropy."""
+    model, settings, ctx = run.model, run.settings, run.ctx
+    model.eval()
+    entropy = accepts_couplings(model)
+    sums = torch.zeros(5, device=run.device)  # loss*n, correct, n, entropy sum, rows
+    batches = (ctx.shard(b) for b in sequential_batches(len(data), run.cfg.eval_batch_size))
+    for x, y in data.batches(batches):
+        if len(y) == 0:
+            continue
+        kwargs = {"return_couplings": True} if entropy else {}
+        out = forward(model, x, y, settings, **kwargs)
+        loss = training_loss(model.loss_kind, out, x, y, settings.recon_weight)
+        sums[:3] += torch.stack([loss * len(y), (out.scores.argmax(1) == y).sum(),
+                                 torch.tensor(float(len(y)), device=run.device)])
+        if out.couplings is not None:
+            sums[3:] += coupling_entropy(out.couplings)
+    model.train()
+    total = ctx.sum(sums).tolist()
+    n = max(1.0, total[2])
+    result = {"val_loss": total[0] / n, "val_acc": total[1] / n}
+    if total[4] > 0:
+        result["routing_entropy"] = total[3] / total[4]
+    return result
+
+
+def _start(run: Run, state: dict[str, Any] | None) -> Progress:
+    if state is None:
+        return Progress()
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.schedule.load_state_dict(state["schedule"])
+    run.step.scaler.load_state_dict(state["scaler"])
+    run.sampler.generator.set_state(state["sampler"])
+    restore_rng(state, run.settings.augment_rng)
+    progress = Progress(**state["progress"])
+    _truncate_metrics(run.run_dir / "metrics.jsonl", progress.epoch)
+    return progress
+
+
+def _truncate_metrics(path: Path, epoch: int) -> None:
+    """Keep the lines of finished epochs (a crash may have left the next one's)."""
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
+             if line.strip() and json.loads(line)["epoch"] < epoch]
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def _save(run: Run, progress: Progress, sampler_state: torch.Tensor) -> None:
+    if run.ctx.is_main:
+        save_state(run.run_dir, model=run.model, optimizer=run.optimizer,
+                   schedule=run.schedule, scaler=run.step.scaler,
+                   sampler_state=sampler_state, augment_rng=run.settings.augment_rng,
+                   progress=progress)
+
+
+def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | None) -> Path:
+    """Train from the start or from ``state`` until the last epoch or an early stop."""
+    cfg, ctx, device = run.cfg, run.ctx, run.device
+    p = _start(run, state)
+    steps_this_call = 0
+    stopped_early = False
+    tensorboard = _tensorboard(run)
+    status = TextColumn("{task.fields[status]}")
+    metrics_path = run.run_dir / "metrics.jsonl"
+    with contextlib.ExitStack() as stack:
+        stop = stack.enter_context(StopRequest(stop_after_steps))
+        bars = stack.enter_context(make_progress(status, disable=run.disable_progress))
+        metrics_file = (stack.enter_context(metrics_path.open("a", encoding="utf-8"))
+                        if ctx.is_main else None)
+        epochs_task = bars.add_task(f"{cfg.arch} epochs", total=cfg.epochs,
+                                    completed=p.epoch - 1, status="")
+        while p.epoch <= cfg.epochs:
+            sampler_state = run.sampler.generator.get_state()
+            started = time.perf_counter()
+            batches = list(run.sampler)[p.step:]  # a resumed epoch skips its finished steps
+            sums = torch.tensor([p.loss_sum, p.correct], device=device, dtype=torch.float64)
+            bad_step = torch.full((), -1, device=device, dtype=torch.int64)
+            batch_task = bars.add_task(f"epoch {p.epoch}", total=len(run.sampler),
+                                       completed=p.step, status="")
+            for x, y in run.train_data.batches(ctx.shard(b) for b in batches):
+                loss, correct = run.step(x, y)
+                sums += torch.stack([loss.double() * len(y), correct.double()])
+                bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss),
+                                       p.global_step + 1, bad_step)
+                p.step, p.global_step, p.seen = p.step + 1, p.global_step + 1, p.seen + len(y)
+                steps_this_call += 1
+                bars.advance(batch_task)
+                if ctx.enabled and p.step % CHECK_EVERY and p.step != len(run.sampler):
+                    continue
+                if p.step % CHECK_EVERY == 0 or p.step == len(run.sampler):
+                    _check_finite(run, bad_step, p)
+                if _stop_requested(run, stop, steps_this_call) and p.step < len(run.sampler):
+                    p.loss_sum, p.correct = sums.tolist()
+                    p.epoch_seconds += time.perf_counter() - started
+                    _save(run, p, sampler_state)
+                    raise TrainingInterrupted(
+                        f"{run.run_dir}: stopped ({stop.reason}) at epoch {p.epoch}, step "
+                        f"{p.step}; continue with: capsmed train --resume {run.run_dir}")
+            bars.remove_task(batch_task)
+            record = _finish_epoch(run, p, sums, started)
+            summary = record.pop("summary")
+            if metrics_file is not None:
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+                if tensorboard is not None:
+                    for key, value in record.items():
+                        if isinstance(value, int | float) and key != "epoch":
+                            tensorboard.add_scalar(key, value, record["epoch"])
+            bars.update(epochs_task, advance=1, status=summary)
+            log.info("epoch %d/%d: %s", record["epoch"], cfg.epochs, summary)
+            stopped_early = (run.val_data is not None and cfg.patience is not None
+                             and record["epoch"] - p.best_epoch >= cfg.patience)
+            p = Progress(epoch=p.epoch + 1, best=p.best, best_epoch=p.best_epoch,
+                         global_step=p.global_step)
+            if stopped_early:
+                log.info("early stop: validation loss has not improved for %d epochs "
+                         "(best: epoch %d)", cfg.patience, p.best_epoch)
+                break
+            _save(run, p, run.sampler.generator.get_state())
+            if _stop_requested(run, stop, steps_this_call) and p.epoch <= cfg.epochs:
+                raise TrainingInterrupted(
+                    f"{run.run_dir}: stopped ({stop.reason}) after epoch {p.epoch - 1}; "
+                    f"continue with: capsmed train --resume {run.run_dir}")
+    if tensorboard is not None:
+        tensorboard.close()
+    if ctx.is_main:
+        _finish_run(run, p, stopped_early)
+    return run.run_dir
+
+
+def _stop_requested(run: Run, stop: StopRequest, steps: int) -> bool:
+    flag = torch.tensor([1.0 if stop.check(steps) else 0.0], device=run.device)
+    return bool(run.ctx.max(flag).item()) if run.ctx.enabled else stop.requested
+
+
+def _check_finite(run: Run, bad_step: torch.Tensor, p: Progress) -> None:
+    bad = int(run.ctx.max(bad_step.clone()).item())
+    if bad >= 0:
+        raise CapsmedError(f"{run.run_dir}: the loss became NaN/inf at step {bad} (epoch "
+                           f"{p.epoch}); the last good checkpoint is kept (try a lower --lr "
+                           "or --precision fp32)")
+
+
+def _finish_epoch(run: Run, p: Progress, sums: torch.Tensor, started: float
+                  ) -> dict[str, Any]:
+    """Epoch statistics, validation, the best checkpoint; returns the metrics record."""
+    ctx = run.ctx
+    seen = torch.tensor([float(p.seen)], device=run.device, dtype=torch.float64)
+    totals = ctx.sum(torch.cat([sums, seen])).tolist()  # waits for the device: time after
+    train_seconds = p.epoch_seconds + time.perf_counter() - started
+    lr = run.optimizer.param_groups[0]["lr"]
+    run.schedule.step()
+    train_loss = totals[0] / max(1.0, totals[2])
+    record: dict[str, Any] = {"epoch": p.epoch, "train_loss": train_loss,
+                              "train_acc": totals[1] / max(1.0, totals[2]), "lr": lr,
+                              "images_per_s": round(totals[2] / train_seconds, 1)}
+    if run.val_data is not None:
+        record.update(evaluate_loss(run, run.val_data))
+    record["seconds"] = round(time.perf_counter() - started + p.epoch_seconds, 3)
+    selection = record.get("val_loss", train_loss)
+    record["best"] = selection < p.best
+    if record["best"] or run.val_data is None:
+        p.best, p.best_epoch = min(p.best, selection), p.epoch
+        if ctx.is_main:
+            save_checkpoint(run.run_dir, run.model,
+                            run.checkpoint_meta(p.epoch, record.get("val_loss")))
+    record["summary"] = (
+        f"loss {train_loss:.4f} acc {record['train_acc']:.3f} "
+        f"({record['images_per_s']:,.0f} img/s)"
+        + (f" | val loss {record['val_loss']:.4f} acc {record['val_acc']:.3f}"
+           if "val_loss" in record else "")
+        + (f" | routing H {record['routing_entropy']:.3f}" if "routing_entropy" in record
+           else ""))
+    return record
+
+
+def _finish_run(run: Run, p: Progress, stopped_early: bool) -> None:
+    epochs_run = p.epoch - 1
+    write_text_atomic(run.run_dir / "summary.json", json.dumps({
+        "best_epoch": p.best_epoch, "best_selection_loss": p.best, "epochs_run": epochs_run,
+        "stopped_early": stopped_early, "train_samples": len(run.train_data),
+        "train_samples_full": run.rows.full_train_size,
+        "steps_per_epoch": len(run.sampler), "world_size": run.ctx.world}, indent=2))
+    (run.run_dir / RESUME_FILE).unlink(missing_ok=True)  # finished: nothing to resume
+    from capsmed.evaluate.plots import plot_training_curves
+
+    lines = (run.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    plot_training_curves([json.loads(line) for line in lines if line], run.run_dir / "curves.png")
+
+
+def _tensorboard(run: Run) -> Any:
+    if not (run.cfg.tensorboard and run.ctx.is_main):
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(run.run_dir / "tensorboard"))
+
+

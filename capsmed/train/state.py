@@ -1,0 +1,123 @@
+"""Resumable training state: everything needed to continue a run exactly.
+
+``RUN_DIR/resume.pt`` holds the model, optimiser, schedule and loss-scaler state, the
+sampler's generator state at the start of the current epoch (the epoch's batches are
+regenerated and the finished ones skipped), the augmentation and global RNG states,
+the partial epoch's sums and the early-stopping counters. It is written at every
+epoch end and when a run is interrupted (Ctrl-C, SIGTERM), and removed when the run
+finishes. It is read with ``torch.load(weights_only=True)``: tensors and plain
+containers only, nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capsmed.errors import CapsmedError
+from capsmed.io import atomic_path
+
+RESUME_FILE = "resume.pt"
+STATE_VERSION = 1
+
+
+@dataclass
+class Progress:
+    """Where a run is: the loop's counters (plain numbers, saved with the state)."""
+
+    epoch: int = 1  # the epoch in progress (1-based)
+    step: int = 0  # its finished steps
+    loss_sum: float = 0.0
+    correct: float = 0.0
+    seen: int = 0
+    best: float = float("inf")
+    best_epoch: int = 0
+    global_step: int = 0
+    epoch_seconds: float = 0.0  # time already spent in this epoch before a resume
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def save_state(run_dir: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               schedule: Any, scaler: torch.amp.GradScaler, sampler_state: torch.Tensor,
+               augment_rng: torch.Generator | None, progress: Progress) -> Path:
+    """Write ``resume.pt`` atomically."""
+    state = {
+        "version": STATE_VERSION,
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "scaler": scaler.state_dict(),
+        "sampler": sampler_state.clone(),
+        "augment": augment_rng.get_state() if augment_rng is not None else None,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "progress": asdict(progress),
+    }
+    path = Path(run_dir) / RESUME_FILE
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return path
+
+
+def load_state(run_dir: Path) -> dict[str, Any]:
+    """Read ``resume.pt`` (weights-only unpickler)."""
+    path = Path(run_dir) / RESUME_FILE
+    if not path.is_file():
+        raise CapsmedError(f"{path}: no resumable state; the run finished (nothing to resume) "
+                           "or was stopped before its first epoch ended")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupt or foreign file
+        raise CapsmedError(f"{path}: cannot read resumable state ({exc})") from exc
+    if state.get("version") != STATE_VERSION:
+        raise CapsmedError(f"{path}: state version {state.get('version')} is not "
+                           f"{STATE_VERSION}; resume with the capsmed that wrote it")
+    return state
+
+
+def restore_rng(state: dict[str, Any], augment_rng: torch.Generator | None) -> None:
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    if augment_rng is not None and state["augment"] is not None:
+        augment_rng.set_state(state["augment"])
+
+
+class StopRequest:
+    """Turns Ctrl-C / SIGTERM into a request the loop honours after the current step.
+
+    A second Ctrl-C interrupts at once (the last saved state still resumes). Outside
+    the main thread (where signals cannot be handled) it only counts ``stop_after``.
+    """
+
+    def __init__(self, stop_after_steps: int | None = None) -> None:
+        self.requested = False
+        self.reason = ""
+        self.stop_after = stop_after_steps
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.reason = signal.Signals(signum).name
+
+    def __enter__(self) -> StopRequest:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def check(self, steps_done: int) -> bool:
+        if self.stop_after is not None and steps_done >= self.stop_after:
+            self.requested, self.reason = True, f"stop after {self.stop_after} steps"
+        return self.requested

@@ -1,0 +1,118 @@
+"""One optimisation step, shared by the trainer and ``capsmed bench train``.
+
+Speed without changing results on CPU: autocast (bf16, or fp16 with loss scaling)
+only on GPUs, routing always in fp32 (``capsmed.models.capsules`` disables autocast
+inside routing), channels-last on CUDA, optional ``torch.compile``. The step returns
+device tensors and never calls ``.item()``, so the host does not wait for the GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from capsmed.models.common import ModelOutput
+from capsmed.train.augment import AugmentSpec, augment_batch
+from capsmed.train.losses import training_loss
+
+log = logging.getLogger(__name__)
+
+
+def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``name`` on ``device`` (None = fp32, no autocast)."""
+    if name == "fp32" or (name == "auto" and device.type != "cuda"):
+        return None
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def accepts_couplings(model: nn.Module) -> bool:
+    """Whether ``model.forward`` can return routing couplings (capsule networks)."""
+    import inspect
+
+    return "return_couplings" in inspect.signature(model.forward).parameters
+
+
+def coupling_entropy(couplings: torch.Tensor) -> torch.Tensor:
+    """Sum over samples and lower capsules of the entropy (nats) of each lower capsule's
+    coupling distribution over the capsules above (paper 003's association entropy,
+    before averaging), and the count of those rows, as a tensor ``[sum, rows]``."""
+    c = couplings.float().flatten(0, -2)
+    h = -(c * torch.log(c.clamp_min(1e-12))).sum(-1)
+    return torch.stack([h.sum(), torch.tensor(float(len(h)), device=h.device)])
+
+
+@dataclass
+class StepSettings:
+    """What every step needs besides the data."""
+
+    loss_kind: str
+    recon_weight: float
+    autocast_dtype: torch.dtype | None = None
+    channels_last: bool = False
+    class_weights: torch.Tensor | None = None
+    augment: AugmentSpec | None = None
+    augment_rng: torch.Generator | None = None
+
+
+def prepare_model(model: nn.Module, device: torch.device, channels_last: bool,
+                  compile_model: bool) -> nn.Module:
+    """Move to ``device`` (channels-last if asked) and optionally compile; returns the
+    module to call (the original keeps the weights to save)."""
+    model = model.to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if compile_model:
+        log.info("compiling the model (torch.compile; takes a while on the first steps)")
+        return torch.compile(model)
+    return model
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, settings: StepSettings,
+            **kwargs: bool) -> ModelOutput:
+    """Forward pass under the run's precision and memory format."""
+    if settings.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with autocast(x.device, settings.autocast_dtype):
+        return model(x, target=y, **kwargs) if y is not None else model(x, **kwargs)
+
+
+class TrainStep:
+    """Augment, forward, loss in fp32, backward, optimiser step.
+
+    Args:
+        model: The module to call (possibly compiled or wrapped in DDP).
+        optimizer: Its optimiser.
+        settings: Precision, loss and augmentation settings.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 settings: StepSettings) -> None:
+        self.model, self.optimizer, self.settings = model, optimizer, settings
+        fp16 = settings.autocast_dtype == torch.float16
+        device_type = next(model.parameters()).device.type
+        self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the batch loss and the number of correct predictions (device tensors)."""
+        s = self.settings
+        if s.augment is not None:
+            x = augment_batch(x, s.augment, s.augment_rng)
+        out = forward(self.model, x, y, s)
+        loss = training_loss(s.loss_kind, out, x, y, s.recon_weight, s.class_weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.detach(), (out.scores.detach().argmax(1) == y).sum()

@@ -1,0 +1,223 @@
+"""The trainer's recoverability and options: resume == uninterrupted, Ctrl-C, NaN stop,
+cross-validation folds, per-class limits, routing entropy, precision, channels-last."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+from capsmed.data.contract import DatasetWriter, load_split
+from capsmed.data.protocols import cv_partition, limit_per_class
+from capsmed.errors import CapsmedError
+from capsmed.train.config import TrainConfig
+from capsmed.train.engine import resume, train
+from capsmed.train.loop import TrainingInterrupted
+from capsmed.train.step import TrainStep
+from tests.conftest import TINY_CAPSNET
+
+TINY_LENET = {"widths": [3, 4], "hidden": [8]}
+
+
+def _cfg(data, out, **options):
+    base = {"data": str(data), "arch": "capsnet", "epochs": 3, "batch_size": 8, "seed": 2,
+            "out": str(out), "model_kwargs": TINY_CAPSNET, "augment": True,
+            "sampler": "balanced", "steps_per_epoch": 4, "patience": None}
+    return TrainConfig(**{**base, **options})
+
+
+def _metrics(run):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in ("seconds", "images_per_s")}
+            for x in lines]
+
+
+def _same_weights(a, b):
+    wa = load_file(str(a / "checkpoint.safetensors"))
+    wb = load_file(str(b / "checkpoint.safetensors"))
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("stop_at", [6, 8])  # mid-epoch, and exactly at an epoch end
+def test_resume_equals_uninterrupted_run(tiny_h5, tmp_path, stop_at):
+    whole = train(_cfg(tiny_h5, tmp_path / "whole"), disable_progress=True)
+    with pytest.raises(TrainingInterrupted, match="--resume"):
+        train(_cfg(tiny_h5, tmp_path / "cut"), disable_progress=True, stop_after_steps=stop_at)
+    cut = tmp_path / "cut"
+    assert (cut / "resume.pt").is_file()
+    assert len(_metrics(cut)) == stop_at // 4  # finished epochs only
+    resumed = resume(cut, disable_progress=True)
+    assert _metrics(resumed) == _metrics(whole)
+    assert _same_weights(resumed, whole)
+    assert not (resumed / "resume.pt").exists()  # finished runs leave no state behind
+    with pytest.raises(CapsmedError, match="nothing to resume"):
+        resume(resumed)
+
+
+def test_ctrl_c_saves_a_resumable_state(tiny_h5, tmp_path, monkeypatch):
+    whole = train(_cfg(tiny_h5, tmp_path / "whole", epochs=2), disable_progress=True)
+    calls = {"n": 0}
+    original = TrainStep.__call__
+
+    def interrupting(self, x, y):
+        calls["n"] += 1
+        if calls["n"] == 3:  # as if the user pressed Ctrl-C during step 3
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, x, y)
+
+    monkeypatch.setattr(TrainStep, "__call__", interrupting)
+    with pytest.raises(TrainingInterrupted, match="SIGINT"):
+        train(_cfg(tiny_h5, tmp_path / "cut", epochs=2), disable_progress=True)
+    monkeypatch.setattr(TrainStep, "__call__", original)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    resumed = resume(tmp_path / "cut", disable_progress=True)
+    assert _metrics(resumed) == _metrics(whole) and _same_weights(resumed, whole)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
+        tiny_h5, tmp_path, monkeypatch):
+    import capsmed.train.step as step_module
+
+    calls = {"n": 0}
+    real_loss = step_module.training_loss
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real_loss(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 6 else loss
+
+    monkeypatch.setattr(step_module, "training_loss", poisoned)
+    with pytest.raises(CapsmedError, match="NaN/inf at step 6 \\(epoch 2\\)"):
+        train(_cfg(tiny_h5, tmp_path / "nan", augment=False), disable_progress=True)
+    kept = json.loads((tmp_path / "nan" / "checkpoint.json").read_text())
+    assert kept["epoch"] == 1
+    weights = load_file(str(tmp_path / "nan" / "checkpoint.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def _folds_file(tiny_h5, path, k=3):
+    """tiny_h5's train+val+test as one 'all' split with k folds by case."""
+    parts = [load_split(tiny_h5, s) for s in ("train", "val", "test")]
+    images = np.concatenate([p.images for p in parts])
+    labels = np.concatenate([p.labels for p in parts])
+    groups = np.concatenate([p.groups for p in parts])
+    cases = sorted(set(groups))
+    folds = np.array([cases.index(g) % k for g in groups])
+    with DatasetWriter(path, dataset="toy-cv", class_names=["non-mitosis", "mitosis"],
+                       image_shape=images.shape[1:], preprocessing={}, source={}) as w:
+        w.append("all", images, labels, groups, folds=folds)
+    return path, labels, folds
+
+
+def test_cross_validation_fold_trains_on_the_others_and_evaluates_the_held_out_fold(
+        tiny_h5, tmp_path):
+    path, labels, folds = _folds_file(tiny_h5, tmp_path / "cv.h5")
+    cfg = TrainConfig(data=str(path), arch="lenet", epochs=1, batch_size=16, fold=1, folds=3,
+                      out=str(tmp_path / "f1"), model_kwargs=TINY_LENET)
+    run = train(cfg, disable_progress=True)
+    train_rows = np.load(run / "train_indices.npy")
+    test_rows = np.load(run / "test_indices.npy")
+    assert set(train_rows) == set(np.flatnonzero(folds != 1))
+    assert set(test_rows) == set(np.flatnonzero(folds == 1))
+    result = CliRunner().invoke(app, ["-q", "evaluate", str(run)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((run / "report" / "report.json").read_text())
+    assert report["context"]["samples"] == len(test_rows)
+    with pytest.raises(CapsmedError, match="has 3 folds, not --folds 5"):
+        train(TrainConfig(**{**cfg.to_dict(), "folds": 5, "out": str(tmp_path / "x")}))
+    with pytest.raises(CapsmedError, match="has no 'train' split.*--fold"):
+        train(TrainConfig(data=str(path), arch="lenet", out=str(tmp_path / "y")))
+    with pytest.raises(CapsmedError, match="needs a file written with cross-validation"):
+        train(TrainConfig(data=str(tiny_h5), arch="lenet", fold=0, out=str(tmp_path / "z")))
+    assert not (tmp_path / "x").exists() and not (tmp_path / "z").exists()
+
+
+def test_per_class_limit_with_folds_sends_the_rest_to_the_test_set():
+    labels = np.array([0] * 50 + [1] * 8)
+    folds = np.arange(58) % 5
+    train_rows, test_rows = cv_partition(labels, folds, 2, per_class_limit=10, seed=0)
+    limited = limit_per_class(labels, 10, seed=0)
+    assert np.bincount(labels[limited]).tolist() == [10, 8]
+    assert set(train_rows) | set(test_rows) == set(range(58))
+    assert not set(train_rows) & set(test_rows)
+    assert set(train_rows) == {i for i in limited if folds[i] != 2}
+    assert np.bincount(labels[test_rows]).tolist()[0] == 40 + sum(
+        1 for i in limited if folds[i] == 2 and labels[i] == 0)
+    again, _ = cv_partition(labels, folds, 3, per_class_limit=10, seed=0)
+    assert set(again) | set(limited) == set(limited)  # same pool for every fold
+
+
+def test_per_class_limit_without_folds_caps_the_training_samples(tiny_h5, tmp_path):
+    run = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                            per_class_limit=5, out=str(tmp_path / "lim"),
+                            model_kwargs=TINY_LENET), disable_progress=True)
+    full = load_split(tiny_h5, "train")
+    chosen = np.load(run / "train_indices.npy")
+    assert np.bincount(full.labels[chosen]).tolist() == [5, 5]
+
+
+def test_routing_entropy_is_logged_for_capsule_networks_only(tiny_h5, tmp_path):
+    caps = train(_cfg(tiny_h5, tmp_path / "caps", epochs=1), disable_progress=True)
+    entropy = _metrics(caps)[0]["routing_entropy"]
+    assert 0.0 < entropy <= np.log(2) + 1e-6  # two class capsules: at most log 2 nats
+    lenet = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                              out=str(tmp_path / "lenet"), model_kwargs=TINY_LENET),
+                  disable_progress=True)
+    assert "routing_entropy" not in _metrics(lenet)[0]
+
+
+def test_bf16_autocast_and_channels_last_train_on_cpu(tiny_h5, tmp_path):
+    run = train(_cfg(tiny_h5, tmp_path / "bf16", epochs=1, precision="bf16",
+                     channels_last=True), disable_progress=True)
+    record = _metrics(run)[0]
+    assert np.isfinite(record["train_loss"]) and np.isfinite(record["val_loss"])
+    config = (run / "config.yaml").read_text()
+    assert "bfloat16" in config
+
+
+def test_streaming_from_hdf5_gives_the_same_run_as_holding_the_data(tiny_h5, tmp_path):
+    a = train(_cfg(tiny_h5, tmp_path / "mem", epochs=1, data_loading="memory"),
+              disable_progress=True)
+    b = train(_cfg(tiny_h5, tmp_path / "stream", epochs=1, data_loading="stream",
+                   loader_workers=0), disable_progress=True)
+    assert _metrics(a) == _metrics(b) and _same_weights(a, b)
+
+
+def test_cli_resume_refuses_other_options(tmp_path):
+    result = CliRunner().invoke(app, ["train", "--resume", str(tmp_path), "--epochs", "3"])
+    assert result.exit_code == 1 and "give no other training options" in result.output
+
+
+def test_ddp_on_two_cpu_processes_matches_one_process(tiny_h5, tmp_path):
+    """torchrun + gloo: each rank trains on half of every global batch; the averaged
+    gradients make the run follow the single-process one with the same batch."""
+    import subprocess
+    import sys
+
+    options = ["--data", str(tiny_h5), "--arch", "lenet", "--epochs", "2", "--batch-size", "8",
+               "--seed", "4", "--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]",
+               "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "-m", "capsmed", "-q", "train", *options, "--out", str(tmp_path / "ddp")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    single = CliRunner().invoke(app, ["-q", "train", *options, "--out", str(tmp_path / "one")])
+    assert single.exit_code == 0, single.output
+    ddp, one = tmp_path / "ddp", tmp_path / "one"
+    assert json.loads((ddp / "summary.json").read_text())["world_size"] == 2
+    a, b = _metrics(ddp), _metrics(one)
+    assert [m["epoch"] for m in a] == [1, 2]
+    for x, y in zip(a, b, strict=True):
+        assert x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-4)
+        assert x["val_loss"] == pytest.approx(y["val_loss"], rel=1e-4)
+    wa = load_file(str(ddp / "checkpoint.safetensors"))
+    wb = load_file(str(one / "checkpoint.safetensors"))
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
