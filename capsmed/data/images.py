@@ -1,0 +1,142 @@
+"""Reading image files of any common format into uint8 arrays.
+
+TIFF through tifffile, everything else through OpenCV (``IMREAD_UNCHANGED``, so 16-bit
+and alpha survive), then 8-bit scaling, channel conversion and resizing. Every failure
+is a one-line :class:`CapsmedError` naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import tifffile
+
+from capsmed.errors import CapsmedError
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _tifffile_warnings() -> Iterator[list[str]]:
+    """Collect what tifffile logs while reading, so it ends up in our one-line error
+    (or the debug log) instead of on stderr beside it."""
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(  # type: ignore[method-assign]
+        re.sub(r"^<[^>]*> ", "", record.getMessage()))
+    logger = logging.getLogger("tifffile")
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def read_image(path: Path) -> np.ndarray:
+    """Read an image as stored: (H, W) or (H, W, C) in RGB(A) order, original dtype.
+
+    TIFF goes through tifffile (first page), everything else through OpenCV with
+    ``IMREAD_UNCHANGED`` (so 16-bit and alpha survive; EXIF orientation is not applied).
+    """
+    if path.suffix.lower() in (".tif", ".tiff"):
+        with _tifffile_warnings() as warned:
+            try:
+                image = tifffile.imread(path, key=0)
+            except Exception as exc:  # tifffile raises many types for corrupt files
+                raise CapsmedError(f"{path}: cannot read TIFF ({type(exc).__name__}: "
+                                   f"{exc})") from exc
+        if image.size == 0:  # tifffile warns (about a bad offset, ...) and reads nothing
+            raise CapsmedError(f"{path}: cannot read TIFF ({'; '.join(warned) or 'no image'})")
+        for message in warned:
+            log.debug("%s: %s", path, message)
+        if image.ndim == 3 and image.shape[0] in (3, 4) and image.shape[-1] not in (3, 4):
+            image = np.moveaxis(image, 0, -1)  # planar (C, H, W) storage
+    else:
+        try:
+            # imdecode on the bytes, because imread cannot tell "missing" from "corrupt"
+            data = np.fromfile(path, dtype=np.uint8)
+        except OSError as exc:
+            raise CapsmedError(f"{path}: cannot read file ({exc.strerror})") from exc
+        # OpenCV prints its own decoder warnings to stderr; our one-line error says it all
+        level = cv2.utils.logging.getLogLevel()
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+        try:
+            image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
+        finally:
+            cv2.utils.logging.setLogLevel(level)
+        if image is None:
+            raise CapsmedError(f"{path}: cannot decode image (corrupt, truncated or not "
+                               f"a {path.suffix[1:].upper()} file)")
+        if image.ndim == 3 and image.shape[-1] >= 3:  # OpenCV stores BGR(A)
+            image = image[..., [2, 1, 0, *range(3, image.shape[-1])]]
+    if image.ndim not in (2, 3) or (image.ndim == 3 and not 1 <= image.shape[-1] <= 4):
+        raise CapsmedError(f"{path}: expected a grey or colour 2-D image, got shape "
+                           f"{image.shape}")
+    return image
+
+
+def to_uint8(image: np.ndarray, scale16: str, path: Path) -> np.ndarray:
+    """Scale an 8/16-bit (or 1-bit) image to uint8.
+
+    ``scale16``: ``full`` maps 0..65535 to 0..255 (``round(v / 257)``, comparable across
+    images); ``minmax`` stretches each image's own range.
+    """
+    if image.dtype == np.uint8:
+        return image
+    if image.dtype == np.bool_:
+        return image.astype(np.uint8) * 255
+    if image.dtype != np.uint16:
+        raise CapsmedError(f"{path}: unsupported pixel type {image.dtype} (expected 8- or "
+                           "16-bit unsigned integers)")
+    if scale16 == "full":
+        return np.rint(image / 257.0).astype(np.uint8)
+    lo, hi = float(image.min()), float(image.max())
+    if hi <= lo:  # a constant image has no range to stretch
+        return np.zeros(image.shape, np.uint8)
+    return np.rint((image - lo) * (255.0 / (hi - lo))).astype(np.uint8)
+
+
+def convert_channels(image: np.ndarray, channels: int) -> np.ndarray:
+    """(H, W[, C]) uint8 -> (H, W, ``channels``). Alpha is dropped, not composited;
+    grey comes from RGB by ITU-R 601 luma (OpenCV ``RGB2GRAY``), RGB from grey by copying."""
+    if image.ndim == 2:
+        image = image[..., None]
+    if image.shape[-1] == 2:  # grey + alpha
+        image = image[..., :1]
+    image = image[..., :3]
+    if channels == 1 and image.shape[-1] == 3:
+        return cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)[..., None]
+    if channels == 3 and image.shape[-1] == 1:
+        return np.repeat(image, 3, axis=-1)
+    return image
+
+
+def resize_image(image: np.ndarray, size: int, keep_aspect: bool) -> np.ndarray:
+    """Resize (H, W, C) to (size, size, C): stretched, or fitted and centre-padded black.
+
+    INTER_AREA when shrinking (anti-aliased); INTER_LINEAR when enlarging, because
+    INTER_AREA enlarges by pixel replication.
+    """
+    h, w, c = image.shape
+    if keep_aspect:
+        scale = size / max(h, w)
+        th, tw = max(1, round(h * scale)), max(1, round(w * scale))
+    else:
+        th, tw = size, size
+    if (th, tw) != (h, w):
+        inter = cv2.INTER_AREA if th * tw < h * w else cv2.INTER_LINEAR
+        image = cv2.resize(image, (tw, th), interpolation=inter).reshape(th, tw, c)
+    if (th, tw) == (size, size):
+        return image
+    out = np.zeros((size, size, c), np.uint8)
+    top, left = (size - th) // 2, (size - tw) // 2
+    out[top:top + th, left:left + tw] = image
+    return out

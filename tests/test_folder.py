@@ -1,0 +1,314 @@
+"""Class-folder source: synthetic folders -> HDF5, grouping, conversions, splits, bad input."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+import tifffile
+from typer.testing import CliRunner
+
+import capsmed.data.sources.folder as folder_source
+from capsmed.cli import app
+from capsmed.data.contract import class_counts, groups_by_split, load_split, read_info
+from capsmed.data.sources.folder import FolderConfig, discover, preprocess_folder
+from capsmed.data.synth.folder import write_class_folders
+from capsmed.errors import CapsmedError
+
+runner = CliRunner()
+PATIENT = r"^(P\d+)_"
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    """3 classes (circle, square, triangle) x 8 RGB PNGs of 40x40 over 4 patients."""
+    root = tmp_path_factory.mktemp("folder") / "shapes"
+    write_class_folders(root, classes=3, images_per_class=8, patients=4, size=40, seed=2)
+    return root
+
+
+def _splits(path):
+    return {s: load_split(path, s, with_meta=True) for s in read_info(path).split_sizes}
+
+
+def _write(path, image):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix in (".tif", ".tiff"):
+        tifffile.imwrite(path, image)
+    else:
+        assert cv2.imwrite(str(path), image)
+
+
+def test_synth_layout(raw):
+    names, files = discover(raw)
+    assert names == ["circle", "square", "triangle"]
+    assert len(files) == 24
+    assert {f.rel.split("/")[0] for f in files} == set(names)
+    assert {f.path.name[:4] for f in files} == {"P01_", "P02_", "P03_", "P04_"}
+    assert [f.label for f in files] == [0] * 8 + [1] * 8 + [2] * 8
+
+
+def test_counts_groups_and_pixels(raw, tmp_path):
+    out = preprocess_folder(raw, tmp_path / "d.h5", FolderConfig(group_pattern=PATIENT,
+                                                                 workers=1))
+    info = read_info(out)
+    assert info.class_names == ("circle", "square", "triangle")
+    assert (info.channels, info.image_size) == (3, (40, 40))
+    assert info.dataset == "shapes" and info.preprocessing["grouping"] == "group_pattern"
+    assert sum(class_counts(out).values()).tolist() == [8, 8, 8]
+    groups = groups_by_split(out)
+    assert set().union(*groups.values()) == {"P01", "P02", "P03", "P04"}
+    assert sum(len(g) for g in groups.values()) == 4  # no patient in two splits
+    for data in _splits(out).values():
+        for k in range(len(data)):
+            src = data.meta["source"][k]
+            assert src.split("/")[1].startswith(data.groups[k] + "_")
+            bgr = cv2.imread(str(raw / src))
+            np.testing.assert_array_equal(data.images[k], bgr[..., ::-1].transpose(2, 0, 1))
+            assert data.meta["source_height"][k] == 40
+
+
+def test_classes_option_chooses_and_orders(raw, tmp_path):
+    cfg = FolderConfig(classes=("triangle", "circle"), fractions={"train": 1.0}, workers=1)
+    data = _splits(preprocess_folder(raw, tmp_path / "d.h5", cfg))["train"]
+    assert read_info(tmp_path / "d.h5").class_names == ("triangle", "circle")
+    assert np.bincount(data.labels).tolist() == [8, 8]
+    for label, src in zip(data.labels, data.meta["source"], strict=True):
+        assert src.startswith("triangle/" if label == 0 else "circle/")
+    # without a pattern or CSV every image is its own group
+    assert len(set(data.groups)) == 16
+
+
+def test_groups_csv_nested_folders_and_hidden_files(raw, tmp_path):
+    root = tmp_path / "root"
+    for name, value in (("a", 50), ("b", 200)):
+        for i in range(3):
+            _write(root / name / "sub" / f"img{i}.PNG", np.full((8, 8), value + i, np.uint8))
+        _write(root / name / ".hidden.png", np.zeros((8, 8), np.uint8))
+        _write(root / name / ".cache" / "x.png", np.zeros((8, 8), np.uint8))
+        (root / name / "notes.txt").write_text("not an image")
+    (root / ".git").mkdir()
+    lines = ["file,group"] + [f"./{n}/sub/img{i}.PNG,{'X' if i < 2 else 'Y'}"
+                              for n in "ab" for i in range(3)]
+    (tmp_path / "groups.csv").write_text("\n".join(lines) + "\n")
+    cfg = FolderConfig(groups_csv=str(tmp_path / "groups.csv"), split_files={
+        "train": str(tmp_path / "train.txt"), "test": str(tmp_path / "test.txt")}, workers=1)
+    (tmp_path / "train.txt").write_text("X\n")
+    (tmp_path / "test.txt").write_text("Y  # the held-out patient\n")
+    splits = _splits(preprocess_folder(root, tmp_path / "d.h5", cfg))
+    assert read_info(tmp_path / "d.h5").class_names == ("a", "b")
+    assert splits["train"].meta["source"].tolist() == ["a/sub/img0.PNG", "a/sub/img1.PNG",
+                                                       "b/sub/img0.PNG", "b/sub/img1.PNG"]
+    assert splits["test"].groups.tolist() == ["Y", "Y"]
+    assert splits["test"].images[:, 0, 0, 0].tolist() == [52, 202]
+    assert splits["train"].images.shape[1:] == (1, 8, 8)  # grey in, grey out
+
+
+def test_channels_and_size_conversion(raw, tmp_path):
+    cfg = FolderConfig(channels=1, size=20, fractions={"train": 1.0}, workers=1)
+    data = _splits(preprocess_folder(raw, tmp_path / "d.h5", cfg))["train"]
+    assert data.images.shape == (24, 1, 20, 20)
+    rgb = cv2.imread(str(raw / data.meta["source"][5]))[..., ::-1]
+    grey = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
+    expected = cv2.resize(grey, (20, 20), interpolation=cv2.INTER_AREA)
+    np.testing.assert_array_equal(data.images[5, 0], expected)
+
+    wide = tmp_path / "wide"
+    _write(wide / "a" / "x.png", np.full((20, 40), 200, np.uint8))  # 20 high, 40 wide
+    _write(wide / "b" / "y.png", np.full((40, 40), 100, np.uint8))
+    cfg = FolderConfig(channels=3, size=16, keep_aspect=True, fractions={"train": 1.0},
+                       workers=1)
+    data = _splits(preprocess_folder(wide, tmp_path / "w.h5", cfg))["train"]
+    assert data.images.shape == (2, 3, 16, 16)
+    column = data.images[0, 1, :, 8]  # fitted to 8 high x 16 wide, padded top and bottom
+    assert column.tolist() == [0] * 4 + [200] * 8 + [0] * 4
+    assert (data.images[1] == 100).all()
+    assert data.meta["source_height"].tolist() == [20, 40]
+    assert data.meta["source_width"].tolist() == [40, 40]
+
+
+def test_16bit_and_rgba_input(tmp_path):
+    root = tmp_path / "deep"
+    ramp = np.array([[0, 257 * 100, 65535, 1000]], np.uint16).repeat(4, 0)
+    _write(root / "png16" / "a.png", ramp)
+    _write(root / "tif16" / "b.tif", ramp)
+    rgba = np.zeros((4, 4, 4), np.uint8)
+    rgba[..., 0], rgba[..., 2], rgba[..., 3] = 10, 250, 7  # BGRA on disk: B=10, R=250
+    _write(root / "rgba" / "c.png", rgba)
+    cfg = FolderConfig(channels=3, fractions={"train": 1.0}, workers=1)
+    data = _splits(preprocess_folder(root, tmp_path / "full.h5", cfg))["train"]
+    image = dict(zip(data.meta["source"], data.images, strict=True))
+    for src in ("png16/a.png", "tif16/b.tif"):  # 0..65535 -> 0..255
+        assert image[src][0, 0].tolist() == [0, 100, 255, 4]
+    assert image["rgba/c.png"][:, 0, 0].tolist() == [250, 0, 10]  # RGB, alpha dropped
+
+    low = np.array([[1000, 2000, 3000, 1500]], np.uint16).repeat(4, 0)  # a 12-bit sensor
+    _write(root / "low16" / "d.tif", low)
+    cfg = FolderConfig(channels=1, classes=("low16",), fractions={"train": 1.0}, workers=1)
+    data = _splits(preprocess_folder(root, tmp_path / "dark.h5", cfg))["train"]
+    assert data.images[0, 0, 0].tolist() == [4, 8, 12, 6]  # full range: round(v / 257)
+    cfg = FolderConfig(channels=1, scale16="minmax", classes=("low16",),
+                       fractions={"train": 1.0}, workers=1)
+    data = _splits(preprocess_folder(root, tmp_path / "mm.h5", cfg))["train"]
+    assert data.images[0, 0, 0].tolist() == [0, 128, 255, 64]  # own 1000..3000 -> 0..255
+
+
+def test_folds_are_stratified_and_keep_patients_together(tmp_path):
+    root = tmp_path / "shapes"
+    write_class_folders(root, classes=3, images_per_class=12, patients=6, size=24, seed=4)
+    cfg = FolderConfig(group_pattern=PATIENT, folds=3, seed=1, workers=1)
+    data = _splits(preprocess_folder(root, tmp_path / "f.h5", cfg))
+    assert list(data) == ["all"]
+    info = read_info(tmp_path / "f.h5")
+    assert info.folds == {"all": 3}
+    folds, labels, groups = data["all"].folds, data["all"].labels, data["all"].groups
+    for g in set(groups):
+        assert len(set(folds[groups == g])) == 1, g
+    per_fold = np.zeros((3, 3), int)
+    np.add.at(per_fold, (folds, labels), 1)
+    assert per_fold.sum(0).tolist() == [12, 12, 12]
+    assert per_fold.sum(1).tolist() == [12, 12, 12]  # 6 patients x 2 images per class each
+    assert (per_fold == 4).all()
+
+
+def test_deterministic_and_workers_agree(raw, tmp_path, monkeypatch):
+    cfg = FolderConfig(group_pattern=PATIENT, size=16, seed=7, workers=1)
+    a = _splits(preprocess_folder(raw, tmp_path / "a.h5", cfg))
+    b = _splits(preprocess_folder(raw, tmp_path / "b.h5", cfg))
+    monkeypatch.setattr(folder_source, "FILES_PER_JOB", 5)  # several jobs for the pool
+    c = _splits(preprocess_folder(raw, tmp_path / "c.h5",
+                                  FolderConfig(group_pattern=PATIENT, size=16, seed=7,
+                                               workers=2)))
+    assert a.keys() == b.keys() == c.keys()
+    for split in a:
+        for other in (b, c):
+            np.testing.assert_array_equal(a[split].images, other[split].images)
+            np.testing.assert_array_equal(a[split].labels, other[split].labels)
+            assert a[split].meta["source"].tolist() == other[split].meta["source"].tolist()
+    other_seed = groups_by_split(preprocess_folder(
+        raw, tmp_path / "d.h5", FolderConfig(group_pattern=PATIENT, seed=8, workers=1)))
+    assert other_seed != groups_by_split(tmp_path / "a.h5")
+
+
+def test_cli_synth_and_preprocess(tmp_path):
+    result = runner.invoke(app, ["-q", "synth", "folder", str(tmp_path / "raw"), "--classes",
+                                 "2", "--images-per-class", "4", "--patients", "2", "--size",
+                                 "24"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["circle", "square"]
+    result = runner.invoke(app, ["-q", "preprocess", "folder", str(tmp_path / "raw"), "-o",
+                                 str(tmp_path / "d.h5"), "--group-pattern", PATIENT,
+                                 "--channels", "1", "--size", "12", "--folds", "2",
+                                 "--workers", "1", "--name", "demo"])
+    assert result.exit_code == 0, result.output
+    info = read_info(tmp_path / "d.h5")
+    assert (info.dataset, info.channels, info.image_size) == ("demo", 1, (12, 12))
+    assert info.split_sizes == {"all": 8} and info.folds == {"all": 2}
+
+
+# ---- bad input through the real CLI -----------------------------------------------
+
+
+def _assert_clean_failure(result, names, output):
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert names in lines[0], lines[0]
+    assert not output.exists()
+    assert not list(output.parent.glob(f".{output.name}*")), "temporary file left behind"
+
+
+def _good(root):
+    for name in ("a", "b"):
+        for i in range(2):
+            _write(root / name / f"P{i}_x.png", np.full((8, 8), 60 * i, np.uint8))
+
+
+def _corrupt_png(root):
+    victim = root / "a" / "P0_x.png"
+    victim.write_bytes(victim.read_bytes()[:30])
+    return victim, "cannot decode image"
+
+
+def _corrupt_tiff(root):
+    victim = root / "b" / "P9_bad.tif"
+    victim.write_bytes(b"II*\x00garbage")
+    return victim, "cannot read TIFF"
+
+
+def _empty_class(root):
+    (root / "c").mkdir()
+    (root / "c" / "readme.txt").write_text("no images here")
+    return root / "c", "holds no images"
+
+
+def _no_class_folders(root):
+    for p in sorted(root.rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    (root / "x.png").write_bytes(b"")
+    return root, "no class folders"
+
+
+def _size_mismatch(root):
+    victim = root / "b" / "P5_big.png"
+    _write(victim, np.zeros((9, 8), np.uint8))
+    return victim, "pass a size"
+
+
+@pytest.mark.parametrize("break_it", [_corrupt_png, _corrupt_tiff, _empty_class,
+                                      _no_class_folders, _size_mismatch])
+def test_bad_raw_data(tmp_path, break_it):
+    root = tmp_path / "root"
+    _good(root)
+    victim, message = break_it(root)
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "folder", str(root), "-o", str(out),
+                                 "--workers", "1", "--group-pattern", PATIENT, "--train",
+                                 "1", "--val", "0", "--test", "0"])
+    _assert_clean_failure(result, str(victim), out)
+    assert message in result.stderr
+
+
+def test_missing_root_and_unknown_class(tmp_path):
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["preprocess", "folder", str(tmp_path / "nope"), "-o",
+                                 str(out)])
+    _assert_clean_failure(result, str(tmp_path / "nope"), out)
+    _good(tmp_path / "root")
+    result = runner.invoke(app, ["preprocess", "folder", str(tmp_path / "root"), "-o",
+                                 str(out), "--classes", "a,zebra"])
+    _assert_clean_failure(result, str(tmp_path / "root" / "zebra"), out)
+
+
+@pytest.mark.parametrize("rows, names, message", [
+    (["a/P0_x.png,1", "a/P1_x.png,1", "b/P0_x.png,2", "b/gone.png,2"], "groups.csv",
+     "b/gone.png does not exist"),
+    (["a/P0_x.png,1", "a/P1_x.png,1", "b/P0_x.png,2"], "P1_x.png", "not listed in"),
+])
+def test_bad_groups_csv(tmp_path, rows, names, message):
+    _good(tmp_path / "root")
+    (tmp_path / "groups.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["preprocess", "folder", str(tmp_path / "root"), "-o",
+                                 str(out), "--groups-csv", str(tmp_path / "groups.csv")])
+    _assert_clean_failure(result, names, out)
+    assert message in result.stderr
+
+
+def test_file_not_matching_group_pattern(tmp_path):
+    _good(tmp_path / "root")
+    _write(tmp_path / "root" / "b" / "scan7.png", np.zeros((8, 8), np.uint8))
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["preprocess", "folder", str(tmp_path / "root"), "-o",
+                                 str(out), "--group-pattern", PATIENT])
+    _assert_clean_failure(result, str(tmp_path / "root" / "b" / "scan7.png"), out)
+    assert "does not match the group pattern" in result.stderr
+
+
+def test_config_errors():
+    with pytest.raises(CapsmedError, match="one capture group"):
+        folder_source.assign_groups(None, [], FolderConfig(group_pattern=r"P\d+"))
+    with pytest.raises(CapsmedError, match="sum to 1"):
+        FolderConfig(fractions={"train": 0.8, "test": 0.1})
+    with pytest.raises(CapsmedError, match="exclude each other"):
+        FolderConfig(folds=3, split_files={"train": "t.txt"})
