@@ -221,3 +221,35 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tiny_h5, tmp_path):
     wa = load_file(str(ddp / "checkpoint.safetensors"))
     wb = load_file(str(one / "checkpoint.safetensors"))
     assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+
+
+def test_tensorboard_logs_every_epoch_metric(tiny_h5, tmp_path):
+    run = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=2, batch_size=16,
+                            tensorboard=True, out=str(tmp_path / "tb"),
+                            model_kwargs=TINY_LENET), disable_progress=True)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert {"train_loss", "val_loss", "val_acc", "lr"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("val_loss")] == [1, 2]
+
+
+def test_transfer_copies_and_freezes_the_named_layers(tiny_h5, tmp_path):
+    source = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                               out=str(tmp_path / "A"), model_kwargs=TINY_LENET),
+                   disable_progress=True)
+    a = load_file(str(source / "checkpoint.safetensors"))
+    first = sorted(a)[0].split(".")[0]
+    target = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                               seed=7, out=str(tmp_path / "AnB"), model_kwargs=TINY_LENET,
+                               transfer_from=str(source), transfer_layers=[first]),
+                   disable_progress=True)
+    b = load_file(str(target / "checkpoint.safetensors"))
+    for name in a:
+        same = torch.equal(a[name], b[name])
+        assert same == name.startswith(first + "."), name  # frozen copies; the rest trained
+    with pytest.raises(CapsmedError, match="matches no parameter"):
+        train(TrainConfig(data=str(tiny_h5), arch="lenet", out=str(tmp_path / "x"),
+                          model_kwargs=TINY_LENET, transfer_from=str(source),
+                          transfer_layers=["nope"]))

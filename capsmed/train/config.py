@@ -74,6 +74,11 @@ class TrainConfig:
             GPU memory or 4 GiB of host memory).
         loader_workers: Reader processes when streaming.
         tensorboard: Also write TensorBoard event files to ``RUN_DIR/tensorboard``.
+        transfer_from: A run directory whose checkpoint initialises the parameters
+            named by ``transfer_layers`` (paper 003's AnB / BnB transfer).
+        transfer_layers: Parameter-name prefixes copied from ``transfer_from`` (e.g.
+            ``conv1``, ``primary``); required with it.
+        freeze_transferred: Keep the copied parameters fixed while training.
     """
 
     data: str
@@ -108,6 +113,9 @@ class TrainConfig:
     data_loading: str = "auto"
     loader_workers: int = 2
     tensorboard: bool = False
+    transfer_from: str | None = None
+    transfer_layers: list[str] = field(default_factory=list)
+    freeze_transferred: bool = True
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -141,6 +149,9 @@ class TrainConfig:
             if value not in allowed:
                 raise CapsmedError(f"{name} must be one of {', '.join(allowed)}, got "
                                    f"'{value}'")
+        if (self.transfer_from is None) != (not self.transfer_layers):
+            raise CapsmedError("transfer_from and transfer_layers go together (which run, "
+                               "which parameter-name prefixes)")
         if self.loader_workers < 0:
             raise CapsmedError(f"loader_workers must be >= 0, got {self.loader_workers}")
         if self.augment_recipe is not None:

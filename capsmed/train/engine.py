@@ -117,6 +117,43 @@ def device_name(device: torch.device) -> str:
     return str(device)
 
 
+def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str],
+                        freeze: bool) -> list[str]:
+    """Copy the parameters whose names start with one of ``prefixes`` from the checkpoint
+    in run directory ``source`` (paper 003's layer transfer); optionally freeze them.
+
+    Raises:
+        CapsmedError: if a prefix matches nothing or shapes differ.
+    """
+    from safetensors.torch import load_file
+
+    from capsmed.train.checkpoint import WEIGHTS
+
+    path = Path(source) / WEIGHTS
+    if not path.is_file():
+        raise CapsmedError(f"{path}: no checkpoint to transfer from")
+    weights = load_file(str(path))
+    params = dict(model.named_parameters())
+    copied = []
+    for prefix in prefixes:
+        names = [n for n in params if n == prefix or n.startswith(prefix + ".")]
+        if not names:
+            tops = ", ".join(sorted({n.split(".")[0] for n in params}))
+            raise CapsmedError(f"transfer layer '{prefix}' matches no parameter of the "
+                               f"model (it has: {tops})")
+        for name in names:
+            if name not in weights or weights[name].shape != params[name].shape:
+                raise CapsmedError(f"{path}: parameter '{name}' is missing or has another "
+                                   "shape; transfer between the same architecture and input")
+            with torch.no_grad():
+                params[name].copy_(weights[name])
+            params[name].requires_grad_(not freeze)
+            copied.append(name)
+    log.info("transferred %d parameter tensors from %s%s", len(copied), source,
+             " (frozen)" if freeze else "")
+    return copied
+
+
 class Run:
     """Everything a training run holds; built by :func:`train` or :func:`resume`."""
 
@@ -141,6 +178,9 @@ class Run:
                                    "'capsmed[tensorboard]'") from None
         seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
         self.model = create_model(cfg.arch, **model_kwargs)
+        if cfg.transfer_from:
+            transfer_parameters(self.model, Path(cfg.transfer_from), cfg.transfer_layers,
+                                cfg.freeze_transferred)
         new = run_dir is None
         if new:
             path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
@@ -164,7 +204,8 @@ class Run:
             else device.type == "cuda"
         self.model = prepare_model(self.model, device, channels_last, compile_model=False)
         self.model.train()
-        self.optimizer = build_optimizer(cfg.optimizer, self.model.parameters(), cfg.lr)
+        self.optimizer = build_optimizer(
+            cfg.optimizer, [q for q in self.model.parameters() if q.requires_grad], cfg.lr)
         self.schedule = build_schedule(cfg.lr_schedule, self.optimizer, cfg.lr_decay)
         module = self.model
         if ctx.enabled:

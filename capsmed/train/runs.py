@@ -37,6 +37,14 @@ def _protocol(train: dict) -> str:
         parts.append(f"augment {train.get('augment_recipe')}")
     if train.get("sampler", "shuffle") != "shuffle":
         parts.append(f"{train['sampler']} batches")
+    if train.get("per_class_limit") is not None:
+        parts.append(f"<= {train['per_class_limit']} per class")
+    if train.get("fold") is not None:
+        parts.append(f"fold {train['fold']}")
+    if train.get("transfer_from"):
+        frozen = "frozen " if train.get("freeze_transferred", True) else ""
+        parts.append(f"{frozen}{'+'.join(train.get('transfer_layers') or [])} from "
+                     f"{Path(train['transfer_from']).name}")
     return ", ".join(parts) or "full"
 
 
