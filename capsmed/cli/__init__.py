@@ -7,7 +7,18 @@ import logging
 import typer
 
 from capsmed import __version__
-from capsmed.cli import data, demo, evaluate, fetch, models, preprocess, runs, synth, train
+from capsmed.cli import (
+    bench,
+    data,
+    demo,
+    evaluate,
+    fetch,
+    models,
+    preprocess,
+    runs,
+    synth,
+    train,
+)
 from capsmed.cli.common import setup_logging
 from capsmed.cli.sources import register_all
 
@@ -18,6 +29,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts give defaults in [brackets]; as rich markup they would vanish.
+    rich_markup_mode=None,
 )
 
 
@@ -53,6 +66,7 @@ app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
 app.add_typer(runs.app, name="runs")
 app.command("demo")(demo.demo)
+app.add_typer(bench.app, name="bench")
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ def preview(
     file: Path = typer.Argument(..., help="A dataset .h5 written by capsmed."),
     output: Path = typer.Option(..., "--output", "-o", help="Image to write (.png; .pdf, "
                                 ".svg, .jpg also work)."),
-    split: str = typer.Option(None, help="Split to show \\[train, else the first split]."),
-    per_class: int = typer.Option(None, help="Random samples per class \\[8]."),
-    seed: int = typer.Option(None, help="Seed for choosing the samples \\[0]."),
+    split: str = typer.Option(None, help="Split to show [train, else the first split]."),
+    per_class: int = typer.Option(None, help="Random samples per class [8]."),
+    seed: int = typer.Option(None, help="Seed for choosing the samples [0]."),
 ) -> None:
     """A grid of random samples: one row per class (name, count), group/fold captions."""
     from capsmed.cli.common import only_set

@@ -153,6 +153,11 @@ class DatasetWriter:
         self._file.close()
         self._atomic.__exit__(exc_type, exc, tb)
 
+    def update_preprocessing(self, **values: Any) -> None:
+        """Record parameters only known after reading the data (e.g. source image sizes);
+        written with the other attributes when the file is finalised."""
+        self.preprocessing.update(values)
+
     def append(self, split: str, images: np.ndarray, labels: np.ndarray,
                groups: Sequence[str], meta: Mapping[str, np.ndarray] | None = None,
                folds: np.ndarray | None = None) -> None:

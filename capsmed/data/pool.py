@@ -9,8 +9,9 @@ deterministic for a seed whatever the number of workers).
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import TypeVar
 
@@ -20,6 +21,7 @@ J = TypeVar("J")
 R = TypeVar("R")
 
 MAX_DEFAULT_WORKERS = 8
+AHEAD_PER_WORKER = 4  # jobs in flight per worker: keeps workers busy, bounds memory
 
 
 def default_workers(requested: int | None = None) -> int:
@@ -37,16 +39,28 @@ def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | No
     ``fn`` must be a module-level function and jobs picklable. With one worker or one
     job the work runs inline (no process start-up cost). A rich progress bar counts
     jobs; the pool is shut down (pending jobs cancelled) if the consumer stops early
-    or raises.
+    or raises. At most ``AHEAD_PER_WORKER`` jobs per worker are in flight, so finished
+    results never pile up in memory when the writer is the slower side.
     """
     jobs = list(jobs)
-    n = default_workers(workers)
-    pool = (ProcessPoolExecutor(min(n, len(jobs)), mp_context=get_context("spawn"))
-            if n > 1 and len(jobs) > 1 else None)
+    n = min(default_workers(workers), len(jobs))
+    pool = ProcessPoolExecutor(n, mp_context=get_context("spawn")) if n > 1 else None
     try:
-        results = pool.map(fn, jobs) if pool else map(fn, jobs)
+        results = _bounded_map(pool, fn, jobs, n * AHEAD_PER_WORKER) if pool \
+            else map(fn, jobs)
         yield from track(zip(jobs, results, strict=True), description, total=len(jobs),
                          disable=disable_progress)
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)
+
+
+def _bounded_map(pool: ProcessPoolExecutor, fn: Callable[[J], R], jobs: list[J],
+                 ahead: int) -> Iterator[R]:
+    pending: deque[Future[R]] = deque()
+    for job in jobs:
+        pending.append(pool.submit(fn, job))
+        if len(pending) >= ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()

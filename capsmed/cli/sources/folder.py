@@ -39,28 +39,28 @@ def preprocess_folder(
                                 "(png, jpg, jpeg, tif, tiff, bmp; nested folders allowed)."),
     output: Path = typer.Option(..., "--output", "-o", help="The .h5 file to write."),
     classes: str = typer.Option(None, help="Comma-separated class folders to use, in label "
-                                "order \\[every subfolder, sorted]."),
-    channels: int = typer.Option(None, help="1 (grey) or 3 (RGB) \\[as the first image]."),
-    size: int = typer.Option(None, help="Resize to SIZE x SIZE \\[keep the native size, which "
+                                "order [every subfolder, sorted]."),
+    channels: int = typer.Option(None, help="1 (grey) or 3 (RGB) [as the first image]."),
+    size: int = typer.Option(None, help="Resize to SIZE x SIZE [keep the native size, which "
                              "must then be the same for every image]."),
     keep_aspect: bool = typer.Option(False, help="Fit the longer side to --size and pad the "
                                      "other centrally with black, instead of stretching."),
     scale16: str = typer.Option(None, help="16-bit to 8-bit: full (0..65535 -> 0..255) or "
-                                "minmax (each image's own range) \\[full]."),
+                                "minmax (each image's own range) [full]."),
     group_pattern: str = typer.Option(None, help="Regex with one capture group searched in "
                                       "each file name, giving its patient, e.g. '^(P\\d+)_'."),
     groups_csv: Path = typer.Option(None, help="CSV of file,group rows (paths relative to "
                                     "ROOT)."),
-    train: float = typer.Option(None, help="Fraction of groups for training \\[0.7]."),
-    val: float = typer.Option(None, help="Fraction of groups for validation \\[0.15]."),
-    test: float = typer.Option(None, help="Fraction of groups for testing \\[0.15]."),
+    train: float = typer.Option(None, help="Fraction of groups for training [0.7]."),
+    val: float = typer.Option(None, help="Fraction of groups for validation [0.15]."),
+    test: float = typer.Option(None, help="Fraction of groups for testing [0.15]."),
     split_file: list[str] = typer.Option(None, help="SPLIT=FILE listing group ids, one per "
                                          "line; repeat per split. Overrides the fractions."),
     folds: int = typer.Option(None, help="Write one split 'all' with K stratified group "
                               "folds instead of train/val/test."),
-    seed: int = typer.Option(None, help="Seed for the split or folds \\[0]."),
-    name: str = typer.Option(None, help="Dataset name recorded in the file \\[ROOT's name]."),
-    workers: int = typer.Option(None, help="Worker processes \\[one per CPU, up to 8]."),
+    seed: int = typer.Option(None, help="Seed for the split or folds [0]."),
+    name: str = typer.Option(None, help="Dataset name recorded in the file [ROOT's name]."),
+    workers: int = typer.Option(None, help="Worker processes [one per CPU, up to 8]."),
     allow_group_leak: bool = typer.Option(False, help="Write even if a group is in two "
                                           "splits (not recommended)."),
 ) -> None:

@@ -1,0 +1,56 @@
+"""``capsmed bench``: throughput benchmarks (the figures in benchmarks/README.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from capsmed.cli.common import handles_errors, parse_key_values
+
+app = typer.Typer(help="Measure training and evaluation throughput.", no_args_is_help=True)
+
+
+@app.command("train")
+@handles_errors
+def train(
+    arch: list[str] = typer.Option(..., help="Architecture(s) to measure; repeatable."),
+    batch_size: int = typer.Option(128, help="Batch size."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:1, mps."),
+    steps: int = typer.Option(20, help="Timed steps (after the warm-up)."),
+    warmup: int = typer.Option(5, help="Untimed warm-up steps."),
+    precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16."),
+    channels_last: bool = typer.Option(None, "--channels-last/--no-channels-last",
+                                       help="Channels-last memory format [on CUDA]."),
+    compile_model: bool = typer.Option(False, "--compile/--no-compile",
+                                       help="torch.compile the model first."),
+    input_size: int = typer.Option(None, help="Input side [the paper's for the arch]."),
+    channels: int = typer.Option(None, help="Input channels [the paper's]."),
+    num_classes: int = typer.Option(None, help="Classes [the paper's]."),
+    model_arg: list[str] = typer.Option(None, help="Architecture option key=value."),
+    results: Path = typer.Option(Path("benchmarks/results/train.jsonl"),
+                                 help="JSON-lines file the results are appended to."),
+) -> None:
+    """Training and evaluation images/s, step time and peak memory per architecture."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from capsmed.train.bench import append_result, bench_train
+
+    table = Table(title=f"capsmed bench train (batch {batch_size}, {steps} timed steps)")
+    for column in ("arch", "input", "device", "precision", "train img/s", "step ms",
+                   "eval img/s", "peak MiB"):
+        table.add_column(column, justify="left" if column in ("arch", "input", "device",
+                                                              "precision") else "right")
+    kwargs = parse_key_values(model_arg, "--model-arg")
+    for name in arch:
+        r = bench_train(name, batch_size=batch_size, device=device, steps=steps,
+                        warmup=warmup, precision=precision, channels_last=channels_last,
+                        compile_model=compile_model, input_size=input_size,
+                        channels=channels, num_classes=num_classes, model_kwargs=kwargs)
+        append_result(r, results)
+        table.add_row(r.arch, r.input, r.device, r.precision, f"{r.train_images_per_s:,.0f}",
+                      f"{r.train_step_ms:.1f}", f"{r.eval_images_per_s:,.0f}",
+                      f"{r.peak_memory_mib:,.0f}")
+    Console().print(table)
+    typer.echo(f"appended to {results}")

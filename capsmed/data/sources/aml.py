@@ -1,0 +1,412 @@
+"""AML-Cytomorphology_LMU (Matek et al. 2019) -> HDF5 contract, paper 001's protocol.
+
+The TCIA release is two downloads: the images, which unpack to
+``AML-Cytomorphology/<CLS>/<CLS>_NNNN.tiff`` (RGBA TIFF, about 400x400), and
+``annotations.dat``. :func:`locate` accepts ``raw_dir`` as
+
+* the folder holding ``AML-Cytomorphology/`` and ``annotations.dat``
+  (``annotations.dat`` may also sit inside ``AML-Cytomorphology/``), or
+* ``AML-Cytomorphology/`` itself, with ``annotations.dat`` inside it or beside it;
+
+an explicit ``annotations`` path overrides the search.
+
+``annotations.dat`` has no header; each line holds four whitespace-separated fields:
+the image path relative to ``AML-Cytomorphology/`` (``BAS/BAS_0001.tiff``), the original
+label, and two re-annotations (``nan``: not re-annotated, ``UNC``: undecidable).
+
+All images go to one split, ``all``, with stratified, seeded k folds (paper 001 uses
+5-fold CV). The release has no patient ids, so each image is its own group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+
+import cv2
+import numpy as np
+import tifffile
+
+from capsmed.data.contract import DatasetWriter
+from capsmed.data.pool import default_workers, map_in_workers
+from capsmed.errors import CapsmedError
+
+log = logging.getLogger(__name__)
+
+IMAGE_DIR = "AML-Cytomorphology"
+ANNOTATIONS = "annotations.dat"
+NOT_REANNOTATED, UNDECIDABLE = "nan", "UNC"
+# Paper 001 Table 2 order (label = index); names as in the release's abbreviations.txt.
+CLASSES: dict[str, str] = {
+    "NGS": "Neutrophil (segmented)", "NGB": "Neutrophil (band)",
+    "LYT": "Lymphocyte (typical)", "LYA": "Lymphocyte (atypical)", "MON": "Monocyte",
+    "EOS": "Eosinophil", "BAS": "Basophil", "MYO": "Myeloblast", "PMO": "Promyelocyte",
+    "PMB": "Promyelocyte (bilobed)", "MYB": "Myelocyte", "MMZ": "Metamyelocyte",
+    "MOB": "Monoblast", "EBO": "Erythroblast", "KSC": "Smudge cell",
+}
+CLASS_NAMES = tuple(CLASSES)
+# Images per class in the release (18,365 in all).
+RELEASE_COUNTS: dict[str, int] = {
+    "NGS": 8484, "NGB": 109, "LYT": 3937, "LYA": 11, "MON": 1789, "EOS": 424, "BAS": 79,
+    "MYO": 3268, "PMO": 70, "PMB": 18, "MYB": 42, "MMZ": 15, "MOB": 26, "EBO": 78, "KSC": 15,
+}
+LABEL_MODES = ("original", "agreed")
+TIFF_SUFFIXES = (".tif", ".tiff")
+_SHOWN = 20  # names listed in the record before "and N more" (attributes stay small)
+
+
+@dataclass(frozen=True)
+class AmlConfig:
+    """Every parameter of AML preprocessing (all but ``workers``/``chunk_size`` recorded).
+
+    Attributes:
+        size: Output side after INTER_AREA resizing (28 for the 28x28 studies).
+        grey: Store one luma channel (ITU-R 601) instead of RGB.
+        labels: ``original`` keeps every image with its original label; ``agreed``
+            drops images whose re-annotations disagree with it or are UNC.
+        folds: Number of stratified cross-validation folds (paper 001: 5).
+        seed: Seed of the fold assignment.
+        workers: Worker processes (0 = one per CPU, up to 8); output does not depend on it.
+        chunk_size: Images per worker job; output does not depend on it.
+    """
+
+    size: int = 28
+    grey: bool = False
+    labels: str = "original"
+    folds: int = 5
+    seed: int = 0
+    workers: int = 0
+    chunk_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.size < 4:
+            raise CapsmedError(f"size must be >= 4, got {self.size}")
+        if self.labels not in LABEL_MODES:
+            raise CapsmedError(f"labels must be one of {', '.join(LABEL_MODES)}, "
+                               f"got {self.labels!r}")
+        if not 2 <= self.folds <= 127:
+            raise CapsmedError(f"folds must be within 2..127, got {self.folds}")
+        if self.chunk_size < 1:
+            raise CapsmedError(f"chunk_size must be >= 1, got {self.chunk_size}")
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One image: path relative to ``AML-Cytomorphology/``, labels, annotation line."""
+
+    relpath: str
+    label: str
+    reannotations: tuple[str, str]
+    line: int | None  # None: the image is not listed in annotations.dat
+
+    @property
+    def image_id(self) -> str:
+        return PurePosixPath(self.relpath).stem
+
+    @property
+    def agreed(self) -> bool:
+        """Every re-annotation given names the original label (none given: kept)."""
+        return all(r in (NOT_REANNOTATED, self.label) for r in self.reannotations)
+
+
+def locate(raw_dir: Path, annotations: Path | None = None) -> tuple[Path, Path]:
+    """Find ``(image_root, annotations_file)`` in either accepted layout."""
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        raise CapsmedError(f"{raw_dir}: no such folder (expected the unpacked "
+                           f"AML-Cytomorphology_LMU data)")
+    if (raw_dir / IMAGE_DIR).is_dir():
+        root, candidates = raw_dir / IMAGE_DIR, [raw_dir / ANNOTATIONS]
+    elif any((raw_dir / c).is_dir() for c in CLASS_NAMES):
+        root, candidates = raw_dir, [raw_dir.parent / ANNOTATIONS]
+    else:
+        raise CapsmedError(f"{raw_dir}: no {IMAGE_DIR}/ folder and no class folders "
+                           f"({', '.join(sorted(CLASS_NAMES)[:3])}, ...) found")
+    candidates.append(root / ANNOTATIONS)
+    if annotations is not None:
+        if not Path(annotations).is_file():
+            raise CapsmedError(f"{annotations}: annotations file not found")
+        return root, Path(annotations)
+    found = [c for c in candidates if c.is_file()]
+    if not found:
+        raise CapsmedError(f"{raw_dir}: {ANNOTATIONS} not found (looked for "
+                           f"{' and '.join(map(str, candidates))}); download it from the "
+                           "TCIA collection page or pass --annotations")
+    if len(found) == 2 and found[0].read_bytes() != found[1].read_bytes():
+        raise CapsmedError(f"{found[0]}: differs from {found[1]}; pass --annotations to "
+                           "choose one")
+    return root, found[0]
+
+
+def _check_label(path: Path, number: int, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise CapsmedError(f"{path}: line {number}: unknown class label {value!r} "
+                           f"(known: {', '.join(allowed)})")
+    return value
+
+
+def read_annotations(path: Path) -> list[CellRecord]:
+    """Parse ``annotations.dat`` (no header, 4 whitespace-separated fields per line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CapsmedError(f"{path}: cannot read annotations ({exc})") from exc
+    records: dict[str, CellRecord] = {}
+    reannotation_values = (*CLASS_NAMES, NOT_REANNOTATED, UNDECIDABLE)
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 4:
+            raise CapsmedError(f"{path}: line {number}: expected 4 fields (path, label, "
+                               f"re-annotation 1, re-annotation 2), got {len(fields)}")
+        rel = PurePosixPath(fields[0].replace("\\", "/"))
+        if rel.parts and rel.parts[0] == IMAGE_DIR:  # tolerate a path given from one level up
+            rel = PurePosixPath(*rel.parts[1:])
+        if rel.is_absolute() or ".." in rel.parts or len(rel.parts) != 2:
+            raise CapsmedError(f"{path}: line {number}: expected a path like "
+                               f"CLS/CLS_NNNN.tiff, got {fields[0]!r}")
+        label = _check_label(path, number, fields[1], CLASS_NAMES)
+        if rel.parts[0] != label:
+            raise CapsmedError(f"{path}: line {number}: {rel} is in folder {rel.parts[0]} "
+                               f"but labelled {label}")
+        re1, re2 = (_check_label(path, number, v, reannotation_values) for v in fields[2:])
+        key = str(rel)
+        if key in records:
+            raise CapsmedError(f"{path}: line {number}: {key} is already listed on line "
+                               f"{records[key].line}")
+        records[key] = CellRecord(key, label, (re1, re2), number)
+    if not records:
+        raise CapsmedError(f"{path}: no annotations (file is empty)")
+    return list(records.values())
+
+
+def scan_images(root: Path) -> dict[str, list[str]]:
+    """``{class: [relative paths]}`` of the TIFFs in each class folder of ``root``."""
+    found: dict[str, list[str]] = {}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        if folder.name.startswith((".", "__")):  # .DS_Store-like and __MACOSX folders
+            continue
+        tiffs = sorted(f"{folder.name}/{p.name}" for p in folder.iterdir()
+                       if p.is_file() and p.suffix.lower() in TIFF_SUFFIXES)
+        if folder.name not in CLASSES:
+            if tiffs:
+                raise CapsmedError(f"{folder}: folder is not one of the 15 classes "
+                                   f"({', '.join(CLASS_NAMES)})")
+            continue
+        if not tiffs:
+            raise CapsmedError(f"{folder}: class folder holds no .tiff images")
+        found[folder.name] = tiffs
+    return found
+
+
+def gather_records(root: Path, annotations: Path) -> tuple[list[CellRecord], list[str]]:
+    """Cross-check annotations and files; returns records in class order and unlisted paths.
+
+    Raises:
+        CapsmedError: an annotation names a missing file, or a folder is unknown/empty.
+    """
+    listed = {r.relpath: r for r in read_annotations(annotations)}
+    on_disk = scan_images(root)
+    for rec in listed.values():
+        if not (root / rec.relpath).is_file():
+            raise CapsmedError(f"{annotations}: line {rec.line}: names {root / rec.relpath}, "
+                               "which does not exist")
+    unlisted = [p for paths in on_disk.values() for p in paths if p not in listed]
+    if unlisted:
+        # The folder is the original label in the release, so an unlisted image still has
+        # a label; it is kept (with no re-annotation), warned about and recorded.
+        log.warning("%d image(s) are not listed in %s and are kept with their folder's "
+                    "label: %s", len(unlisted), annotations, ", ".join(unlisted[:5]))
+    records = list(listed.values()) + [
+        CellRecord(p, p.split("/")[0], (NOT_REANNOTATED, NOT_REANNOTATED), None)
+        for p in unlisted]
+    order = {c: i for i, c in enumerate(CLASS_NAMES)}
+    records.sort(key=lambda r: (order[r.label], r.relpath))
+    missing = [c for c in CLASS_NAMES if not any(r.label == c for r in records)]
+    if missing:
+        log.warning("no images of class(es) %s; they stay in class_names with 0 samples",
+                    ", ".join(missing))
+    return records, unlisted
+
+
+def assign_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """Stratified, seeded fold of each sample (scikit-learn ``StratifiedKFold``).
+
+    Each class is spread over the folds with per-fold counts differing by at most one;
+    a class with fewer members than folds is absent from some folds (logged, no error).
+    """
+    from sklearn.model_selection import StratifiedKFold
+
+    if len(labels) < folds:
+        raise CapsmedError(f"{len(labels)} image(s) cannot be split into {folds} folds; "
+                           "use fewer --folds")
+    counts = Counter(labels.tolist())
+    small = sorted(CLASS_NAMES[c] for c, n in counts.items() if n < folds)
+    if small:
+        log.warning("class(es) %s have fewer images than folds (%d) and are missing from "
+                    "some folds", ", ".join(small), folds)
+    out = np.empty(len(labels), dtype=np.int8)
+    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    with warnings.catch_warnings():  # the small-class warning is logged above instead
+        warnings.simplefilter("ignore", UserWarning)
+        for k, (_, test) in enumerate(splitter.split(np.zeros(len(labels)), labels)):
+            out[test] = k
+    return out
+
+
+def read_rgba_as_rgb(path: Path) -> tuple[np.ndarray, bool]:
+    """Read an RGB(A) TIFF as (H, W, 3) uint8 composited over white.
+
+    The TIFF ExtraSamples tag says what a 4th sample is: unassociated alpha is blended
+    ``rgb*a + 255*(1-a)``, associated (premultiplied) alpha ``rgb + 255*(1-a)``, and an
+    unspecified extra sample is not alpha and is dropped. The release's alpha is opaque,
+    so this equals dropping it there.
+
+    Returns:
+        The RGB image and whether any pixel was less than fully opaque.
+    """
+    try:
+        with tifffile.TiffFile(path) as tif:
+            page = tif.pages[0]
+            image, axes, extras = page.asarray(), page.axes, tuple(page.extrasamples)
+    except Exception as exc:  # tifffile raises many types for corrupt/truncated files
+        raise CapsmedError(f"{path}: cannot read TIFF ({type(exc).__name__}: {exc})") from exc
+    if image.ndim == 3 and axes.startswith("S"):
+        image = np.moveaxis(image, 0, -1)
+    if image.ndim != 3 or image.shape[-1] not in (3, 4):
+        raise CapsmedError(f"{path}: expected an RGB(A) image, got shape {image.shape}")
+    if image.dtype == np.uint16:
+        image = (image >> 8).astype(np.uint8)
+    elif image.dtype != np.uint8:
+        raise CapsmedError(f"{path}: expected 8-bit RGB(A), got {image.dtype}")
+    rgb = image[..., :3]
+    if image.shape[-1] == 3 or not extras or int(extras[0]) == 0:
+        return np.ascontiguousarray(rgb), False
+    alpha = image[..., 3:].astype(np.float32) / 255.0
+    if alpha.min() >= 1.0:
+        return np.ascontiguousarray(rgb), False
+    colour = rgb.astype(np.float32) * (1.0 if int(extras[0]) == 1 else alpha)
+    return np.clip(np.rint(colour + 255.0 * (1.0 - alpha)), 0, 255).astype(np.uint8), True
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    root: Path
+    relpaths: tuple[str, ...]
+    size: int
+    grey: bool
+
+
+@dataclass
+class _ChunkResult:
+    images: np.ndarray  # uint8 [n, C, size, size]
+    shapes: np.ndarray  # int32 [n, 2] source (height, width)
+    translucent: np.ndarray  # bool [n]: the alpha channel changed some pixel
+
+
+def process_chunk(chunk: _Chunk) -> _ChunkResult:
+    """Read, convert and resize a chunk of images (runs in a worker)."""
+    images, shapes, translucent = [], [], []
+    for rel in chunk.relpaths:
+        rgb, blended = read_rgba_as_rgb(chunk.root / rel)
+        shapes.append(rgb.shape[:2])
+        translucent.append(blended)
+        small = cv2.resize(rgb, (chunk.size, chunk.size), interpolation=cv2.INTER_AREA)
+        if chunk.grey:
+            images.append(cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)[None])
+        else:
+            images.append(np.ascontiguousarray(small.transpose(2, 0, 1)))
+    return _ChunkResult(np.stack(images), np.asarray(shapes, dtype=np.int32).reshape(-1, 2),
+                        np.asarray(translucent, dtype=bool))
+
+
+def _size_summary(shapes: np.ndarray) -> dict[str, object]:
+    counts = Counter(f"{h}x{w}" for h, w in shapes.tolist())
+    common = dict(counts.most_common(_SHOWN))
+    if len(counts) > _SHOWN:
+        common["other"] = int(sum(counts.values()) - sum(common.values()))
+    return {"histogram": common, "min_hw": shapes.min(axis=0).tolist(),
+            "max_hw": shapes.max(axis=0).tolist(),
+            "non_square": int((shapes[:, 0] != shapes[:, 1]).sum())}
+
+
+def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
+                   annotations: Path | None = None,
+                   disable_progress: bool | None = None) -> Path:
+    """Turn the AML-Cytomorphology_LMU release into one HDF5 dataset file (atomically).
+
+    Args:
+        raw_dir: The folder holding ``AML-Cytomorphology/`` or that folder itself.
+        output: The ``.h5`` file to write.
+        config: Processing parameters (defaults: 28x28 RGB, original labels, 5 folds).
+        annotations: ``annotations.dat`` if not in one of the searched places.
+        disable_progress: Hide the progress bar.
+
+    Returns:
+        ``output``.
+    """
+    cfg = config or AmlConfig()
+    raw_dir, output = Path(raw_dir), Path(output)
+    root, ann_path = locate(raw_dir, annotations)
+    records, unlisted = gather_records(root, ann_path)
+    kept = [r for r in records if cfg.labels == "original" or r.agreed]
+    dropped = [r for r in records if cfg.labels == "agreed" and not r.agreed]
+    if not kept:
+        raise CapsmedError(f"{ann_path}: no image left with --labels {cfg.labels}")
+    labels = np.array([CLASS_NAMES.index(r.label) for r in kept], dtype=np.int64)
+    folds = assign_folds(labels, cfg.folds, cfg.seed)
+    workers = default_workers(cfg.workers)
+    log.info("%d images (%d dropped by --labels %s), %d folds, %d worker(s)", len(kept),
+             len(dropped), cfg.labels, cfg.folds, workers)
+
+    parameters: dict[str, object] = {
+        k: v for k, v in asdict(cfg).items() if k not in ("workers", "chunk_size")}
+    parameters.update(
+        class_full_names=list(CLASSES.values()), class_order="paper 001 Table 2",
+        rgba_to_rgb="composite over white per TIFF ExtraSamples; unspecified extra "
+                    "sample dropped",
+        resize="cv2.INTER_AREA to size x size (non-square sources are stretched)",
+        grey_conversion="cv2 RGB2GRAY after resizing" if cfg.grey else "none",
+        folds_method="sklearn StratifiedKFold(shuffle=True, random_state=seed)",
+        group_unit="image (the release has no patient ids)",
+        images=len(kept), dropped_by_labels=len(dropped),
+        dropped_examples=[r.relpath for r in dropped[:_SHOWN]],
+        unlisted_images=len(unlisted), unlisted_examples=unlisted[:_SHOWN],
+        reannotated=sum(r.reannotations != (NOT_REANNOTATED,) * 2 for r in records))
+    sizes = {r.relpath: (root / r.relpath).stat().st_size for r in kept}
+    source = {"raw_dir": str(raw_dir.resolve()), "image_root": str(root.resolve()),
+              "annotations": str(ann_path.resolve()),
+              "annotations_sha256": hashlib.sha256(ann_path.read_bytes()).hexdigest(),
+              "files": sizes}
+    channels = 1 if cfg.grey else 3
+    chunks = [_Chunk(root, tuple(r.relpath for r in kept[i:i + cfg.chunk_size]), cfg.size,
+                     cfg.grey) for i in range(0, len(kept), cfg.chunk_size)]
+    writer = DatasetWriter(output, dataset="aml", class_names=CLASS_NAMES,
+                           image_shape=(channels, cfg.size, cfg.size),
+                           preprocessing=parameters, source=source)
+    shapes, translucent, start = [], 0, 0
+    with writer:
+        for chunk, res in map_in_workers(process_chunk, chunks, workers=workers,
+                                         description="AML images",
+                                         disable_progress=disable_progress):
+            batch = kept[start:start + len(chunk.relpaths)]
+            end = start + len(batch)
+            writer.append("all", res.images, labels[start:end], [r.image_id for r in batch],
+                          meta={"source": np.array([r.relpath for r in batch]),
+                                "reannotation_1": np.array([r.reannotations[0] for r in batch]),
+                                "reannotation_2": np.array([r.reannotations[1] for r in batch]),
+                                "source_hw": res.shapes},
+                          folds=folds[start:end])
+            shapes.append(res.shapes)
+            translucent += int(res.translucent.sum())
+            start = end
+        # Source sizes are known only once every image was read; the record is written
+        # when the writer closes.
+        writer.update_preprocessing(source_size=_size_summary(np.concatenate(shapes)),
+                                    images_with_transparency=translucent)
+    return output

@@ -1,0 +1,149 @@
+"""``capsmed bench train``: training and evaluation throughput of one architecture.
+
+Runs the trainer's own step (:class:`capsmed.train.step.TrainStep`: same loss,
+precision, memory format, optional compile) on random uint8 images held on the
+device, so the figures are the model's speed, not the disk's. Warm-up steps are not
+timed; the device is synchronised before and after the timed steps only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import platform
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capsmed import __version__
+from capsmed.models import count_parameters, create_model
+from capsmed.train.engine import device_name, select_device
+from capsmed.train.optim import build_optimizer
+from capsmed.train.step import StepSettings, TrainStep, forward, resolve_precision
+
+log = logging.getLogger(__name__)
+
+# The papers' input setting per architecture: (channels, side, classes).
+PAPER_SETTINGS = {
+    "capsnet": (1, 28, 10), "lenet": (1, 28, 10), "baseline": (1, 28, 10),
+    "convnet-avg": (1, 28, 10), "convnet-cr": (1, 28, 10), "convnet-r": (1, 28, 10),
+    "convnet-cr-sf": (1, 28, 10), "em-capsnet": (1, 28, 10),
+    "aff-capsnet": (1, 40, 10), "convnet-fc": (1, 40, 10),
+    "resnext50": (3, 400, 15), "parallel-dr": (3, 400, 15), "parallel-em": (3, 400, 15),
+}
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One benchmark line (also appended to the results file as JSON)."""
+
+    arch: str
+    device: str
+    precision: str
+    batch_size: int
+    input: str
+    parameters: int
+    train_images_per_s: float
+    train_step_ms: float
+    eval_images_per_s: float
+    peak_memory_mib: float
+    channels_last: bool
+    compiled: bool
+    steps: int
+    torch: str
+    capsmed: str
+    when: str
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory_mib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    # Linux reports ru_maxrss in KiB: the whole process's peak, model and data included.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps: int = 20,
+                warmup: int = 5, precision: str = "auto", channels_last: bool | None = None,
+                compile_model: bool = False, input_size: int | None = None,
+                channels: int | None = None, num_classes: int | None = None,
+                model_kwargs: dict[str, Any] | None = None, seed: int = 0) -> BenchResult:
+    """Time ``steps`` training steps and as many evaluation batches of ``arch``."""
+    dev = select_device(device)
+    c, side, k = PAPER_SETTINGS.get(arch, (1, 28, 10))
+    c, side, k = channels or c, input_size or side, num_classes or k
+    torch.manual_seed(seed)
+    model = create_model(arch, in_channels=c, num_classes=k, input_size=side,
+                         **(model_kwargs or {})).to(dev)
+    use_cl = channels_last if channels_last is not None else dev.type == "cuda"
+    if use_cl:
+        model = model.to(memory_format=torch.channels_last)
+    module = torch.compile(model) if compile_model else model
+    settings = StepSettings(loss_kind=model.loss_kind, recon_weight=5e-4,
+                            autocast_dtype=resolve_precision(precision, dev),
+                            channels_last=use_cl)
+    step = TrainStep(module, build_optimizer("adam", model.parameters(), 1e-3), settings)
+    generator = torch.Generator(device=dev).manual_seed(seed)
+    images = torch.randint(0, 256, (4 * batch_size, c, side, side), dtype=torch.uint8,
+                           device=dev, generator=generator)
+    labels = torch.randint(0, k, (4 * batch_size,), device=dev, generator=generator)
+
+    def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        j = (i % 4) * batch_size
+        return images[j:j + batch_size].float().div_(255.0), labels[j:j + batch_size]
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    model.train()
+    for i in range(warmup):
+        step(*batch(i))
+    _sync(dev)
+    times = []
+    for i in range(steps):
+        started = time.perf_counter()
+        step(*batch(i))
+        if i == 0 or i == steps - 1 or dev.type != "cuda":
+            _sync(dev)  # per-step times on CPU; on GPU only the total is trusted
+        times.append(time.perf_counter() - started)
+    _sync(dev)
+    total = sum(times)
+    model.eval()
+    with torch.no_grad():
+        for i in range(warmup):
+            forward(module, batch(i)[0], None, settings)
+        _sync(dev)
+        started = time.perf_counter()
+        for i in range(steps):
+            forward(module, batch(i)[0], None, settings)
+        _sync(dev)
+        eval_seconds = time.perf_counter() - started
+    return BenchResult(
+        arch=arch, device=device_name(dev), precision=str(settings.autocast_dtype or
+                                                          "torch.float32").split(".")[-1],
+        batch_size=batch_size, input=f"{c}x{side}x{side}, {k} classes",
+        parameters=count_parameters(model),
+        train_images_per_s=round(steps * batch_size / total, 1),
+        train_step_ms=round(1000 * (statistics.median(times) if dev.type != "cuda"
+                                    else total / steps), 3),
+        eval_images_per_s=round(steps * batch_size / eval_seconds, 1),
+        peak_memory_mib=round(_peak_memory_mib(dev), 1), channels_last=use_cl,
+        compiled=compile_model, steps=steps, torch=str(torch.__version__),
+        capsmed=__version__, when=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+
+
+def append_result(result: BenchResult, path: Path) -> None:
+    """Append one JSON line (with the host name) to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps({**asdict(result), "host": platform.node()}) + "\n")
