@@ -39,10 +39,18 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        if tmp.exists():  # mkstemp makes files 0600; give them the usual umask mode
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
@@ -58,6 +66,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes folders 0700
         if final.exists():
             final.rmdir()
         os.replace(tmp, final)

@@ -129,7 +129,7 @@ def test_cross_validation_fold_trains_on_the_others_and_evaluates_the_held_out_f
     result = CliRunner().invoke(app, ["-q", "evaluate", str(run)])
     assert result.exit_code == 0, result.output
     report = json.loads((run / "report" / "report.json").read_text())
-    assert report["context"]["samples"] == len(test_rows)
+    assert report["samples"] == len(test_rows)
     with pytest.raises(CapsmedError, match="has 3 folds, not --folds 5"):
         train(TrainConfig(**{**cfg.to_dict(), "folds": 5, "out": str(tmp_path / "x")}))
     with pytest.raises(CapsmedError, match="has no 'train' split.*--fold"):

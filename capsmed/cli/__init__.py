@@ -15,6 +15,7 @@ from capsmed.cli import (
     fetch,
     models,
     preprocess,
+    report,
     runs,
     synth,
     train,
@@ -64,6 +65,7 @@ app.add_typer(data.app, name="data")
 app.command("models")(models.models)
 app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
+app.command("report")(report.report)
 app.add_typer(runs.app, name="runs")
 app.command("demo")(demo.demo)
 app.add_typer(bench.app, name="bench")

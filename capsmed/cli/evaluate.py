@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors
+from capsmed.cli.common import handles_errors, only_set
 
 
 @handles_errors
@@ -15,14 +15,26 @@ def evaluate(
     split: str = typer.Option("test", help="Split of the dataset to evaluate on."),
     data: Path = typer.Option(None, help="Evaluate on another .h5 with the same classes."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, mps."),
+    agreement: bool = typer.Option(False, "--agreement", help="Also compute paper 001's "
+                                   "agreement (Agr): the share of images given the same "
+                                   "class in all 8 orientations (4 rotations x flip), and "
+                                   "the accuracy in each (8x the inference cost)."),
+    grids: bool = typer.Option(True, "--grids/--no-grids", help="Reconstruction and capsule "
+                               "perturbation grids for models with a decoder."),
+    batch_size: int = typer.Option(None, help="Images per forward pass [512]."),
 ) -> None:
-    """Per-class precision, sensitivity, specificity, F1 and support; Acc; balanced Acc."""
+    """Per-class precision, sensitivity, specificity, F1, AUC and support; Acc, balanced
+    Acc, macro/weighted F1; confusion matrices and report.html in RUN_DIR/report/."""
     from rich.console import Console
 
     from capsmed.evaluate.report import rich_table
     from capsmed.evaluate.run import evaluate_run
 
-    result = evaluate_run(run_dir, split=split, data=data, device=device)
-    Console().print(rich_table(result.report, result.title))
-    typer.echo(f"report written to {result.report_dir}/ (report.json, report.csv, report.md, "
-               "confusion_matrix.png)")
+    result = evaluate_run(run_dir, split=split, data=data, device=device, agreement=agreement,
+                          grids=grids, **only_set(batch_size=batch_size))
+    console = Console()
+    console.print(rich_table(result.report, result.title, result.agreement))
+    if result.agreement is not None:
+        accs = ", ".join(f"{k} {v:.3f}" for k, v in result.agreement.accuracy.items())
+        console.print(f"accuracy by orientation: {accs}", highlight=False)
+    typer.echo(f"report written to {result.report_dir}/ ({', '.join(result.files)})")

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from capsmed.data.contract import load_split, read_info
+from capsmed.data.contract import SplitData, read_info
 from capsmed.errors import CapsmedError
-from capsmed.evaluate.metrics import ClassificationReport, classification_report
+from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
+from capsmed.evaluate.capsule_grids import (
+    capsule_grids,
+    remove_capsule_grids,
+    write_capsule_grids,
+)
+from capsmed.evaluate.html import write_html
+from capsmed.evaluate.metrics import (
+    ClassificationReport,
+    class_probabilities,
+    classification_report,
+)
 from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.report import write_report
 from capsmed.train.checkpoint import load_checkpoint
+from capsmed.train.data import load_run_split
 from capsmed.train.engine import select_device
 
 log = logging.getLogger(__name__)
@@ -27,6 +39,8 @@ class Evaluation:
     report: ClassificationReport
     report_dir: Path
     title: str
+    agreement: AgreementResult | None = None
+    files: tuple[str, ...] = field(default_factory=tuple)  # names written in report_dir
 
 
 @torch.no_grad()
@@ -40,9 +54,36 @@ def predict_scores(model: torch.nn.Module, images: np.ndarray, device: torch.dev
     return torch.cat(out).numpy() if out else np.empty((0, 0), dtype=np.float32)
 
 
+def evaluated_split(run_dir: Path, data_path: Path, split: str) -> SplitData:
+    """The samples an evaluation scores: the one place that chooses them (a
+    cross-validation run's ``test`` is its held-out fold rows)."""
+    return load_run_split(run_dir, data_path, split)
+
+
 def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
-                 device: str = "auto", batch_size: int = 512) -> Evaluation:
-    """Evaluate the checkpoint in ``run_dir`` on ``split``; write ``run_dir/report/``."""
+                 device: str = "auto", batch_size: int = 512, agreement: bool = False,
+                 grids: bool = True, disable_progress: bool | None = None) -> Evaluation:
+    """Evaluate the checkpoint in ``run_dir`` on ``split``; write ``run_dir/report/``.
+
+    Args:
+        run_dir: A run directory written by ``capsmed train``.
+        split: Split of the dataset to evaluate on.
+        data: Another ``.h5`` with the same classes and image shape; default: the
+            run's own dataset.
+        device: ``auto``, ``cpu``, ``cuda``, ``mps``.
+        batch_size: Images per forward pass (agreement passes hold batch_size / 8
+            images in each of their eight orientations).
+        agreement: Also compute paper 001's Agr over the eight orientations.
+        grids: Draw reconstruction and capsule perturbation grids when the model has
+            a decoder.
+        disable_progress: Hide progress bars (None: the global setting).
+
+    Returns:
+        The evaluation; everything is computed before the first file is written, so a
+        failure leaves an earlier report untouched.
+    """
+    if batch_size < 1:
+        raise CapsmedError(f"batch size must be >= 1, got {batch_size}")
     run_dir = Path(run_dir)
     dev = select_device(device)
     model, meta = load_checkpoint(run_dir, dev)
@@ -56,18 +97,50 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         raise CapsmedError(f"{data_path}: images are {info.channels}x"
                            f"{info.image_size[0]}x{info.image_size[1]}, the model expects "
                            f"{kw['in_channels']}x{kw['input_size'][0]}x{kw['input_size'][1]}")
-    split_data = load_split(data_path, split)
+    if agreement and info.image_size[0] != info.image_size[1]:
+        raise CapsmedError(f"{data_path}: --agreement needs square images (90-degree "
+                           f"rotations), got {info.image_size[0]}x{info.image_size[1]}")
+    split_data = evaluated_split(run_dir, data_path, split)
+    if not len(split_data):
+        raise CapsmedError(f"{data_path}: split '{split}' has no samples")
+
     scores = predict_scores(model, split_data.images, dev, batch_size)
+    probabilities, score_kind = class_probabilities(scores, getattr(model, "loss_kind", "ce"))
     report = classification_report(split_data.labels, scores.argmax(axis=1),
-                                   info.class_names)
+                                   info.class_names, scores=probabilities)
+    agr = (orientation_agreement(model, split_data.images, split_data.labels, dev,
+                                 batch_size, disable_progress) if agreement else None)
+    capsules = (capsule_grids(model, split_data.images, split_data.labels,
+                              info.num_classes, dev) if grids else None)
+    if grids and capsules is None:
+        log.info("%s has no reconstruction decoder over class capsules: reconstruction "
+                 "and perturbation grids skipped", meta["arch"])
+
     title = f"{meta['arch']} on {info.dataset} / {split} (epoch {meta['epoch']})"
     report_dir = run_dir / "report"
     context = {"run_dir": str(run_dir), "arch": meta["arch"], "dataset": info.dataset,
                "data": str(data_path), "split": split, "checkpoint_epoch": meta["epoch"],
-               "samples": len(split_data)}
-    write_report(report, report_dir, title, context)
+               "samples": len(split_data), "auc_scores": score_kind}
+    write_report(report, report_dir, title, context, agr)
     plot_confusion_matrix(report.confusion, info.class_names,
                           report_dir / "confusion_matrix.png", title=meta["arch"])
+    figures = [("Confusion matrix", "counts (left) and row-normalised: sensitivity on the "
+                "diagonal (right)", report_dir / "confusion_matrix.png"),
+               ("Training curves", "loss and accuracy per epoch; dashed: kept checkpoint",
+                run_dir / "curves.png")]
+    if capsules is None:
+        remove_capsule_grids(report_dir)
+    else:
+        recon, perturbations = capsules
+        paths = write_capsule_grids(recon, perturbations, info.class_names, report_dir)
+        figures.append(("Reconstructions", "test inputs and their reconstructions from "
+                        "the predicted class capsule (paper 000 Fig. 3)", paths[0]))
+        figures += [("Capsule dimension perturbations", f"'{info.class_names[g.class_index]}'"
+                     ": each row shifts one dimension by -0.25..+0.25", p)
+                    for g, p in zip(perturbations, paths[1:], strict=True)]
+    write_html(report_dir / "report.html", report, title, context, agr, figures)
     for note in report.notes:
         log.warning(note)
-    return Evaluation(report=report, report_dir=report_dir, title=title)
+    files = sorted(p.name for p in report_dir.iterdir() if not p.name.startswith("."))
+    return Evaluation(report=report, report_dir=report_dir, title=title, agreement=agr,
+                      files=tuple(files))

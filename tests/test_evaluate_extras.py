@@ -1,0 +1,232 @@
+"""Evaluation extras: orientation agreement, capsule grids, report.html, --data."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.image import imread
+from sklearn.metrics import roc_auc_score
+from torch import nn
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+from capsmed.data.contract import DatasetWriter, load_split, read_info
+from capsmed.errors import CapsmedError
+from capsmed.evaluate.agreement import (
+    ORIENTATIONS,
+    all_orientations,
+    orientation_agreement,
+    orientation_predictions,
+)
+from capsmed.evaluate.capsule_grids import perturb_dimensions
+from capsmed.evaluate.run import evaluate_run, predict_scores
+from capsmed.models.capsules import MaskedDecoder
+from capsmed.train.checkpoint import load_checkpoint
+from capsmed.train.config import TrainConfig
+from capsmed.train.engine import train
+from tests.conftest import TINY_CAPSNET
+from tests.test_cli_bad_input import _assert_clean_failure
+
+runner = CliRunner()
+CPU = torch.device("cpu")
+
+
+class GlobalMean(nn.Module):
+    """Class 1 when the mean intensity is above 0.5: exactly invariant to rotations/flips."""
+
+    def forward(self, x):
+        m = x.mean(dim=(1, 2, 3))
+        return type("Out", (), {"scores": torch.stack([0.5 - m, m - 0.5], dim=1)})()
+
+
+class TopLeftPixel(nn.Module):
+    """Class 1 when the top-left pixel is bright: not invariant."""
+
+    def forward(self, x):
+        p = x[:, 0, 0, 0]
+        return type("Out", (), {"scores": torch.stack([0.5 - p, p - 0.5], dim=1)})()
+
+
+def test_all_orientations_are_the_eight_symmetries_of_the_square():
+    x = torch.arange(9.0).view(1, 1, 3, 3)
+    views = all_orientations(x)
+    assert views.shape == (8, 1, 1, 3, 3)
+    assert len({tuple(v.flatten().tolist()) for v in views}) == 8
+    assert torch.equal(views[ORIENTATIONS.index("identity")], x)
+    assert torch.equal(views[ORIENTATIONS.index("flip+rot90")], x.transpose(-2, -1))
+    # a flip up-down (paper 001) is one of them: left-right flip + 180 degrees
+    assert torch.equal(views[ORIENTATIONS.index("flip+rot180")], torch.flip(x, dims=(-2,)))
+
+
+def test_agreement_of_an_exactly_invariant_model_is_one():
+    rng = np.random.default_rng(0)
+    dark = rng.integers(0, 100, (3, 1, 5, 5))
+    bright = rng.integers(155, 256, (3, 1, 5, 5))
+    images = np.concatenate([dark, bright]).astype(np.uint8)
+    labels = np.array([0, 0, 0, 1, 1, 0])  # the last bright image is labelled wrongly
+    result = orientation_agreement(GlobalMean(), images, labels, CPU, batch_size=16)
+    assert result.agreement == 1.0  # same class everywhere, right or wrong
+    assert result.accuracy == {name: pytest.approx(5 / 6) for name in ORIENTATIONS}
+    assert result.samples == 6
+
+
+@pytest.mark.parametrize("batch_size", [8, 512])  # one image per pass, or all at once
+def test_agreement_of_a_corner_reading_model(batch_size):
+    images = np.zeros((4, 1, 4, 4), np.uint8)
+    images[1] = 255                   # all bright: class 1 in every orientation
+    images[2, 0, 0, 0] = 255          # only the top-left corner: class 1 in 2 of 8
+    images[3, 0, [0, 0, 3, 3], [0, 3, 0, 3]] = 255  # every corner: class 1 everywhere
+    labels = np.array([0, 1, 1, 1])
+    preds = orientation_predictions(TopLeftPixel(), images, CPU, batch_size)
+    # the top-left pixel stays put under the identity and the transpose only
+    assert preds[:, 2].tolist() == [1, 0, 0, 0, 0, 1, 0, 0]
+    result = orientation_agreement(TopLeftPixel(), images, labels, CPU, batch_size)
+    assert result.agreement == 0.75
+    assert result.accuracy["identity"] == result.accuracy["flip+rot90"] == 1.0
+    assert [result.accuracy[n] for n in ("rot90", "rot180", "rot270", "flip", "flip+rot180",
+                                         "flip+rot270")] == [0.75] * 6
+    assert result.mean_accuracy == pytest.approx((2 * 1.0 + 6 * 0.75) / 8)
+
+
+def test_agreement_refuses_non_square_images():
+    with pytest.raises(ValueError, match="square images, got 4x6"):
+        orientation_predictions(GlobalMean(), np.zeros((2, 1, 4, 6), np.uint8), CPU)
+
+
+def test_perturbation_shifts_one_dimension_of_one_capsule():
+    torch.manual_seed(0)
+    decoder = MaskedDecoder(3, 4, (1, 6, 6), (8,)).eval()
+    capsules = torch.rand(3, 4)
+    shifts = np.linspace(-0.25, 0.25, 11)
+    grid = perturb_dimensions(decoder, capsules, 1, shifts)
+    assert grid.shape == (4, 11, 1, 6, 6)
+    with torch.no_grad():
+        plain = decoder(capsules[None], torch.tensor([1]))[0].numpy()
+        moved = capsules.clone()
+        moved[1, 2] -= 0.25
+        expected = decoder(moved[None], torch.tensor([1]))[0].numpy()
+    for d in range(4):  # shift 0 is the plain reconstruction in every row
+        np.testing.assert_allclose(grid[d, 5], plain, atol=1e-6)
+    np.testing.assert_allclose(grid[2, 0], expected, atol=1e-6)
+    assert np.abs(grid[2, 0] - plain).max() > 1e-4  # the shift does change the picture
+
+
+@pytest.fixture(scope="module")
+def capsnet_run(tiny_h5, tmp_path_factory):
+    out = tmp_path_factory.mktemp("caps") / "run"
+    return train(TrainConfig(data=str(tiny_h5), arch="capsnet", epochs=1, batch_size=16,
+                             seed=2, model_kwargs=dict(TINY_CAPSNET), out=str(out)),
+                 disable_progress=True)
+
+
+@pytest.fixture(scope="module")
+def lenet_run(tiny_h5, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lenet") / "run"
+    return train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                             seed=2, out=str(out)), disable_progress=True)
+
+
+def _raw_scores(run, data):
+    model, _ = load_checkpoint(run)
+    split = load_split(data, "test")
+    return predict_scores(model, split.images, CPU), split.labels
+
+
+def test_capsnet_run_gets_grids_agreement_and_a_self_contained_html(capsnet_run, tiny_h5):
+    result = evaluate_run(capsnet_run, agreement=True, disable_progress=True)
+    report_dir = capsnet_run / "report"
+    names = ("reconstructions.png", "perturbation-00-non-mitosis.png",
+             "perturbation-01-mitosis.png", "confusion_matrix.png", "report.html")
+    for name in names:
+        assert name in result.files and (report_dir / name).stat().st_size > 1000, name
+    pert = imread(report_dir / "perturbation-01-mitosis.png")
+    assert pert.shape[1] > pert.shape[0] * 0.9  # 11 shifts wide, 8 dimensions tall
+
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["auc_scores"] == "class capsule lengths / activations, unnormalised"
+    scores, labels = _raw_scores(capsnet_run, tiny_h5)
+    for k, name in enumerate(report["class_names"]):
+        assert report["per_class"][name]["auc"] == pytest.approx(
+            roc_auc_score(labels == k, scores[:, k]))
+    assert report["auc"] == report["per_class"]["mitosis"]["auc"]
+    agr = report["agreement"]
+    assert list(agr["accuracy_by_orientation"]) == list(ORIENTATIONS)
+    assert 0.0 <= agr["agreement"] <= 1.0 and agr["samples"] == len(labels)
+    # identity = the ordinary pass (other batch sizes may move a near-tie by one sample)
+    assert abs(agr["accuracy_by_orientation"]["identity"] - report["accuracy"]) <= 1 / len(labels)
+    assert "| flip+rot270 |" in (report_dir / "report.md").read_text()
+
+    page = (report_dir / "report.html").read_text()
+    for text in ("Total (macro)", "mitosis", "Agreement (Agr", "Accuracy by orientation",
+                 "Reconstructions", "Capsule dimension perturbations", "Training curves"):
+        assert text in page, text
+    uris = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(uris) == 5  # confusion, curves, reconstructions, 2 perturbation grids
+    assert base64.b64decode(uris[0]) == (report_dir / "confusion_matrix.png").read_bytes()
+    assert base64.b64decode(uris[1]) == (capsnet_run / "curves.png").read_bytes()
+    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing fetched from outside
+    assert "<script" not in page and "<link" not in page
+
+    again = evaluate_run(capsnet_run, grids=False, disable_progress=True)
+    assert not [n for n in again.files if n.startswith(("perturbation", "reconstructions"))]
+    assert "agreement" not in json.loads((report_dir / "report.json").read_text())
+
+
+def test_convnet_auc_uses_softmax_and_grids_are_skipped(lenet_run, tiny_h5, caplog):
+    with caplog.at_level(logging.INFO, logger="capsmed"):
+        result = evaluate_run(lenet_run, disable_progress=True)
+    assert "grids skipped" in caplog.text
+    assert "reconstructions.png" not in result.files and result.agreement is None
+    report = json.loads((lenet_run / "report" / "report.json").read_text())
+    assert report["auc_scores"] == "softmax of the logits" and "agreement" not in report
+    logits, labels = _raw_scores(lenet_run, tiny_h5)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    assert report["auc"] == pytest.approx(roc_auc_score(labels == 1, p[:, 1]))
+    page = (lenet_run / "report" / "report.html").read_text()
+    assert "Reconstructions" not in page and "Agreement" not in page
+    assert len(re.findall(r'src="data:image/png;base64,', page)) == 2
+
+
+def test_cli_agreement_flag_and_bad_batch_size(lenet_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("report"))
+    result = runner.invoke(app, ["-q", "evaluate", str(run), "--batch-size", "0"])
+    _assert_clean_failure(result, "batch size must be >= 1", run / "report")
+    result = runner.invoke(app, ["-q", "evaluate", str(run), "--agreement", "--batch-size", "8"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "Agr " in result.output and "accuracy by orientation: identity" in result.output
+    assert "report.html" in result.output
+    report = json.loads((run / "report" / "report.json").read_text())
+    assert set(report["agreement"]["accuracy_by_orientation"]) == set(ORIENTATIONS)
+
+
+def _other_file(path, class_names, size, n=5):
+    rng = np.random.default_rng(1)
+    with DatasetWriter(path, dataset="other", class_names=class_names,
+                       image_shape=(1, size, size), preprocessing={}, source={}) as writer:
+        writer.append("test", rng.integers(0, 256, (n, 1, size, size), dtype=np.uint8),
+                      np.arange(n) % 2, [f"p{i}" for i in range(n)])
+    return path
+
+
+def test_evaluate_on_another_file_with_the_same_classes(lenet_run, tiny_h5, tmp_path):
+    names = list(read_info(tiny_h5).class_names)
+    other = _other_file(tmp_path / "other.h5", names, 28)
+    result = evaluate_run(lenet_run, data=other, disable_progress=True)
+    report = json.loads((result.report_dir / "report.json").read_text())
+    assert report["data"] == str(other) and report["dataset"] == "other"
+    assert report["samples"] == report["total"]["support"] == 5
+    assert report["per_class"][names[1]]["support"] == 2
+    with pytest.raises(CapsmedError, match="images are 1x32x32, the model expects 1x28x28"):
+        evaluate_run(lenet_run, data=_other_file(tmp_path / "big.h5", names, 32))
+    with pytest.raises(CapsmedError, match=r"classes \['x', 'y'\] do not match"):
+        evaluate_run(lenet_run, data=_other_file(tmp_path / "xy.h5", ["x", "y"], 28))
