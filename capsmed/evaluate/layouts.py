@@ -1,0 +1,248 @@
+"""The papers' table layouts, filled from grouped runs.
+
+* :func:`metric_table`: paper 000 Table 2 -- rows are datasets, columns protocol x
+  architecture, cells the mean +- std of one metric (paper 000 reports F1).
+* :func:`per_class_tables`: paper 001 Table 2 -- per class precision and sensitivity
+  for each architecture, pooled over CV folds (or mean +- std over them), with the
+  Total row as the unweighted mean over classes.
+* :func:`significance_table`: the pairwise paired tests.
+* :func:`groups_table`: every group and every overall metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from capsmed.evaluate.aggregate import (
+    Group,
+    Stat,
+    order_metrics,
+    protocol_sort_key,
+)
+from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
+from capsmed.evaluate.significance import TEST_NAMES, PairedTest
+from capsmed.evaluate.tables import PLUS_MINUS, TextTable
+
+METRIC_TITLES = {"macro_f1": "Macro F1", "accuracy": "Accuracy",
+                 "balanced_accuracy": "Balanced accuracy",
+                 "macro_precision": "Macro precision",
+                 "macro_sensitivity": "Macro sensitivity",
+                 "macro_specificity": "Macro specificity", "weighted_f1": "Weighted F1",
+                 "auc": "AUC", "macro_auc": "Macro AUC", "agreement": "Agreement (Agr)"}
+MISSING = "-"
+UNDEFINED = "n/a"
+
+
+def metric_title(metric: str) -> str:
+    return METRIC_TITLES.get(metric, metric)
+
+
+def format_stat(stat: Stat | None, digits: int = 3, show_n: bool = False,
+                missing: str = MISSING) -> str:
+    """``0.912 ± 0.004`` (std omitted below 2 values; ``(n=k)`` appended on request)."""
+    if stat is None:
+        return missing
+    text = f"{stat.mean:.{digits}f}"
+    if stat.std is not None:
+        text += f" {PLUS_MINUS} {stat.std:.{digits}f}"
+    return text + (f" (n={stat.n})" if show_n else "")
+
+
+def _n_note(counts: Sequence[int]) -> tuple[bool, str]:
+    """Whether cells must show their own n, and the note saying what n is."""
+    if len(set(counts)) == 1:
+        n = counts[0]
+        std = "sample std" if n > 1 else "no std with one run"
+        return False, f"n = {n} run(s) per cell ({std}, ddof=1)"
+    return True, "n differs between cells: shown in each (sample std, ddof=1)"
+
+
+def _by_setting(groups: Sequence[Group]) -> dict[tuple[str, str], list[Group]]:
+    buckets: dict[tuple[str, str], list[Group]] = {}
+    for g in groups:
+        buckets.setdefault((g.dataset, g.protocol), []).append(g)
+    return buckets
+
+
+def metric_table(groups: Sequence[Group], metric: str, digits: int = 3) -> TextTable:
+    """Paper 000 Table 2: datasets x (protocol x architecture), mean +- std of ``metric``."""
+    datasets = list(dict.fromkeys(g.dataset for g in groups))
+    protocols = sorted({g.protocol: g.settings for g in groups}.items(),
+                       key=lambda item: protocol_sort_key(item[1]))
+    columns = [(p, a) for p, _ in protocols
+               for a in dict.fromkeys(g.arch for g in groups if g.protocol == p)]
+    cell = {(g.dataset, g.protocol, g.arch): g.stat(metric) for g in groups}
+    stats = [s for s in cell.values() if s is not None]
+    show_n, n_note = _n_note([s.n for s in stats])
+    rows, csv_rows = [], []
+    for d in datasets:
+        found = [cell.get((d, p, a)) for p, a in columns]
+        rows.append([d, *(format_stat(s, digits, show_n) for s in found)])
+        csv_rows.append([d, *(v for s in found for v in
+                              ((s.mean, s.std, s.n) if s else (None, None, None)))])
+    spans = [("", 1)] + [(p, sum(1 for q, _ in columns if q == p)) for p, _ in protocols]
+    csv_columns = ["dataset"] + [f"{p} / {a} {k}" for p, a in columns
+                                 for k in ("mean", "std", "n")]
+    return TextTable(
+        title=f"{metric_title(metric)}: mean {PLUS_MINUS} std over repetitions "
+              "(paper 000 Table 2 layout)",
+        columns=["Dataset", *(a for _, a in columns)], rows=rows, spans=spans,
+        notes=[n_note, f"'{MISSING}': no evaluated run for that dataset, protocol and "
+               "architecture"],
+        csv_columns=csv_columns, csv_rows=csv_rows, label=f"metric-{metric}")
+
+
+def _repetitions(group: Group) -> str:
+    return ", ".join(r.repetition_label for r in group.runs)
+
+
+def _images_column(members: Sequence[Group],
+                   supports: list[list[int]]) -> tuple[list[int], list[str]]:
+    """Paper 001's Images column: the test samples per class, and what they are."""
+    test_sets = {tuple(int(v) for v in r.confusion.sum(axis=1))
+                 for g in members for r in g.runs}
+    if len(test_sets) == 1:  # seeds on one test split: show it, not n times it
+        images = list(next(iter(test_sets)))
+        return images, [f"Images: test samples per class; every run was tested on the "
+                        f"same {sum(images):,} images"]
+    # CV folds: the summed test sets are the whole dataset, as in paper 001
+    notes = ["Images: test samples summed over the runs (over CV folds: every image once)"]
+    if any(s != supports[0] for s in supports):
+        notes.append("the architectures were tested on different numbers of images; "
+                     f"Images shows {members[0].arch}'s")
+    return supports[0], notes
+
+
+def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
+                     digits: int = 3) -> list[TextTable]:
+    """Paper 001 Table 2 per (dataset, protocol): per-class PRE and SEN per architecture.
+
+    Args:
+        groups: Grouped runs.
+        mode: ``pooled`` sums the repetitions' confusion matrices before computing
+            PRE/SEN (paper 001 over its 5 CV folds); ``mean`` averages each run's
+            per-class values (mean +- std).
+        digits: Decimals shown.
+    """
+    if mode not in ("pooled", "mean"):
+        raise ValueError(f"mode must be 'pooled' or 'mean', got {mode!r}")
+    tables = []
+    for (dataset, protocol), members in _by_setting(groups).items():
+        names = members[0].class_names
+        columns, spans = ["Class", "Images"], [("", 2)]
+        notes = []
+        if mode == "pooled":
+            results = [pooled_per_class(g.runs) for g in members]
+            notes.append("Pooled: each architecture's confusion matrices summed over its "
+                         "runs, then PRE = TP/(TP+FP) and SEN = TP/(TP+FN); over CV folds "
+                         "every image counts once (paper 001)")
+            supports = [[r["per_class"][n]["support"] for n in names] for r in results]
+            notes += [f"{g.arch}: {note}" for g, r in zip(members, results, strict=True)
+                      for note in r["notes"]]
+        else:
+            results = [mean_per_class(g.runs) for g in members]
+            notes.append(f"Mean {PLUS_MINUS} sample std of each run's per-class values "
+                         "over the runs of each architecture")
+            supports = [[r["support"][n] for n in names] for r in results]
+        notes.append("Total: unweighted mean over classes where defined (paper 001)")
+        images, image_notes = _images_column(members, supports)
+        notes += image_notes
+        notes += [f"{g.arch}: {len(g.runs)} run(s) ({_repetitions(g)})" for g in members]
+        for g in members:
+            columns += ["Precision", "Sensitivity"]
+            spans.append((g.arch, 2))
+        rows, csv_rows = [], []
+        for k, name in enumerate([*names, "Total"]):
+            is_total = name == "Total"
+            row = [name, f"{sum(images) if is_total else images[k]:,}"]
+            for g, r, support in zip(members, results, supports, strict=True):
+                values = r["total"] if is_total else r["per_class"][name]
+                n_images = sum(support) if is_total else support[k]
+                if mode == "pooled":
+                    pre, sen = values["precision"], values["sensitivity"]
+                    row += [UNDEFINED if v is None else f"{v:.{digits}f}" for v in (pre, sen)]
+                    csv_rows.append([dataset, protocol, g.arch, name, n_images, pre, sen,
+                                     len(g.runs)])
+                else:
+                    pre, sen = values.get("precision"), values.get("sensitivity")
+                    row += [format_stat(s, digits, missing=UNDEFINED) for s in (pre, sen)]
+                    csv_rows.append([dataset, protocol, g.arch, name, n_images,
+                                     *(v for s in (pre, sen) for v in
+                                       ((s.mean, s.std) if s else (None, None))),
+                                     len(g.runs)])
+            rows.append(row)
+        csv_columns = (["dataset", "protocol", "arch", "class", "support_total", "precision",
+                        "sensitivity", "runs"] if mode == "pooled" else
+                       ["dataset", "protocol", "arch", "class", "support_total",
+                        "precision_mean", "precision_std", "sensitivity_mean",
+                        "sensitivity_std", "runs"])
+        how = "pooled over runs" if mode == "pooled" else f"mean {PLUS_MINUS} std over runs"
+        tables.append(TextTable(
+            title=f"{dataset} / {protocol}: precision and sensitivity per class, {how} "
+                  "(paper 001 Table 2 layout)",
+            columns=columns, rows=rows, spans=spans, total_rows=1, notes=notes,
+            csv_columns=csv_columns, csv_rows=csv_rows,
+            label=f"per-class-{mode}-{len(tables) + 1}"))
+    return tables
+
+
+def _p_text(p: float | None) -> str:
+    if p is None:
+        return "n/a"
+    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def significance_table(tests: Sequence[PairedTest], notes: Sequence[str], test: str,
+                       alpha: float, digits: int = 3) -> TextTable | None:
+    """Pairwise paired tests, ``*`` where p < alpha; None when nothing was compared."""
+    if not tests:
+        return None
+    metric = tests[0].metric
+    rows, csv_rows = [], []
+    def mean(value: float | None) -> str:
+        return MISSING if value is None else f"{value:.{digits}f}"
+
+    for t in tests:
+        flag = "n/a" if t.significant is None else ("*" if t.significant else "")
+        rows.append([t.dataset, t.protocol, t.arch_a, t.arch_b, str(t.n), mean(t.mean_a),
+                     mean(t.mean_b), MISSING if t.mean_difference is None
+                     else f"{t.mean_difference:+.{digits}f}", _p_text(t.p_value), flag])
+        csv_rows.append([t.dataset, t.protocol, t.arch_a, t.arch_b, t.metric, t.test, t.n,
+                         t.mean_a, t.mean_b, t.mean_difference, t.statistic, t.p_value,
+                         t.significant, t.note])
+    na = sorted({t.note for t in tests if t.p_value is None})
+    return TextTable(
+        title=f"{TEST_NAMES[test]} on {metric_title(metric)}, pairs matched by seed and "
+              f"fold (* p < {alpha:g})",
+        columns=["Dataset", "Protocol", "A", "B", "n", "mean A", "mean B", "A - B", "p",
+                 f"p<{alpha:g}"],
+        rows=rows, stub_columns=4,
+        notes=["two-sided; p-values are not corrected for multiple comparisons; mean A and "
+               "mean B are over the matched pairs only",
+               *na, *notes],
+        csv_columns=["dataset", "protocol", "arch_a", "arch_b", "metric", "test", "n",
+                     "mean_a", "mean_b", "mean_difference", "statistic", "p_value",
+                     "significant", "note"],
+        csv_rows=csv_rows, label=f"significance-{metric}")
+
+
+def groups_table(groups: Sequence[Group], digits: int = 3) -> TextTable:
+    """Every group with every overall metric (mean +- std); CSV adds per-class metrics."""
+    metrics = order_metrics({m for g in groups for m in g.metric_names()})
+    rows, csv_rows = [], []
+    for g in groups:
+        stats = {m: g.stat(m) for m in metrics}
+        rows.append([g.dataset, g.protocol, g.arch, str(len(g.runs)),
+                     *(format_stat(stats[m], digits) for m in metrics)])
+        csv_rows += [[g.dataset, g.protocol, g.arch, "", m, s.mean, s.std, s.n]
+                     for m, s in stats.items() if s is not None]
+        per_class = mean_per_class(g.runs)["per_class"]
+        csv_rows += [[g.dataset, g.protocol, g.arch, name, m, s.mean, s.std, s.n]
+                     for name, values in per_class.items() for m, s in values.items()
+                     if s is not None]
+    return TextTable(
+        title=f"Every group: mean {PLUS_MINUS} sample std over its runs",
+        columns=["Dataset", "Protocol", "Arch", "n", *(metric_title(m) for m in metrics)],
+        rows=rows, stub_columns=3,
+        csv_columns=["dataset", "protocol", "arch", "class", "metric", "mean", "std", "n"],
+        csv_rows=csv_rows, label="groups")

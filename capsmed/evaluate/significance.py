@@ -1,0 +1,144 @@
+"""Paired significance tests between architectures trained under the same protocol.
+
+Paper 000 reports differences as significant at p < 0.05. Two architectures' runs are
+paired when they share the dataset, the protocol and the repetition (seed and fold):
+the same seed picks the same training subset, and the same fold the same test images,
+so the difference within a pair removes that source of variance. Runs without a
+partner are left out, and the report says which.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from capsmed.evaluate.aggregate import Group
+
+TESTS = ("ttest", "wilcoxon")
+TEST_NAMES = {"ttest": "paired t-test", "wilcoxon": "Wilcoxon signed-rank test"}
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """One comparison of architecture A against B on one metric.
+
+    ``p_value`` is None ("n/a") when it cannot be computed: fewer than two pairs, or
+    differences that are all zero.
+    """
+
+    dataset: str
+    protocol: str
+    arch_a: str
+    arch_b: str
+    metric: str
+    test: str
+    n: int
+    mean_a: float | None
+    mean_b: float | None
+    mean_difference: float | None
+    statistic: float | None
+    p_value: float | None
+    significant: bool | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def wilcoxon_min_p(n: int) -> float:
+    """The smallest two-sided p an exact Wilcoxon signed-rank test can give for n pairs."""
+    return 2.0 / 2**n
+
+
+def paired_p_value(a: Sequence[float], b: Sequence[float],
+                   test: str = "ttest") -> tuple[float | None, float | None, str]:
+    """``(statistic, p, note)`` of a two-sided paired test of ``a`` against ``b``."""
+    if test not in TESTS:
+        raise ValueError(f"test must be one of {TESTS}, got {test!r}")
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) < 2:
+        return None, None, f"n/a: {len(x)} matched pair(s), a paired test needs 2 or more"
+    if np.all(x == y):
+        return None, None, "n/a: the architectures scored the same in every pair"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate inputs are caught below
+        try:
+            result = (stats.ttest_rel(x, y) if test == "ttest" else stats.wilcoxon(x, y))
+        except ValueError as exc:
+            return None, None, f"n/a: {exc}"
+    statistic, p = float(result.statistic), float(result.pvalue)
+    if not math.isfinite(p):
+        return None, None, "n/a: the test is undefined for these values"
+    if not math.isfinite(statistic):  # t is +-inf when every pair differs equally
+        statistic = None
+    note = ""
+    if test == "wilcoxon" and wilcoxon_min_p(len(x)) >= 0.05:
+        note = (f"with {len(x)} pairs the Wilcoxon test cannot reach p < 0.05 (smallest "
+                f"possible p = {wilcoxon_min_p(len(x)):.4g}); it needs n >= 6")
+    elif test == "ttest" and np.ptp(x - y) == 0:
+        note = "every pair differs by the same amount: the t statistic is degenerate"
+    return statistic, p, note
+
+
+def paired_tests(groups: Sequence[Group], metric: str, test: str = "ttest",
+                 alpha: float = 0.05) -> tuple[list[PairedTest], list[str]]:
+    """Every pair of architectures within each (dataset, protocol), on ``metric``.
+
+    Args:
+        groups: From :func:`capsmed.evaluate.aggregate.group_runs` (their order is kept).
+        metric: An overall metric name (``macro_f1``, ``accuracy``, ...).
+        test: ``ttest`` (scipy ``ttest_rel``) or ``wilcoxon`` (scipy ``wilcoxon``).
+        alpha: Significance level; ``significant`` is ``p < alpha``.
+
+    Returns:
+        The tests, and notes about runs left out (unmatched or duplicated repetitions).
+    """
+    by_setting: dict[tuple[str, str], list[Group]] = {}
+    for g in groups:
+        by_setting.setdefault((g.dataset, g.protocol), []).append(g)
+    results, notes = [], []
+    for (dataset, protocol), members in by_setting.items():
+        for ga, gb in combinations(members, 2):
+            va, vb = _by_repetition(ga, metric), _by_repetition(gb, metric)
+            shared = sorted(set(va) & set(vb), key=lambda r: (r[0], r[1] or -1))
+            where = f"{dataset} / {protocol}: {ga.arch} vs {gb.arch}"
+            for g, values in ((ga, va), (gb, vb)):
+                left = sorted(_label(r) for r in set(values) - set(shared))
+                if left:
+                    notes.append(f"{where}: {g.arch} {', '.join(left)} left out (no "
+                                 "matching run of the other architecture)")
+            a = [va[r] for r in shared]
+            b = [vb[r] for r in shared]
+            statistic, p, note = paired_p_value(a, b, test)
+            if note and p is not None:
+                notes.append(f"{where}: {note}")
+            results.append(PairedTest(
+                dataset=dataset, protocol=protocol, arch_a=ga.arch, arch_b=gb.arch,
+                metric=metric, test=test, n=len(shared),
+                mean_a=float(np.mean(a)) if a else None,
+                mean_b=float(np.mean(b)) if b else None,
+                mean_difference=float(np.mean(np.subtract(a, b))) if a else None,
+                statistic=statistic, p_value=p,
+                significant=None if p is None else bool(p < alpha), note=note))
+    return results, notes
+
+
+def _label(repetition: tuple[int, int | None]) -> str:
+    seed, fold = repetition
+    return f"seed {seed}" + (f" fold {fold}" if fold is not None else "")
+
+
+def _by_repetition(group: Group, metric: str) -> dict[tuple[int, int | None], float]:
+    """Metric value per (seed, fold); repeated repetitions are ambiguous and dropped."""
+    counts: dict[tuple[int, int | None], int] = {}
+    for run in group.runs:
+        counts[run.repetition] = counts.get(run.repetition, 0) + 1
+    return {r.repetition: r.metrics[metric] for r in group.runs
+            if counts[r.repetition] == 1 and metric in r.metrics}

@@ -1,0 +1,354 @@
+"""``capsmed report``: aggregation, paired tests, paper layouts, plots, CLI.
+
+One real run is trained and evaluated at tiny size, so report.json and config.yaml have
+the schema the real code writes; the other runs are copies of it whose numbers come
+from hand-picked confusion matrices pushed through the real metrics code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+from sklearn.metrics import f1_score
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+from capsmed.evaluate.aggregate import (
+    collect_runs,
+    group_runs,
+    group_warnings,
+    protocol_label,
+    protocol_settings,
+)
+from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
+from capsmed.evaluate.metrics import classification_report
+from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
+from capsmed.evaluate.significance import paired_p_value
+from capsmed.evaluate.tables import latex, latex_escape
+
+runner = CliRunner()
+
+# (arch, seed) -> confusion matrix [true, predicted] on the 20 test images
+FULL = {("lenet", 1): [[8, 2], [1, 9]], ("lenet", 2): [[7, 3], [2, 8]],
+        ("lenet", 3): [[9, 1], [0, 10]], ("capsnet", 1): [[9, 1], [1, 9]],
+        ("capsnet", 2): [[9, 1], [0, 10]], ("capsnet", 3): [[10, 0], [1, 9]],
+        ("capsnet", 4): [[5, 5], [5, 5]]}  # seed 4 has no lenet partner
+TENTH = {("lenet", 1): [[6, 4], [3, 7]], ("lenet", 2): [[7, 3], [3, 7]],
+         ("capsnet", 1): [[8, 2], [2, 8]]}  # one matched pair only
+FOLDS = {0: [[5, 1], [2, 2]], 1: [[3, 0], [5, 6]]}  # paper 001 style CV, 2 folds
+
+
+def _labels(cm):
+    cm = np.asarray(cm)
+    y_true = np.repeat(np.arange(len(cm)), cm.sum(axis=1))
+    y_pred = np.concatenate([np.repeat(np.arange(len(cm)), row) for row in cm])
+    return y_true, y_pred
+
+
+@pytest.fixture(scope="module")
+def real_run(tiny_h5, tmp_path_factory):
+    """A real lenet run trained for one epoch and evaluated: the schema's source."""
+    from capsmed.evaluate.run import evaluate_run
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train
+
+    out = tmp_path_factory.mktemp("real") / "run"
+    train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16, seed=0,
+                      device="cpu", out=str(out)), disable_progress=True)
+    evaluate_run(out, device="cpu")
+    return out
+
+
+def make_run(template, dest, arch, seed, cm, **train_changes):
+    """Copy ``template``; set arch/seed/protocol in config.yaml, ``cm``'s numbers in the report."""
+    shutil.copytree(template, dest)
+    config = yaml.safe_load((dest / "config.yaml").read_text())
+    config["train"].update(arch=arch, seed=seed, out=str(dest), **train_changes)
+    (dest / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    original = json.loads((dest / "report" / "report.json").read_text())
+    y_true, y_pred = _labels(cm)
+    report = classification_report(y_true, y_pred, original["class_names"]).to_dict()
+    context = {k: v for k, v in original.items() if k not in report}
+    new = {**context, **report, "arch": arch, "run_dir": str(dest), "samples": len(y_true)}
+    assert set(new) == set(original)  # exactly the schema capsmed evaluate writes
+    (dest / "report" / "report.json").write_text(json.dumps(new, indent=2))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def runs_root(real_run, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for (arch, seed), cm in FULL.items():
+        make_run(real_run, root / "full" / f"{arch}-s{seed}", arch, seed, cm)
+    for (arch, seed), cm in TENTH.items():
+        make_run(real_run, root / "tenth" / arch / f"s{seed}", arch, seed, cm, fraction=0.1)
+    for fold, cm in FOLDS.items():
+        make_run(real_run, root / "cv" / f"capsnet-f{fold}", "capsnet", 0, cm, fold=fold,
+                 folds=2)
+    make_run(real_run, root / "aug" / "lenet-s1", "lenet", 1, [[8, 2], [2, 8]],
+             augment=True, augment_recipe="paper000-medical")
+    pending = make_run(real_run, root / "pending" / "lenet-s9", "lenet", 9, [[1, 0], [0, 1]])
+    shutil.rmtree(pending / "report")  # trained, never evaluated
+    return root
+
+
+def _f1(cm):
+    return f1_score(*_labels(cm), average="macro")
+
+
+def _acc(cm):
+    return np.trace(cm) / np.sum(cm)
+
+
+def test_protocol_defaults_for_missing_keys():
+    assert protocol_label(protocol_settings({})) == "full"
+    old = protocol_settings({"fraction": 1.0, "augment": False, "augment_recipe": "x"})
+    assert old == protocol_settings({}) and old["folds"] is None
+    s = protocol_settings({"fraction": 0.05, "imbalance": {"mitosis": 20},
+                           "augment": True, "augment_recipe": "paper000-medical",
+                           "sampler": "balanced", "class_weights": "balanced",
+                           "folds": 5, "fold": 3, "per_class_limit": 25})
+    assert protocol_label(s) == ("fraction 0.05, mitosis 20%, augment paper000-medical, "
+                                 "balanced batches, balanced class weights, per-class "
+                                 "limit 25, 5-fold CV")
+    assert protocol_label(protocol_settings({"fold": 0})) == "CV"  # folds (k) not recorded
+
+
+def test_means_and_sample_stds(runs_root, caplog):
+    with caplog.at_level(logging.WARNING, logger="capsmed"):
+        collection = collect_runs([runs_root])
+    assert len(collection.runs) == 13
+    assert [s.path.name for s in collection.skipped] == ["lenet-s9"]
+    assert "capsmed evaluate" in collection.skipped[0].reason
+    assert "lenet-s9: skipped" in caplog.text and "capsmed evaluate" in caplog.text
+    groups = {(g.dataset, g.protocol, g.arch): g for g in group_runs(collection.runs)}
+    assert set(groups) == {("tupac16", p, a) for p, a in [
+        ("full", "lenet"), ("full", "capsnet"), ("fraction 0.1", "lenet"),
+        ("fraction 0.1", "capsnet"), ("2-fold CV", "capsnet"),
+        ("augment paper000-medical", "lenet")]}
+    lenet = groups["tupac16", "full", "lenet"]
+    cms = [FULL["lenet", s] for s in (1, 2, 3)]
+    acc = lenet.stat("accuracy")
+    assert (acc.mean, acc.std, acc.n) == pytest.approx((0.85, 0.1, 3))
+    f1 = lenet.stat("macro_f1")
+    assert f1.mean == pytest.approx(np.mean([_f1(c) for c in cms]))
+    assert f1.std == pytest.approx(np.std([_f1(c) for c in cms], ddof=1))
+    sens = mean_per_class(lenet.runs)["per_class"]["mitosis"]["sensitivity"]
+    assert (sens.mean, sens.std) == pytest.approx((0.9, 0.1))  # 9/10, 8/10, 10/10
+    single = groups["tupac16", "augment paper000-medical", "lenet"].stat("accuracy")
+    assert single.n == 1 and single.std is None
+    # duplicates of a folder and a run inside it count once
+    again = collect_runs([runs_root / "full", runs_root / "full" / "lenet-s1"])
+    assert len(again.runs) == 7
+
+
+def test_pooled_precision_sensitivity_hand_example(runs_root):
+    cv = next(g for g in group_runs(collect_runs([runs_root / "cv"]).runs))
+    assert [r.repetition_label for r in cv.runs] == ["seed 0 fold 0", "seed 0 fold 1"]
+    pooled = pooled_per_class(cv.runs)
+    # summed confusion matrix [[8, 1], [7, 8]]
+    assert pooled["confusion_matrix"] == [[8, 1], [7, 8]]
+    non, mit = pooled["per_class"]["non-mitosis"], pooled["per_class"]["mitosis"]
+    assert (non["precision"], non["sensitivity"], non["support"]) == pytest.approx(
+        (8 / 15, 8 / 9, 9))
+    assert (mit["precision"], mit["sensitivity"], mit["support"]) == pytest.approx(
+        (8 / 9, 8 / 15, 15))
+    assert pooled["total"]["precision"] == pytest.approx((8 / 15 + 8 / 9) / 2)
+    assert pooled["total"]["sensitivity"] == pytest.approx((8 / 9 + 8 / 15) / 2)
+    mean = mean_per_class(cv.runs)["per_class"]["non-mitosis"]
+    assert mean["precision"].mean == pytest.approx((5 / 7 + 3 / 8) / 2)  # not 8/15
+    assert mean["sensitivity"].mean == pytest.approx((5 / 6 + 3 / 3) / 2)
+
+
+def test_paired_tests_against_scipy(runs_root, tmp_path, caplog):
+    result = report_runs([runs_root], tmp_path / "rep", ReportConfig(metric="accuracy"))
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    tests = {(t["protocol"], t["arch_a"], t["arch_b"]): t
+             for t in summary["significance"]["tests"]}
+    full = tests["full", "capsnet", "lenet"]
+    caps = [_acc(FULL["capsnet", s]) for s in (1, 2, 3)]
+    lenet = [_acc(FULL["lenet", s]) for s in (1, 2, 3)]
+    assert full["n"] == 3
+    assert full["p_value"] == pytest.approx(stats.ttest_rel(caps, lenet).pvalue)
+    assert full["mean_difference"] == pytest.approx(np.mean(caps) - np.mean(lenet))
+    assert full["significant"] is False  # p = 0.18 with these numbers
+    assert any("capsnet seed 4 left out" in n for n in summary["significance"]["notes"])
+    tenth = tests["fraction 0.1", "capsnet", "lenet"]
+    assert tenth["n"] == 1 and tenth["p_value"] is None and tenth["significant"] is None
+    sig_md = (tmp_path / "rep" / "significance_accuracy.md").read_text()
+    assert "n/a" in sig_md and "capsnet seed 4 left out" in sig_md
+    assert result.runs == 13 and result.groups == 6
+
+    with caplog.at_level(logging.WARNING, logger="capsmed"):
+        report_runs([runs_root / "full"], tmp_path / "w",
+                    ReportConfig(metric="accuracy", test="wilcoxon"))
+    assert "cannot reach p < 0.05" in caplog.text
+    w = json.loads((tmp_path / "w" / "summary.json").read_text())["significance"]["tests"][0]
+    assert w["p_value"] == pytest.approx(stats.wilcoxon(caps, lenet).pvalue)
+    assert "needs n >= 6" in w["note"]
+
+
+def test_paired_p_value_edge_cases():
+    assert paired_p_value([0.9], [0.8])[1] is None
+    assert paired_p_value([0.9, 0.8], [0.9, 0.8])[1] is None  # no difference at all
+    a, b = [0.91, 0.93, 0.95, 0.90, 0.97, 0.94, 0.92], [0.88, 0.90, 0.93, 0.89, 0.93, 0.9, 0.91]
+    assert paired_p_value(a, b, "wilcoxon")[1] == pytest.approx(stats.wilcoxon(a, b).pvalue)
+    assert paired_p_value(a, b, "wilcoxon")[1] < 0.05 and paired_p_value(a, b, "wilcoxon")[2] == ""
+
+
+def test_tables_in_the_papers_layouts(runs_root, tmp_path):
+    report_runs([runs_root], tmp_path / "rep", ReportConfig(archs=("lenet", "capsnet")))
+    out = tmp_path / "rep"
+    md = (out / "table_macro_f1.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| Dataset"))
+    # paper 000: growing fraction, then the full set, then the other protocols; archs in
+    # the order asked for
+    assert header.index("fraction 0.1 / lenet") < header.index("fraction 0.1 / capsnet") \
+        < header.index("full / lenet") < header.index("2-fold CV / capsnet")
+    lenet_f1 = [_f1(FULL["lenet", s]) for s in (1, 2, 3)]
+    expected = f"{np.mean(lenet_f1):.3f} ± {np.std(lenet_f1, ddof=1):.3f} (n=3)"
+    assert expected in md  # n differs between cells, so each cell shows it
+    tex = (out / "table_macro_f1.tex").read_text()
+    for text in ("\\toprule", "\\midrule", "\\bottomrule", "\\multicolumn{2}{c}{full}",
+                 "\\cmidrule(lr)", "$\\pm$"):
+        assert text in tex
+    rows = (out / "table_macro_f1.csv").read_text().splitlines()
+    assert rows[0].startswith("dataset,fraction 0.1 / lenet mean,fraction 0.1 / lenet std,")
+    pooled = (out / "per_class_pooled.csv").read_text().splitlines()
+    assert "tupac16,2-fold CV,capsnet,non-mitosis,9,0.5333333333333333,0.8888888888888888,2" \
+        in pooled
+    pooled_md = (out / "per_class_pooled.md").read_text()
+    assert "| **Total** | **24** | **0.711** | **0.711** |" in pooled_md
+    assert "| Class | Images | capsnet / Precision | capsnet / Sensitivity |" in pooled_md
+    # seeds share one test split: Images is that split (10 per class), not 3 or 4 times it;
+    # lenet summed [[24, 6], [3, 27]], capsnet [[33, 7], [7, 33]]
+    assert "| non-mitosis | 10 | 0.889 | 0.800 | 0.825 | 0.825 |" in pooled_md
+    assert "\\toprule" in (out / "per_class_mean.tex").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kind"] == "capsmed report"
+    assert summary["files"] and all((out / f).is_file() for f in summary["files"])
+    group = next(g for g in summary["groups"]
+                 if g["arch"] == "lenet" and g["protocol"] == "full")
+    assert group["metrics"]["accuracy"] == pytest.approx({"mean": 0.85, "std": 0.1, "n": 3})
+    assert group["repetitions"] == ["seed 1", "seed 2", "seed 3"]
+
+
+def test_fraction_plot_only_for_groups_differing_by_fraction(runs_root, tmp_path):
+    summary_file = tmp_path / "rep" / "summary.json"
+    report_runs([runs_root], tmp_path / "rep")
+    plots = json.loads(summary_file.read_text())["fraction_plots"]
+    assert [p["file"] for p in plots] == ["fraction_macro_f1.png"]  # not augment, not CV
+    curve = plots[0]["curves"]["tupac16"]["lenet"]
+    assert [p["fraction"] for p in curve] == [0.1, 1.0]
+    tenth = [_f1(TENTH["lenet", s]) for s in (1, 2)]
+    assert curve[0]["mean"] == pytest.approx(np.mean(tenth))
+    assert curve[0]["std"] == pytest.approx(np.std(tenth, ddof=1))
+    png = tmp_path / "rep" / "fraction_macro_f1.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_groups_that_mix_settings_are_flagged(runs_root):
+    runs = collect_runs([runs_root / "full"]).runs
+    odd = replace(runs[0], other={**runs[0].other, "lr": 0.5})
+    notes = group_warnings(group_runs([odd, *runs[1:]]))
+    assert any("runs differ in lr" in n for n in notes)
+    dup = group_warnings(group_runs([*runs, runs[0]]))
+    assert any("appear(s) more than once" in n for n in dup)
+
+
+def test_val_split_and_other_data_are_labelled_apart(runs_root, tmp_path):
+    from capsmed.evaluate.aggregate import load_evaluated_run
+
+    run = tmp_path / "run"
+    shutil.copytree(runs_root / "full" / "lenet-s1", run)
+    report = json.loads((run / "report" / "report.json").read_text())
+    (run / "report" / "report.json").write_text(json.dumps({**report, "split": "val"}))
+    assert load_evaluated_run(run).dataset == "tupac16 (val)"
+    (run / "report" / "report.json").write_text(json.dumps({**report, "dataset": "other"}))
+    assert load_evaluated_run(run).dataset == "tupac16->other"
+
+
+def test_latex_escaping():
+    assert latex_escape("a_b 50% & c->d ± x") == "a\\_b 50\\% \\& c$\\rightarrow$d $\\pm$ x"
+    from capsmed.evaluate.tables import TextTable
+
+    assert "\\toprule" in latex([TextTable("t", ["a", "b"], [["1", "2"]])])
+
+
+def _ok(args):
+    result = runner.invoke(app, ["-q", *args], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output + str(result.exception)
+    return result
+
+
+def _assert_clean_failure(result, text):
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], \
+        result.stderr
+
+
+def test_cli_end_to_end(runs_root, tmp_path):
+    out = tmp_path / "report"
+    result = runner.invoke(app, ["report", str(runs_root), "-o", str(out)],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert "Macro F1: mean ± std" in result.output
+    assert "precision and sensitivity per class, pooled" in result.output
+    assert "paired t-test" in result.output
+    assert "13 run(s) in 6 group(s), 1 skipped" in result.output
+    assert "lenet-s9: skipped" in result.stderr and "capsmed evaluate" in result.stderr
+    for name in ("summary.json", "table_macro_f1.md", "table_macro_f1.csv",
+                 "table_macro_f1.tex", "per_class_pooled.tex", "per_class_mean.csv",
+                 "significance_macro_f1.tex", "groups.csv", "fraction_macro_f1.png"):
+        assert (out / name).is_file(), name
+    assert not list(tmp_path.glob(".report.*")), "staging folder left behind"
+    # a second report replaces the first whole: no stale files from the old metric
+    _ok(["report", str(runs_root / "full"), "-o", str(out), "--metric", "accuracy",
+         "--test", "wilcoxon", "--per-class", "mean"])
+    assert (out / "table_accuracy.md").is_file() and not (out / "table_macro_f1.md").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["options"]["test"] == "wilcoxon" and len(summary["runs"]) == 7
+    assert not list(tmp_path.glob(".report.*"))
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--metric", "auc"], "--metric auc: not in the reports"),
+    (["--test", "anova"], "--test must be one of ttest, wilcoxon"),
+    (["--arch", "resnext50"], "--arch resnext50: no evaluated run"),
+])
+def test_cli_bad_options_write_nothing(runs_root, tmp_path, args, text):
+    out = tmp_path / "rep"
+    result = runner.invoke(app, ["report", str(runs_root / "full"), "-o", str(out), *args])
+    _assert_clean_failure(result, text)
+    assert not out.exists() and not list(tmp_path.glob(".rep.*"))
+
+
+def test_cli_refuses_foreign_folder_and_no_runs(runs_root, tmp_path):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    result = runner.invoke(app, ["report", str(runs_root / "full"), "-o", str(foreign)])
+    _assert_clean_failure(result, f"{foreign}: exists, is not empty")
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    result = runner.invoke(app, ["report", str(runs_root / "pending"), "-o",
+                                 str(tmp_path / "r")])
+    assert result.exit_code == 1 and "capsmed evaluate" in result.stderr  # the warning
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"error: {runs_root / 'pending'}: no evaluated runs (1 skipped)")
+    result = runner.invoke(app, ["report", str(tmp_path / "nowhere"), "-o",
+                                 str(tmp_path / "r")])
+    _assert_clean_failure(result, f"{tmp_path / 'nowhere'}: no such run directory")
+    assert not (tmp_path / "r").exists()
+    broken = tmp_path / "broken"
+    shutil.copytree(runs_root / "full" / "lenet-s1", broken / "run")
+    (broken / "run" / "report" / "report.json").write_text("{not json")
+    result = runner.invoke(app, ["report", str(broken), "-o", str(tmp_path / "r")])
+    _assert_clean_failure(result, f"{broken / 'run' / 'report' / 'report.json'}: cannot read")
