@@ -8,6 +8,7 @@ import typer
 
 from capsmed import __version__
 from capsmed.cli import (
+    analyze,
     bench,
     data,
     demo,
@@ -66,6 +67,7 @@ app.command("models")(models.models)
 app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
 app.command("report")(report.report)
+app.add_typer(analyze.app, name="analyze")
 app.add_typer(runs.app, name="runs")
 app.command("demo")(demo.demo)
 app.add_typer(bench.app, name="bench")

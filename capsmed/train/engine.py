@@ -161,7 +161,8 @@ class Run:
                  device: torch.device, run_dir: Path | None, model_kwargs: dict | None,
                  disable_progress: bool | None) -> None:
         self.cfg, self.info, self.ctx, self.device = cfg, info, ctx, device
-        self.disable_progress = disable_progress or not ctx.is_main
+        # None defers to the global setting (capsmed -q); other ranks never show bars
+        self.disable_progress = disable_progress if ctx.is_main else True
         self.rows = select_rows(info, cfg)  # before anything is written
         if model_kwargs is None:  # a new run: statistics of its own training rows
             stats = (channel_statistics(sample_for_statistics(info, self.rows))

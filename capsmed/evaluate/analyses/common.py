@@ -1,0 +1,222 @@
+"""What every analysis shares: load a run with its data, batched forward passes, and
+atomic output files under ``RUN_DIR/analysis/<name>/``.
+
+Every analysis computes all its numbers and figures first and writes afterwards, each
+file atomically, so a failure leaves an earlier analysis of the same run untouched.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from capsmed.data.contract import DatasetInfo, SplitData, load_split, read_info
+from capsmed.errors import CapsmedError
+from capsmed.io import atomic_path, write_text_atomic
+from capsmed.models.common import ModelOutput
+
+log = logging.getLogger(__name__)
+
+ANALYSIS_DIR = "analysis"
+# A transform applied to a float batch [B, C, H, W] in [0, 1]; ``start`` is the index of
+# the batch's first image, so per-image parameters drawn up front can be looked up.
+BatchTransform = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A trained run ready to analyse: its model (eval mode, on ``device``) and data file.
+
+    Attributes:
+        run_dir: The run directory.
+        model: The checkpoint's model.
+        meta: ``checkpoint.json`` (arch, model_kwargs, class_names, data, epoch...).
+        device: Where the model lives.
+        data_path: The dataset file analysed (the run's own unless another was given).
+        info: That file's attributes.
+    """
+
+    run_dir: Path
+    model: nn.Module
+    meta: dict[str, Any]
+    device: torch.device
+    data_path: Path
+    info: DatasetInfo
+
+    @property
+    def arch(self) -> str:
+        return str(self.meta["arch"])
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(self.meta["class_names"])
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        kw = self.meta["model_kwargs"]
+        return (int(kw["in_channels"]), *(int(s) for s in kw["input_size"]))
+
+
+def check_compatible(meta: dict[str, Any], data_path: Path, info: DatasetInfo) -> None:
+    """Refuse a dataset whose classes or image shape differ from the checkpoint's."""
+    if list(info.class_names) != list(meta["class_names"]):
+        raise CapsmedError(f"{data_path}: classes {list(info.class_names)} do not match the "
+                           f"checkpoint's {list(meta['class_names'])}")
+    kw = meta["model_kwargs"]
+    expected = (int(kw["in_channels"]), *(int(s) for s in kw["input_size"]))
+    if (info.channels, *info.image_size) != expected:
+        raise CapsmedError(f"{data_path}: images are {info.channels}x{info.image_size[0]}x"
+                           f"{info.image_size[1]}, the model expects "
+                           f"{expected[0]}x{expected[1]}x{expected[2]}")
+
+
+def load_run(run_dir: Path, device: str = "auto", data: Path | None = None) -> LoadedRun:
+    """Load ``run_dir``'s checkpoint and check ``data`` (default: the run's dataset)."""
+    from capsmed.train.checkpoint import load_checkpoint
+    from capsmed.train.engine import select_device
+
+    run_dir = Path(run_dir)
+    dev = select_device(device)
+    model, meta = load_checkpoint(run_dir, dev)
+    data_path = Path(data) if data is not None else Path(meta["data"])
+    if data is None and not data_path.exists():
+        raise CapsmedError(f"{data_path}: the run's dataset file is gone; pass --data with "
+                           "a file of the same classes and image size")
+    info = read_info(data_path)
+    check_compatible(meta, data_path, info)
+    return LoadedRun(run_dir, model, meta, dev, data_path, info)
+
+
+def load_samples(run: LoadedRun, split: str = "test", with_meta: bool = False,
+                 max_samples: int | None = None, seed: int = 0) -> SplitData:
+    """The samples of ``split`` the run is analysed on.
+
+    For the run's own cross-validation file, ``test`` is its held-out fold (as in
+    ``capsmed evaluate``). ``max_samples`` keeps a seeded random subset, in file order.
+    """
+    from capsmed.train.data import load_run_split
+
+    own = run.data_path.resolve() == Path(run.meta["data"]).resolve()
+    if own and split == "test" and (run.run_dir / "test_indices.npy").is_file():
+        samples = load_run_split(run.run_dir, run.data_path, split)
+    else:
+        samples = load_split(run.data_path, split, with_meta=with_meta)
+    if not len(samples):
+        raise CapsmedError(f"{run.data_path}: split '{split}' has no samples")
+    if max_samples is not None and len(samples) > max_samples:
+        rows = np.sort(np.random.default_rng(seed).choice(len(samples), max_samples,
+                                                          replace=False))
+        samples = SplitData(samples.images[rows], samples.labels[rows], samples.groups[rows],
+                            {k: v[rows] for k, v in samples.meta.items()})
+    return samples
+
+
+def as_float(images: np.ndarray, device: torch.device) -> torch.Tensor:
+    """uint8 images [N, C, H, W] -> float [N, C, H, W] in [0, 1] on ``device``."""
+    return torch.from_numpy(np.ascontiguousarray(images)).to(device).float().div_(255.0)
+
+
+@torch.no_grad()
+def forward_batches(model: nn.Module, images: np.ndarray, device: torch.device,
+                    batch_size: int, transform: BatchTransform | None = None,
+                    **kwargs: bool) -> Iterator[tuple[int, torch.Tensor, ModelOutput]]:
+    """Yield ``(start, inputs, output)`` per batch of uint8 ``images``, optionally
+    transformed on the device first; ``kwargs`` go to the model (``return_couplings``)."""
+    if batch_size < 1:
+        raise CapsmedError(f"batch size must be >= 1, got {batch_size}")
+    model.eval()
+    for start in range(0, len(images), batch_size):
+        x = as_float(images[start:start + batch_size], device)
+        if transform is not None:
+            x = transform(x, start)
+        yield start, x, model(x, **kwargs)
+
+
+def predict(model: nn.Module, images: np.ndarray, device: torch.device, batch_size: int,
+            transform: BatchTransform | None = None) -> np.ndarray:
+    """Predicted classes [N] of uint8 ``images`` (after ``transform``, if given)."""
+    preds = [out.scores.argmax(1).cpu() for _, _, out in
+             forward_batches(model, images, device, batch_size, transform)]
+    return torch.cat(preds).numpy() if preds else np.empty(0, dtype=np.int64)
+
+
+def accuracy(predicted: np.ndarray, labels: np.ndarray) -> float:
+    return float((np.asarray(predicted) == np.asarray(labels)).mean()) if len(labels) else 0.0
+
+
+def last_linear(model: nn.Module) -> tuple[str, nn.Linear]:
+    """The model's last ``nn.Linear`` in registration order: for the ConvNets here that is
+    the class layer, so its *input* is the penultimate representation."""
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)
+             and not name.startswith("decoder")]
+    if not found:
+        raise CapsmedError(f"{type(model).__name__} has no fully connected layer to take a "
+                           "representation from")
+    return found[-1]
+
+
+class CaptureInput:
+    """Forward hook keeping the (flattened) input of a module during ``with``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module, self.value = module, None
+
+    def __enter__(self) -> CaptureInput:
+        def hook(_module: nn.Module, args: tuple, _output: Any) -> None:
+            self.value = args[0].detach().flatten(1).clone()  # safe from in-place ops
+
+        self.handle = self.module.register_forward_hook(hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+
+def analysis_dir(run_dir: Path, name: str) -> Path:
+    return Path(run_dir) / ANALYSIS_DIR / name
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([[f"{v:.6g}" if isinstance(v, float) else v for v in row]
+                      for row in rows])
+    write_text_atomic(path, buffer.getvalue())
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Save a matplotlib figure as PNG atomically and close it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(Path(path), suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+    plt.close(fig)
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def written(out_dir: Path) -> list[str]:
+    return sorted(p.name for p in Path(out_dir).iterdir() if not p.name.startswith("."))

@@ -1,0 +1,332 @@
+"""Two-digit translation manifold, t-SNE and Chamfer distance (paper 003 section 3.2).
+
+Paper 003 builds test sets whose images lie on a known 2-D manifold: two digits
+overlaid (as in MultiMNIST), one fixed at the centre, the other shifted by every
+(row, col) offset in [-4, +4] x [-4, +4] "units", 9 x 9 = 81 images per (fixed, moving)
+pair. A trained classifier's intermediate representation of the 81 images is embedded
+in 2-D by t-SNE, and the Chamfer distance between the embedding and the regular grid
+of offsets says how well the representation keeps the manifold (CapsNet 0.313 +-
+0.010 against 0.394 +- 0.025 for a CNN, mean and variance over test sets). Our reading
+where the paper is silent:
+
+* digits: single images of the run's test split, the fixed one of class a and the
+  moving one of class b != a; for a MultiMNIST file the first digit of each sample
+  (``meta/image_a``), moved back by its recorded shift. Both are centred by their
+  centre of mass (a whole-pixel shift, black fill), so that offset (0, 0) lays one
+  centre on the other as in paper 003's Fig. 4 (MNIST stores digits centred this way;
+  paper 004's randomly placed 40x40 digits are not); ``centre=False`` keeps them as
+  stored. Overlay ``min(a + b, 255)`` as MultiMNIST; the moving digit is shifted with
+  black fill. One unit = ``step`` px (default 1; MultiMNIST shifts digits by up to 4 px);
+* representation: capsule networks give their class capsules (the capsules after the
+  first routing, paper 003's "Cap1", in a CapsNet with one routed layer), flattened;
+  ConvNets the output of their first fully connected layer (paper 003's "Linear1"),
+  before its activation;
+  ``layer`` names any module instead (its output, flattened);
+* t-SNE (scikit-learn, exact gradients, PCA initialisation, seeded) with perplexity
+  ``min(30, (n - 1) / 3)`` unless given;
+* normalisation: t-SNE's scale, position, rotation and reflection are arbitrary, so
+  both point sets are centred and scaled to unit root-mean-square radius, and the
+  embedding is rotated/reflected onto the grid by orthogonal Procrustes (the rows are
+  matched: sample i belongs at grid offset i);
+* Chamfer distance: ``(mean_a min_b |a - b| + mean_b min_a |a - b|) / 2``, Euclidean.
+  It compares the two point sets as sets, so a lattice with the points in the wrong
+  places would still score 0: the correspondence-aware ``aligned_error``, the mean
+  distance of each aligned point to its own grid position, is reported beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from capsmed.data.contract import SplitData
+from capsmed.errors import CapsmedError
+from capsmed.evaluate.analyses import common
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ManifoldConfig:
+    """Settings of the manifold analysis (recorded in ``manifold.json``).
+
+    Attributes:
+        pairs: (fixed, moving) digit pairs, one 2-D grid each.
+        radius: Offsets from -radius to +radius units per axis (paper: 4, a 9x9 grid).
+        step: Pixels per unit.
+        perplexity: t-SNE perplexity (None: min(30, (n - 1) / 3)).
+        layer: Module whose output is embedded (None: see the module docstring).
+        centre: Centre both digits by their centre of mass first.
+        seed: Seed of the digit choice and of t-SNE.
+        split: Split the digits come from.
+        batch_size: Images per forward pass.
+    """
+
+    pairs: int = 5
+    radius: int = 4
+    step: int = 1
+    perplexity: float | None = None
+    layer: str | None = None
+    centre: bool = True
+    seed: int = 0
+    split: str = "test"
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.pairs < 1 or self.radius < 1 or self.step < 1 or self.batch_size < 1:
+            raise CapsmedError("pairs, radius, step and batch size must be >= 1")
+        if self.perplexity is not None and self.perplexity <= 0:
+            raise CapsmedError(f"perplexity must be > 0, got {self.perplexity}")
+
+
+def shift_image(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """Image [C, H, W] moved by (dy, dx) px, black fill (nothing wraps around)."""
+    out = np.zeros_like(image)
+    h, w = image.shape[-2:]
+    ys, yd = (slice(0, h - dy), slice(dy, h)) if dy >= 0 else (slice(-dy, h), slice(0, h + dy))
+    xs, xd = (slice(0, w - dx), slice(dx, w)) if dx >= 0 else (slice(-dx, w), slice(0, w + dx))
+    out[..., yd, xd] = image[..., ys, xs]
+    return out
+
+
+def centre_on_mass(image: np.ndarray) -> np.ndarray:
+    """Image [C, H, W] shifted by whole pixels to put its centre of mass at the centre."""
+    mass = image.astype(np.float64).sum(axis=0)
+    total = mass.sum()
+    if total == 0:
+        return image
+    h, w = mass.shape
+    cy = (mass.sum(axis=1) * np.arange(h)).sum() / total
+    cx = (mass.sum(axis=0) * np.arange(w)).sum() / total
+    return shift_image(image, int(round((h - 1) / 2 - cy)), int(round((w - 1) / 2 - cx)))
+
+
+def grid_offsets(radius: int) -> np.ndarray:
+    """(row, col) offsets [(2r+1)^2, 2], row-major: (-r,-r), (-r,-r+1), ..."""
+    r = np.arange(-radius, radius + 1)
+    return np.stack(np.meshgrid(r, r, indexing="ij"), -1).reshape(-1, 2)
+
+
+def translation_grid(fixed: np.ndarray, moving: np.ndarray, radius: int = 4, step: int = 1
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Paper 003's test set: ``moving`` shifted by every grid offset over ``fixed``.
+
+    Returns uint8 images [(2r+1)^2, C, H, W] and their (row, col) offsets in units.
+    """
+    offsets = grid_offsets(radius)
+    images = np.stack([np.minimum(fixed.astype(np.uint16)
+                                  + shift_image(moving, dy * step, dx * step), 255)
+                       for dy, dx in offsets]).astype(np.uint8)
+    return images, offsets
+
+
+def single_digits(samples: SplitData) -> np.ndarray:
+    """One centred object per sample: MultiMNIST's first digits moved back to the
+    centre, or the images themselves."""
+    meta = samples.meta
+    if "image_a" in meta and "shift_a" in meta:
+        return np.stack([shift_image(im, -int(dy), -int(dx))
+                         for im, (dy, dx) in zip(meta["image_a"], meta["shift_a"], strict=True)])
+    return samples.images
+
+
+def choose_pairs(labels: np.ndarray, pairs: int, seed: int) -> list[tuple[int, int]]:
+    """``pairs`` (fixed, moving) sample indices of two different classes; the class
+    pairs are distinct while there are enough of them."""
+    rng = np.random.default_rng([seed, 3])
+    present = np.unique(labels)
+    if len(present) < 2:
+        raise CapsmedError("the manifold analysis needs samples of at least two classes")
+    class_pairs = [(a, b) for a in present for b in present if a != b]
+    order = rng.permutation(len(class_pairs))
+    chosen = []
+    for i in range(pairs):
+        a, b = class_pairs[order[i % len(order)]]
+        chosen.append((int(rng.choice(np.flatnonzero(labels == a))),
+                       int(rng.choice(np.flatnonzero(labels == b)))))
+    return chosen
+
+
+def normalise_points(points: np.ndarray) -> np.ndarray:
+    """Centre and scale to unit root-mean-square distance from the centroid."""
+    p = np.asarray(points, dtype=np.float64)
+    p = p - p.mean(axis=0)
+    rms = np.sqrt((p * p).sum(axis=1).mean())
+    return p / rms if rms > 0 else p
+
+
+def chamfer_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Symmetric Chamfer distance: mean of the two mean nearest-neighbour distances."""
+    from scipy.spatial.distance import cdist
+
+    d = cdist(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    return float((d.min(axis=1).mean() + d.min(axis=0).mean()) / 2)
+
+
+def align_to_grid(embedding: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both normalised; the embedding rotated/reflected onto the grid (Procrustes)."""
+    from scipy.linalg import orthogonal_procrustes
+
+    e, g = normalise_points(embedding), normalise_points(grid)
+    rotation, _ = orthogonal_procrustes(e, g)
+    return e @ rotation, g
+
+
+def manifold_distances(embedding: np.ndarray, grid: np.ndarray) -> dict[str, float]:
+    """Chamfer distance and correspondence-aware error of an embedding to its grid."""
+    e, g = align_to_grid(embedding, grid)
+    return {"chamfer": chamfer_distance(e, g),
+            "aligned_error": float(np.linalg.norm(e - g, axis=1).mean())}
+
+
+def embed_tsne(features: np.ndarray, perplexity: float | None, seed: int) -> np.ndarray:
+    from sklearn.manifold import TSNE
+
+    n = len(features)
+    p = perplexity if perplexity is not None else min(30.0, (n - 1) / 3)
+    if p >= n:
+        raise CapsmedError(f"t-SNE perplexity must be below the number of points ({n}), "
+                           f"got {p}")
+    # exact gradients: for the 81-point grids it is faster than Barnes-Hut and not
+    # approximate
+    return TSNE(n_components=2, perplexity=p, init="pca", random_state=seed,
+                learning_rate="auto", method="exact").fit_transform(features.astype(np.float64))
+
+
+def _module(model: nn.Module, name: str) -> nn.Module:
+    modules = dict(model.named_modules())
+    if name not in modules:
+        shown = ", ".join(n for n in modules if n and n.count(".") < 2)
+        raise CapsmedError(f"the model has no layer '{name}' (layers: {shown})")
+    return modules[name]
+
+
+@torch.no_grad()
+def representations(model: nn.Module, images: np.ndarray, device: torch.device,
+                    layer: str | None = None, batch_size: int = 256) -> tuple[str, np.ndarray]:
+    """A description and the flattened representation [N, F] of uint8 ``images``."""
+    model.eval()
+    probe = model(common.as_float(images[:1], device))
+    if layer is None and probe.capsules is not None:
+        feats = [out.capsules.flatten(1).float().cpu() for _, _, out in
+                 common.forward_batches(model, images, device, batch_size)]
+        return "class capsules (after the first routing)", torch.cat(feats).numpy()
+    if layer is None:
+        layer = next((n for n, m in model.named_modules() if isinstance(m, nn.Linear)
+                      and not n.startswith("decoder")), None)
+        if layer is None:
+            raise CapsmedError(f"{type(model).__name__} has no fully connected layer; name "
+                               "one with --layer")
+    module, seen = _module(model, layer), []
+
+    def hook(_m: nn.Module, _args: tuple, output: Any) -> None:
+        out = output[0] if isinstance(output, tuple) else output
+        # a copy: an in-place activation (ReLU(inplace=True)) would change it afterwards
+        seen.append(out.detach().flatten(1).float().clone().cpu())
+
+    handle = module.register_forward_hook(hook)
+    try:
+        for _ in common.forward_batches(model, images, device, batch_size):
+            pass
+    finally:
+        handle.remove()
+    return f"output of '{layer}'", torch.cat(seen).numpy()
+
+
+def _colours(offsets: np.ndarray) -> np.ndarray:
+    span = max(1, int(np.abs(offsets).max()))
+    unit = (offsets + span) / (2 * span)
+    return np.stack([unit[:, 1], unit[:, 0], np.full(len(offsets), 0.55)], 1)
+
+
+def _plot_embeddings(panels: list[dict[str, Any]], title: str, path: Path) -> None:
+    plt = common.pyplot()
+    n = len(panels)
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        e, g, offsets = panel["aligned"], panel["grid"], panel["offsets"]
+        index = {tuple(o): i for i, o in enumerate(offsets.tolist())}
+        for i, (dy, dx) in enumerate(offsets.tolist()):  # lattice lines between neighbours
+            for j in (index.get((dy, dx + 1)), index.get((dy + 1, dx))):
+                if j is not None:
+                    ax.plot(*zip(e[i], e[j], strict=True), color="grey", linewidth=0.5)
+        ax.scatter(g[:, 0], g[:, 1], marker="+", color="lightgrey", s=20)
+        ax.scatter(e[:, 0], e[:, 1], c=_colours(offsets), s=22, zorder=3)
+        ax.set_title(f"fixed {panel['fixed_class']}, moving {panel['moving_class']}: "
+                     f"CD {panel['chamfer']:.3f}", fontsize=8)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"{title}\nt-SNE aligned onto the offset grid (+); colour: red = column, "
+                 "green = row offset", fontsize=9)
+    common.save_figure(fig, path)
+
+
+def _plot_inputs(images: np.ndarray, side: int, path: Path) -> None:
+    plt = common.pyplot()
+    c, h, w = images.shape[1:]
+    pad = max(1, h // 14)  # white gutters between the tiles
+    padded = np.pad(images / 255.0, ((0, 0), (0, 0), (0, pad), (0, pad)), constant_values=1)
+    tiles = padded.reshape(side, side, c, h + pad, w + pad).transpose(0, 3, 1, 4, 2)
+    mosaic = tiles.reshape(side * (h + pad), side * (w + pad), c)[:-pad, :-pad]
+    fig, ax = plt.subplots(figsize=(6, 6))
+    ax.imshow(mosaic if c == 3 else mosaic[..., 0], cmap="gray", vmin=0, vmax=1)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title("first pair: moving digit shifted by (row, col) offsets", fontsize=9)
+    common.save_figure(fig, path)
+
+
+def analyze_manifold(run_dir: Path, config: ManifoldConfig | None = None,
+                     data: Path | None = None, device: str = "auto"
+                     ) -> tuple[dict[str, Any], Path]:
+    """Paper 003's manifold test of ``run_dir``; writes ``RUN_DIR/analysis/manifold/``.
+    Returns the record and the folder."""
+    cfg = config or ManifoldConfig()
+    run = common.load_run(run_dir, device, data)
+    samples = common.load_samples(run, cfg.split, with_meta=True)
+    digits = single_digits(samples)
+    rows, panels, first_grid = [], [], None
+    for fixed, moving in choose_pairs(samples.labels, cfg.pairs, cfg.seed):
+        a, b = digits[fixed], digits[moving]
+        if cfg.centre:
+            a, b = centre_on_mass(a), centre_on_mass(b)
+        images, offsets = translation_grid(a, b, cfg.radius, cfg.step)
+        first_grid = images if first_grid is None else first_grid
+        describe, feats = representations(run.model, images, run.device, cfg.layer,
+                                          cfg.batch_size)
+        embedding = embed_tsne(feats, cfg.perplexity, cfg.seed)
+        scores = manifold_distances(embedding, offsets)
+        aligned, grid = align_to_grid(embedding, offsets)
+        entry = {"fixed_index": fixed, "moving_index": moving,
+                 "fixed_class": run.class_names[samples.labels[fixed]],
+                 "moving_class": run.class_names[samples.labels[moving]], **scores}
+        rows.append(entry)
+        panels.append({**entry, "aligned": aligned, "grid": grid, "offsets": offsets})
+    chamfer = np.array([r["chamfer"] for r in rows])
+    record = {"run_dir": str(run.run_dir), "arch": run.arch, "data": str(run.data_path),
+              "checkpoint_epoch": run.meta.get("epoch"), "representation": describe,
+              "settings": asdict(cfg), "grid_points": int((2 * cfg.radius + 1) ** 2),
+              "chamfer_mean": float(chamfer.mean()), "chamfer_variance": float(chamfer.var()),
+              "aligned_error_mean": float(np.mean([r["aligned_error"] for r in rows])),
+              "pairs": rows}
+    out = common.analysis_dir(run.run_dir, "manifold")
+    common.write_json(out / "manifold.json", record)
+    common.write_csv(out / "manifold.csv",
+                     ["fixed_class", "moving_class", "fixed_index", "moving_index", "chamfer",
+                      "aligned_error"],
+                     [[r["fixed_class"], r["moving_class"], r["fixed_index"],
+                       r["moving_index"], r["chamfer"], r["aligned_error"]] for r in rows])
+    _plot_embeddings(panels, f"{run.arch}: {describe}", out / "manifold.png")
+    _plot_inputs(first_grid, 2 * cfg.radius + 1, out / "manifold_inputs.png")
+    return record, out

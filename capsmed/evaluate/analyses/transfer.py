@@ -1,0 +1,272 @@
+"""Layer transfer, AnB / BnB (paper 003 section 3.3, Fig. 7; Yosinski et al. 2014).
+
+Base networks are trained on task A and on task B. For each k, "AnB" keeps the first k
+layers of A's network, frozen, re-initialises the rest and trains it on B; the control
+"BnB" does the same starting from B's own network. Both are tested on B's test split,
+beside the base B network (plain supervised learning on B). BnB shows whether the
+lower layers can be decoupled from the upper ones they were trained with; AnB whether
+they also carry over to another task.
+
+Layers: by default the modules that own parameters, in ``named_parameters`` order
+(normalisation layers join the layer before them; the reconstruction ``decoder``, not
+on the path to the class scores, is never transferred and always trained afresh), and
+k runs from 1 to one less than their number, so the class layer is always retrained.
+For CapsNet that is ``conv.0``, ``primary.conv`` | ``classes``: A1B and A2B, as in
+paper 003. ``layers`` overrides the list (each item a parameter-name prefix, or several
+joined by ``+``) and k then runs over all of it; give it for networks with parallel
+paths, whose parameter order lists one path after another: the branches of
+``parallel-*``, the shortcut projections of residual networks (there, whole blocks or
+stages make sensible layers, e.g. ``stem,stages.0,stages.1``).
+
+Other choices: the transferred stack includes the source network's input
+standardisation (its ``input_mean``/``input_std``), so frozen layers see inputs scaled as
+when they were trained; the re-initialised layers of every AnB / BnB run use seed
+``seed + 1``, so AnB and BnB at the same k start from the same upper weights and none
+replays its base network's initialisation. Frozen batch-norm layers (ResNeXt stems)
+still update their running statistics in training mode, as the trainer does.
+Finished runs under ``out`` are reused when their options match, and interrupted ones
+resumed, so a long protocol can be restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from torch import nn
+
+from capsmed.data.contract import read_info
+from capsmed.errors import CapsmedError
+from capsmed.evaluate.analyses import common
+
+log = logging.getLogger(__name__)
+
+NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm2d)
+DATA_KWARGS = ("in_channels", "num_classes", "input_size", "input_mean", "input_std")
+PROTOCOL_OPTIONS = ("data", "arch", "out", "transfer_from", "transfer_layers",
+                    "freeze_transferred", "fold", "folds")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """The AnB / BnB protocol's inputs (recorded in ``transfer.json``).
+
+    Attributes:
+        a, b: Dataset files of tasks A and B (same channels and image size).
+        out: Folder for the base and transfer runs and ``analysis/transfer/``.
+        arch: Architecture (optional when both base runs are given).
+        layers: Ordered layer prefixes (``+`` joins several); None = derived.
+        base_a, base_b: Existing run directories to use as the base networks.
+        train_options: Training options for every run (epochs, batch_size, lr, seed,
+            model_kwargs, ...; the protocol sets data, arch, out and the transfer).
+    """
+
+    a: str
+    b: str
+    out: str
+    arch: str | None = None
+    layers: tuple[str, ...] | None = None
+    base_a: str | None = None
+    base_b: str | None = None
+    train_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        clash = sorted(set(self.train_options) & set(PROTOCOL_OPTIONS))
+        if clash:
+            raise CapsmedError(f"the transfer protocol sets {', '.join(clash)} itself")
+        if self.arch is None and self.base_a is None and self.base_b is None:
+            raise CapsmedError("give --arch, or base runs (--base-a / --base-b)")
+        if self.layers is not None and not self.layers:
+            raise CapsmedError("--layers is empty")
+
+
+def transferable_layers(model: nn.Module) -> list[tuple[str, ...]]:
+    """Ordered layers of ``model``, each a tuple of parameter-name prefixes."""
+    modules = dict(model.named_modules())
+    layers: list[list[str]] = []
+    for name, _ in model.named_parameters():
+        owner = name.rpartition(".")[0] or name  # a top-level parameter is its own layer
+        if owner.split(".")[0] == "decoder" or (layers and owner in layers[-1]):
+            continue
+        if layers and isinstance(modules.get(owner), NORMS):
+            layers[-1].append(owner)
+        else:
+            layers.append([owner])
+    return [tuple(group) for group in layers]
+
+
+def _meta(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "checkpoint.json"
+    if not path.is_file():
+        raise CapsmedError(f"{run_dir}: no checkpoint (checkpoint.json); is it a finished "
+                           "run of capsmed train?")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CapsmedError(f"{path}: malformed checkpoint metadata ({exc.msg})") from None
+
+
+def _model_options(meta: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's architecture options without those the data sets."""
+    return {k: v for k, v in meta["model_kwargs"].items() if k not in DATA_KWARGS}
+
+
+def _normalised(values: dict[str, Any]) -> dict[str, Any]:
+    return yaml.safe_load(yaml.safe_dump(values))  # tuples -> lists, as config.yaml holds
+
+
+def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
+    """Train ``cfg`` (a TrainConfig) unless its run directory already holds the same
+    finished run (reused) or an interrupted one (resumed)."""
+    from capsmed.train.engine import resume, train
+
+    out = Path(cfg.out)
+    config_path = out / "config.yaml"
+    if config_path.is_file():
+        saved = yaml.safe_load(config_path.read_text(encoding="utf-8"))["train"]
+        ours = _normalised(cfg.resolved(read_info(Path(cfg.data)).dataset).to_dict())
+        same = (Path(saved["data"]).resolve() == Path(cfg.data).resolve()
+                and all(saved.get(k) == v for k, v in ours.items()
+                        if k not in ("data", "out")))
+        if not same:
+            raise CapsmedError(f"{out}: holds a run with other options; choose another "
+                               "--out or remove it")
+        if (out / "summary.json").is_file():
+            log.info("reusing the finished run %s", out)
+            return out
+        if (out / "resume.pt").is_file():
+            return resume(out, disable_progress=disable_progress)
+    return train(cfg, disable_progress=disable_progress)
+
+
+def _split_layers(items: tuple[str, ...]) -> list[tuple[str, ...]]:
+    return [tuple(p.strip() for p in item.split("+") if p.strip()) for item in items]
+
+
+def _check_layers(model: nn.Module, layers: list[tuple[str, ...]]) -> None:
+    names = [n for n, _ in model.named_parameters()]
+    for layer in layers:
+        for prefix in layer:
+            if not any(n == prefix or n.startswith(prefix + ".") for n in names):
+                derived = ", ".join("+".join(g) for g in transferable_layers(model))
+                raise CapsmedError(f"layer '{prefix}' matches no parameter of the model "
+                                   f"(its layers: {derived})")
+
+
+def _accuracy(run_dir: Path, data: Path, batch_size: int, device: str) -> float:
+    from capsmed.train.checkpoint import load_checkpoint
+    from capsmed.train.data import load_run_split
+    from capsmed.train.engine import select_device
+
+    dev = select_device(device)
+    model, _ = load_checkpoint(run_dir, dev)
+    samples = load_run_split(run_dir, data, "test")
+    return common.accuracy(common.predict(model, samples.images, dev, batch_size),
+                           samples.labels)
+
+
+def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
+                 ) -> tuple[dict[str, Any], Path]:
+    """Paper 003's AnB / BnB protocol; returns the record and ``out/analysis/transfer``."""
+    from capsmed.models import create_model
+    from capsmed.train.config import TrainConfig
+
+    out = Path(cfg.out)
+    info_a, info_b = read_info(Path(cfg.a)), read_info(Path(cfg.b))
+    if (info_a.channels, *info_a.image_size) != (info_b.channels, *info_b.image_size):
+        raise CapsmedError(f"{cfg.b}: images are {info_b.channels}x{info_b.image_size[0]}x"
+                           f"{info_b.image_size[1]}, task A's ({cfg.a}) are "
+                           f"{info_a.channels}x{info_a.image_size[0]}x{info_a.image_size[1]}; "
+                           "layers transfer only between inputs of one shape")
+    options = dict(cfg.train_options)
+    seed = int(options.pop("seed", 0))
+    given = {t: Path(r) for t, r in (("A", cfg.base_a), ("B", cfg.base_b)) if r is not None}
+    bases = {t: (r, _meta(r)) for t, r in given.items()}
+    archs = {meta["arch"] for _, meta in bases.values()} | ({cfg.arch} if cfg.arch else set())
+    if len(archs) > 1:
+        raise CapsmedError(f"the base runs and --arch name different architectures "
+                           f"({', '.join(sorted(archs))})")
+    arch = archs.pop()
+    # The layers are checked on a model like the ones to come, before any training.
+    probe_kwargs = (_model_options(next(iter(bases.values()))[1]) if bases
+                    else options.get("model_kwargs", {}))
+    probe = create_model(arch, in_channels=info_b.channels, num_classes=info_b.num_classes,
+                         input_size=list(info_b.image_size), **probe_kwargs)
+    if cfg.layers is None:
+        layers = transferable_layers(probe)[:-1]
+    else:
+        layers = _split_layers(cfg.layers)
+        _check_layers(probe, layers)
+    if not layers:
+        raise CapsmedError(f"'{arch}' has a single layer: nothing to transfer")
+    del probe
+    for task, data in (("A", cfg.a), ("B", cfg.b)):
+        if task not in bases:
+            run = train_or_reuse(TrainConfig(data=str(data), arch=arch, seed=seed,
+                                             out=str(out / f"base-{task}"), **options),
+                                 disable_progress)
+            bases[task] = (run, _meta(run))
+    kwargs = {t: _model_options(m) for t, (_, m) in bases.items()}
+    if _normalised(kwargs["A"]) != _normalised(kwargs["B"]):
+        raise CapsmedError(f"{bases['A'][0]} and {bases['B'][0]} have different model "
+                           f"options ({kwargs['A']} vs {kwargs['B']})")
+
+    eval_bs = int(options.get("eval_batch_size", 512))
+    device = str(options.get("device", "auto"))
+    rows = [{"scheme": "base B", "k": 0, "layers": "", "run": str(bases["B"][0]),
+             "accuracy": _accuracy(bases["B"][0], Path(cfg.b), eval_bs, device)}]
+    for k in range(1, len(layers) + 1):
+        prefixes = [p for layer in layers[:k] for p in layer]
+        for task in ("A", "B"):
+            source, meta = bases[task]
+            stats = {key: meta["model_kwargs"][key] for key in ("input_mean", "input_std")
+                     if meta["model_kwargs"].get(key) is not None}
+            name = f"{task}{k}B"
+            run = train_or_reuse(TrainConfig(
+                data=str(cfg.b), arch=arch, seed=seed + 1, out=str(out / name),
+                transfer_from=str(source), transfer_layers=prefixes,
+                freeze_transferred=True, **{**options, "model_kwargs": {
+                    **kwargs[task], **stats}}), disable_progress)
+            rows.append({"scheme": f"{task}nB", "k": k, "layers": " ".join(prefixes),
+                         "run": str(run), "accuracy": _accuracy(run, Path(cfg.b), eval_bs,
+                                                                device)})
+    base_a_acc = _accuracy(bases["A"][0], Path(cfg.a), eval_bs, device)
+    record = {"a": str(cfg.a), "b": str(cfg.b), "arch": arch,
+              "layers": ["+".join(layer) for layer in layers],
+              "base_a": str(bases["A"][0]), "base_b": str(bases["B"][0]),
+              "base_a_accuracy_on_a": base_a_acc, "seed": seed, "transfer_seed": seed + 1,
+              "train_options": options, "results": rows}
+    folder = common.analysis_dir(out, "transfer")
+    common.write_json(folder / "transfer.json", record)
+    common.write_csv(folder / "transfer.csv", ["scheme", "k", "layers", "accuracy", "run"],
+                     [[r["scheme"], r["k"], r["layers"], r["accuracy"], r["run"]]
+                      for r in rows])
+    _plot(rows, f"{arch}: layers from A or B kept frozen, the rest retrained on B",
+          folder / "transfer.png")
+    return record, folder
+
+
+def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    base = rows[0]["accuracy"]
+    ks = sorted({r["k"] for r in rows if r["k"] > 0})
+    ax.axhline(base, color="grey", linestyle="--", label="base B (trained on B)")
+    ax.scatter([0], [base], color="grey", zorder=3)
+    for scheme, colour, marker in (("BnB", "tab:blue", "o"), ("AnB", "tab:red", "s")):
+        acc = [next(r["accuracy"] for r in rows if r["scheme"] == scheme and r["k"] == k)
+               for k in ks]
+        ax.plot(ks, acc, color=colour, marker=marker, label=scheme)
+    ax.set_xticks([0, *ks], ["base", *[str(k) for k in ks]])
+    ax.set_xlabel("layers kept frozen (k)")
+    ax.set_ylabel("accuracy on B's test split")
+    ax.set_ylim(max(0.0, float(np.min([r["accuracy"] for r in rows])) - 0.1), 1.01)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title}\n(paper 003 Fig. 7)", fontsize=9)
+    common.save_figure(fig, path)

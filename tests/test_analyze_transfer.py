@@ -1,0 +1,114 @@
+"""``capsmed analyze transfer``: layer lists per architecture and the AnB / BnB protocol
+at tiny size (frozen layers equal their source, the rest retrained, reruns reuse runs)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+from capsmed.data.contract import DatasetWriter
+from capsmed.errors import CapsmedError
+from capsmed.evaluate.analyses.transfer import TransferConfig, transferable_layers
+from capsmed.models import create_model
+from capsmed.train.config import TrainConfig
+from capsmed.train.engine import train
+from tests.conftest import TINY_CAPSNET
+
+runner = CliRunner()
+FAST = ["--epochs", "1", "--batch-size", "8", "--steps-per-epoch", "2"]
+TINY_ARGS = [x for k, v in TINY_CAPSNET.items()
+             for x in ("--model-arg", f"{k}={json.dumps(v)}")]
+
+
+def test_layers_follow_the_parameter_order_without_decoder_and_with_norms_merged():
+    caps = create_model("capsnet", **TINY_CAPSNET)
+    assert transferable_layers(caps) == [("conv.0",), ("primary.conv",), ("classes",)]
+    lenet = create_model("lenet", widths=[3, 4], hidden=[8])
+    assert transferable_layers(lenet) == [("features.0",), ("features.3",), ("classifier.1",),
+                                          ("classifier.3",)]
+    resnext = create_model("resnext50", in_channels=1, num_classes=2, input_size=32,
+                           layers=(1, 1, 1, 1), planes=(4, 8, 8, 8), cardinality=2,
+                           base_width=32, stem_channels=8)
+    layers = transferable_layers(resnext)
+    assert layers[0] == ("stem.0", "stem.1")  # convolution + its batch norm
+    modules = dict(resnext.named_modules())
+    assert not any(isinstance(modules[g[0]], torch.nn.BatchNorm2d) for g in layers)
+    assert layers[-1] == ("head.2",)
+    named = {n for n, _ in resnext.named_parameters()}
+    covered = {n for g in layers for p in g for n in named if n.startswith(p + ".")}
+    assert covered == named
+
+
+def test_protocol_options_are_its_own():
+    with pytest.raises(CapsmedError, match="sets transfer_from"):
+        TransferConfig(a="a.h5", b="b.h5", out="o", arch="capsnet",
+                       train_options={"transfer_from": "x"})
+    with pytest.raises(CapsmedError, match="give --arch"):
+        TransferConfig(a="a.h5", b="b.h5", out="o")
+
+
+def test_anb_bnb_protocol_freezes_the_transferred_layers(tiny_h5, tmp_path):
+    base_a = train(TrainConfig(data=str(tiny_h5), arch="capsnet", epochs=1, batch_size=8,
+                               steps_per_epoch=2, seed=5, out=str(tmp_path / "given-A"),
+                               model_kwargs=TINY_CAPSNET), disable_progress=True)
+    out = tmp_path / "transfer"
+    args = ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b", str(tiny_h5), "--arch",
+            "capsnet", "--base-a", str(base_a), "--layers", "conv.0", "--out", str(out),
+            *FAST, *TINY_ARGS]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "analysis" / "transfer" / "transfer.json").read_text())
+    assert [(r["scheme"], r["k"]) for r in record["results"]] == [("base B", 0), ("AnB", 1),
+                                                                   ("BnB", 1)]
+    assert record["layers"] == ["conv.0"] and record["transfer_seed"] == 1
+    for r in record["results"]:
+        assert 0.0 <= r["accuracy"] <= 1.0
+    weights = {name: load_file(str(path / "checkpoint.safetensors")) for name, path in
+               (("A", base_a), ("B", out / "base-B"), ("A1B", out / "A1B"),
+                ("B1B", out / "B1B"))}
+    for run, source in (("A1B", "A"), ("B1B", "B")):
+        for name, value in weights[run].items():
+            frozen = name.startswith("conv.0.")
+            assert torch.equal(value, weights[source][name]) == frozen, (run, name)
+    config = json.loads((out / "A1B" / "checkpoint.json").read_text())["model_kwargs"]
+    source = json.loads((base_a / "checkpoint.json").read_text())["model_kwargs"]
+    assert config["input_mean"] == source["input_mean"]  # the source's standardisation
+    csv = (out / "analysis" / "transfer" / "transfer.csv").read_text().splitlines()
+    assert csv[0] == "scheme,k,layers,accuracy,run" and len(csv) == 4
+    assert (out / "analysis" / "transfer" / "transfer.png").stat().st_size > 0
+
+    stamp = (out / "A1B" / "checkpoint.safetensors").stat().st_mtime_ns
+    again = runner.invoke(app, args)  # finished runs are reused, not retrained
+    assert again.exit_code == 0, again.output
+    assert (out / "A1B" / "checkpoint.safetensors").stat().st_mtime_ns == stamp
+    assert json.loads((out / "analysis" / "transfer" / "transfer.json").read_text()) == record
+
+    other = runner.invoke(app, [*args[:-len(FAST) - len(TINY_ARGS)], "--epochs", "2",
+                                "--batch-size", "8", "--steps-per-epoch", "2", *TINY_ARGS])
+    assert other.exit_code == 1 and "holds a run with other options" in other.stderr
+
+
+def test_transfer_refuses_inputs_of_another_shape_before_training(tiny_h5, tmp_path):
+    b = tmp_path / "b40.h5"
+    with DatasetWriter(b, dataset="toy", class_names=["x", "y"], image_shape=(1, 40, 40),
+                       preprocessing={}, source={}) as w:
+        w.append("test", np.zeros((2, 1, 40, 40), np.uint8), np.array([0, 1]),
+                 np.array(["g0", "g1"]))
+    out = tmp_path / "t"
+    result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b",
+                                 str(b), "--arch", "capsnet", "--out", str(out)])
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "b40.h5: images are 1x40x40" in lines[0]
+    assert not out.exists()
+    bad = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b",
+                              str(tiny_h5), "--arch", "capsnet", "--layers", "conv.0,nope",
+                              "--out", str(out), *TINY_ARGS])
+    assert bad.exit_code == 1 and "layer 'nope' matches no parameter" in bad.stderr
+    assert not (out / "A1B").exists()
