@@ -232,3 +232,54 @@ def test_draw_partners_is_uniform_over_other_classes():
     assert counts[:2].sum() == 0 and counts[2:].min() > 400
     with pytest.raises(CapsmedError, match="two classes"):
         draw_partners(np.zeros(4, np.int64), np.arange(4), rng)
+
+
+def test_two_digit_hits_on_hand_made_scores():
+    from capsmed.evaluate.analyses.multimnist import two_digit_hits
+
+    scores = np.array([[0.9, 0.8, 0.1], [0.9, 0.1, 0.8], [0.1, 0.2, 0.9]])
+    both, a, b = two_digit_hits(scores, np.array([0, 0, 2]), np.array([1, 1, 0]))
+    assert both.tolist() == [True, False, False]
+    assert a.tolist() == [True, True, True] and b.tolist() == [True, False, False]
+
+
+def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, tmp_path,
+                                                                         monkeypatch):
+    """Sabour et al.'s protocol end to end: two targets, each digit reconstructed from its
+    own capsule, then two-digit accuracy on the test pairs."""
+    import json
+
+    import capsmed.train.losses as losses
+    import capsmed.train.step as step_module
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train
+    from tests.conftest import TINY_CAPSNET
+
+    seen = []
+    real = losses.two_label_loss
+
+    def spy(kind, out, target, recon_weight, decoder):
+        seen.append((target.first.clone(), target.second.clone(),
+                     target.image_a is not None, decoder is not None))
+        return real(kind, out, target, recon_weight, decoder)
+
+    monkeypatch.setattr(step_module, "two_label_loss", spy)
+    run = train(TrainConfig(data=str(multi), arch="capsnet", epochs=1, batch_size=16,
+                            out=str(tmp_path / "mm"), model_kwargs=TINY_CAPSNET),
+                disable_progress=True)
+    monkeypatch.undo()
+    first, second, has_sources, has_decoder = seen[0]
+    assert (first != second).all() and has_sources and has_decoder
+    metrics = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert 0.0 <= metrics["train_acc"] <= 1.0 and np.isfinite(metrics["val_loss"])
+
+    result = runner.invoke(app, ["-q", "analyze", "multimnist", str(run)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((run / "analysis" / "multimnist" / "multimnist.json").read_text())
+    test = load_split(multi, "test", with_meta=True)
+    assert report["samples"] == len(test)
+    assert report["two_digit_accuracy"] <= min(report["first_found"], report["second_found"])
+    with pytest.raises(CapsmedError, match="does not support --augment"):
+        train(TrainConfig(data=str(multi), arch="capsnet", augment=True,
+                          out=str(tmp_path / "no"), model_kwargs=TINY_CAPSNET))
+    assert not (tmp_path / "no").exists()

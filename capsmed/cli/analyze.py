@@ -8,8 +8,9 @@ import typer
 
 from capsmed.cli.common import handles_errors, only_set, parse_key_values
 
-app = typer.Typer(help="Analyses of trained runs: affine robustness, routing entropy, "
-                  "semantic compactness, t-SNE manifold, layer transfer.",
+app = typer.Typer(help="Analyses of trained runs: affine robustness, MultiMNIST two-digit "
+                  "accuracy, routing entropy, semantic compactness, t-SNE manifold, "
+                  "layer transfer.",
                   no_args_is_help=True)
 
 
@@ -74,6 +75,29 @@ def affine(
                  caption=f"rotation sweep: worst {result.sweep_accuracy[worst]:.3f} at "
                  f"{result.sweep_angles[worst]:+.0f} deg; mean applied shift "
                  f"{result.mean_abs_translation_px:.2f} px")
+    _done(out)
+
+
+@app.command("multimnist")
+@handles_errors
+def multimnist(
+    run_dir: Path = typer.Argument(..., help="A run trained on a capsmed preprocess "
+                                   "multimnist file."),
+    data: Path = typer.Option(None, help="Another two-label .h5 with the same classes."),
+    split: str = typer.Option("test", help="Split to measure."),
+    batch_size: int = typer.Option(256, help="Images per forward pass."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda, mps."),
+) -> None:
+    """Two-digit accuracy: both overlaid digits are the two highest class scores
+    (Sabour et al.; paper 004 section 3.2)."""
+    from capsmed.evaluate.analyses.multimnist import analyze_multimnist
+
+    r, out = analyze_multimnist(run_dir, device, data, split, batch_size)
+    rows = [["two-digit accuracy", f"{r.two_digit_accuracy:.4f}"],
+            ["first digit in top 2", f"{r.first_found:.4f}"],
+            ["second digit in top 2", f"{r.second_found:.4f}"]]
+    rows += [[f"  class {name} found", f"{v:.4f}"] for name, v in r.per_class_found.items()]
+    _print_table(f"MultiMNIST on {split} ({r.samples} images)", ["measure", "value"], rows)
     _done(out)
 
 

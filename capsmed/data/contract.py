@@ -394,6 +394,22 @@ def read_labels(path: Path, split: str) -> tuple[np.ndarray, np.ndarray | None]:
                 grp["folds"][...] if "folds" in grp else None)
 
 
+def meta_names(path: Path, split: str) -> list[str]:
+    """Names of the per-sample meta arrays of ``split``."""
+    with _open(path) as f:
+        grp = f[split]
+        return sorted(grp["meta"].keys()) if "meta" in grp else []
+
+
+def read_meta(path: Path, split: str, name: str, rows: np.ndarray | None = None
+              ) -> np.ndarray:
+    """One meta array of ``split`` (the given rows, in that order)."""
+    with _open(path) as f:
+        ds = f[split]["meta"][name]
+        values = ds.asstr()[...] if ds.dtype == _STR else ds[...]
+    return values if rows is None else values[np.asarray(rows, dtype=np.int64)]
+
+
 def read_images(path: Path, split: str, rows: np.ndarray | None = None) -> np.ndarray:
     """Images uint8 [len(rows), C, H, W] of ``split`` (all when ``rows`` is None)."""
     with _open(path) as f:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -38,21 +39,41 @@ def sequential_batches(n: int, batch_size: int) -> list[torch.Tensor]:
 
 
 class DeviceSplit:
-    """A split held on the device as uint8; batches are sliced there."""
+    """A split held on the device as uint8; batches are sliced there.
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, device: torch.device) -> None:
+    With ``second`` labels (a two-object set such as MultiMNIST) batches carry
+    :class:`~capsmed.train.losses.TwoLabels` targets, with each object's source image
+    when ``sources`` (uint8 [N, 2, C, H, W]) is given.
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, device: torch.device,
+                 second: np.ndarray | None = None, sources: np.ndarray | None = None
+                 ) -> None:
         self.images = torch.from_numpy(np.ascontiguousarray(images)).to(device)
         self.labels = torch.from_numpy(np.asarray(labels, dtype=np.int64)).to(device)
         self.device = device
+        self.second = (torch.from_numpy(np.asarray(second, dtype=np.int64)).to(device)
+                       if second is not None else None)
+        self.sources = (torch.from_numpy(np.ascontiguousarray(sources)).to(device)
+                        if sources is not None else None)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def batches(self, index_batches: Iterable[torch.Tensor]
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                ) -> Iterator[tuple[torch.Tensor, Any]]:
+        from capsmed.train.losses import TwoLabels
+
         for index in index_batches:
             index = index.to(self.device, non_blocking=True)
-            yield self.images[index].float().div_(255.0), self.labels[index]
+            x, y = self.images[index].float().div_(255.0), self.labels[index]
+            if self.second is None:
+                yield x, y
+                continue
+            pair = (self.sources[index].float().div_(255.0) if self.sources is not None
+                    else None)
+            yield x, TwoLabels(y, self.second[index], *(pair.unbind(1) if pair is not None
+                                                        else (None, None)))
 
 
 class _H5Batches(torch.utils.data.Dataset):

@@ -22,7 +22,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from capsmed.data.contract import DatasetInfo, SplitData, load_split, read_images, read_labels
+from capsmed.data.contract import (
+    DatasetInfo,
+    SplitData,
+    load_split,
+    meta_names,
+    read_images,
+    read_labels,
+    read_meta,
+)
 from capsmed.data.loader import DeviceSplit, StreamingSplit, should_stream, split_nbytes
 from capsmed.data.protocols import cv_partition, select_training_indices
 from capsmed.errors import CapsmedError
@@ -31,6 +39,7 @@ from capsmed.train.config import TrainConfig
 log = logging.getLogger(__name__)
 
 CV_SPLIT = "all"
+SECOND_LABEL = "label2"  # meta of two-object sets (MultiMNIST)
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,8 @@ def make_loader(info: DatasetInfo, split: str, rows: np.ndarray | None, cfg: Tra
     if rows is not None:
         labels = labels[rows]
     n = len(labels)
+    if SECOND_LABEL in meta_names(info.path, split):
+        return _two_label_loader(info, split, rows, labels, cfg, device, images)
     if should_stream(cfg.data_loading, split_nbytes(info.path, split, n), device):
         log.info("streaming '%s' (%d images) from %s with %d reader(s)", split, n, info.path,
                  cfg.loader_workers)
@@ -104,6 +115,32 @@ def make_loader(info: DatasetInfo, split: str, rows: np.ndarray | None, cfg: Tra
     if images is None:
         images = read_images(info.path, split, rows)
     return DeviceSplit(images, labels, device)
+
+
+def _two_label_loader(info: DatasetInfo, split: str, rows: np.ndarray | None,
+                      labels: np.ndarray, cfg: TrainConfig, device: torch.device,
+                      images: np.ndarray | None) -> DeviceSplit:
+    """A two-object split (MultiMNIST: meta ``label2``, ``image_a``/``image_b``)."""
+    if cfg.data_loading == "stream":
+        raise CapsmedError(f"{info.path}: two-label sets are held in memory; use "
+                           "--data-loading memory")
+    names = meta_names(info.path, split)
+    second = read_meta(info.path, split, SECOND_LABEL, rows)
+    sources = None
+    if {"image_a", "image_b"} <= set(names):
+        sources = np.stack([read_meta(info.path, split, n, rows)
+                            for n in ("image_a", "image_b")], axis=1)
+    else:
+        log.warning("%s: no per-object source images (image_a/image_b); the two-label "
+                    "run trains without the reconstruction loss", info.path)
+    if images is None:
+        images = read_images(info.path, split, rows)
+    return DeviceSplit(images, labels, device, second=second, sources=sources)
+
+
+def is_two_label(info: DatasetInfo, split: str) -> bool:
+    """Whether ``split`` holds two-object samples (a second label in its meta)."""
+    return SECOND_LABEL in meta_names(info.path, split)
 
 
 def channel_statistics(images: np.ndarray) -> dict[str, list[float]]:

@@ -33,6 +33,7 @@ from capsmed.train.config import TrainConfig
 from capsmed.train.data import (
     RunRows,
     channel_statistics,
+    is_two_label,
     make_loader,
     sample_for_statistics,
     select_rows,
@@ -164,6 +165,16 @@ class Run:
         # None defers to the global setting (capsmed -q); other ranks never show bars
         self.disable_progress = disable_progress if ctx.is_main else True
         self.rows = select_rows(info, cfg)  # before anything is written
+        self.two_labels = is_two_label(info, self.rows.train_split)
+        if self.two_labels:
+            clash = [name for name, on in (("--class-weights", cfg.class_weights),
+                                           ("--augment", cfg.augment),
+                                           ("torchrun", ctx.enabled)) if on]
+            if clash:
+                raise CapsmedError(f"{info.path}: two-label training (MultiMNIST) does not "
+                                   f"support {', '.join(clash)}")
+            log.info("two-label set: both classes are targets, each object is "
+                     "reconstructed from its own capsule (Sabour et al.)")
         if model_kwargs is None:  # a new run: statistics of its own training rows
             stats = (channel_statistics(sample_for_statistics(info, self.rows))
                      if cfg.standardize else {})
@@ -228,7 +239,8 @@ class Run:
             autocast_dtype=resolve_precision(cfg.precision, device),
             channels_last=channels_last, class_weights=weights, augment=augment,
             augment_rng=(torch.Generator(device=device).manual_seed(cfg.seed + 1)
-                         if augment is not None else None))
+                         if augment is not None else None),
+            decoder=getattr(self.model, "decoder", None))
         self.step = TrainStep(module, self.optimizer, self.settings)
         self.environment = {"capsmed": __version__, "torch": str(torch.__version__),
                             "device": device_name(device),

@@ -23,9 +23,8 @@ from capsmed.io import write_text_atomic
 from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.engine import RESUME_FILE, Run
-from capsmed.train.losses import training_loss
 from capsmed.train.state import Progress, StopRequest, restore_rng, save_state
-from capsmed.train.step import accepts_couplings, coupling_entropy, forward
+from capsmed.train.step import accepts_couplings, coupling_entropy, forward, loss_and_correct
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,8 @@ def evaluate_loss(run: Run, data: Any) -> dict[str, float]:
             continue
         kwargs = {"return_couplings": True} if entropy else {}
         out = forward(model, x, y, settings, **kwargs)
-        loss = training_loss(model.loss_kind, out, x, y, settings.recon_weight)
-        sums[:3] += torch.stack([loss * len(y), (out.scores.argmax(1) == y).sum(),
+        loss, correct = loss_and_correct(out, x, y, settings, weighted=False)
+        sums[:3] += torch.stack([loss * len(y), correct.to(loss.dtype),
                                  torch.tensor(float(len(y)), device=run.device)])
         if out.couplings is not None:
             sums[3:] += coupling_entropy(out.couplings)

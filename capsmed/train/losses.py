@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from capsmed.errors import CapsmedError
 from capsmed.models.common import LOSS_KINDS, ModelOutput
 
 
@@ -81,3 +84,52 @@ def training_loss(loss_kind: str, output: ModelOutput, images: torch.Tensor,
     if output.reconstruction is not None and recon_weight > 0:
         loss = loss + recon_weight * reconstruction_loss(output.reconstruction, images)
     return loss
+
+
+@dataclass
+class TwoLabels:
+    """Targets of a two-object image (MultiMNIST, Sabour et al.): both classes and, when
+    the file stores them, each object's own image for its reconstruction."""
+
+    first: torch.Tensor
+    second: torch.Tensor
+    image_a: torch.Tensor | None = None
+    image_b: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+def two_label_loss(loss_kind: str, output: ModelOutput, target: TwoLabels, recon_weight: float,
+                   decoder: torch.nn.Module | None) -> torch.Tensor:
+    """Sabour et al.'s MultiMNIST loss: both classes present (margin loss with two
+    targets; binary cross-entropy on a multi-hot target for ConvNets), and each object
+    reconstructed from its own class capsule against its own source image."""
+    scores = output.scores.float()
+    k = scores.shape[1]
+    t = (F.one_hot(target.first, k) + F.one_hot(target.second, k)).clamp(max=1).float()
+    if loss_kind == "margin":
+        loss = (t * F.relu(0.9 - scores) ** 2
+                + 0.5 * (1.0 - t) * F.relu(scores - 0.1) ** 2).sum(dim=1).mean()
+    elif loss_kind == "ce":
+        loss = F.binary_cross_entropy_with_logits(scores, t, reduction="none").sum(1).mean()
+    else:
+        raise CapsmedError(f"two-label training supports margin and ce losses, not "
+                           f"'{loss_kind}'")
+    if (recon_weight > 0 and output.reconstruction is not None and decoder is not None
+            and target.image_a is not None and target.image_b is not None):
+        second = decoder(output.capsules, target.second)
+        loss = loss + recon_weight * (reconstruction_loss(output.reconstruction, target.image_a)
+                                      + reconstruction_loss(second, target.image_b))
+    return loss
+
+
+def count_correct(scores: torch.Tensor, target: torch.Tensor | TwoLabels) -> torch.Tensor:
+    """Correct predictions in a batch: the top class, or for two labels both top-2
+    classes (MultiMNIST's two-digit accuracy)."""
+    if isinstance(target, TwoLabels):
+        top2 = scores.topk(2, dim=1).indices
+        hit = ((top2 == target.first[:, None]).any(1)
+               & (top2 == target.second[:, None]).any(1))
+        return hit.sum()
+    return (scores.argmax(1) == target).sum()

@@ -17,7 +17,7 @@ from torch import nn
 
 from capsmed.models.common import ModelOutput
 from capsmed.train.augment import AugmentSpec, augment_batch
-from capsmed.train.losses import training_loss
+from capsmed.train.losses import TwoLabels, count_correct, training_loss, two_label_loss
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class StepSettings:
     class_weights: torch.Tensor | None = None
     augment: AugmentSpec | None = None
     augment_rng: torch.Generator | None = None
+    decoder: nn.Module | None = None  # for the second object's reconstruction (two labels)
 
 
 def prepare_model(model: nn.Module, device: torch.device, channels_last: bool,
@@ -79,13 +80,29 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, settings: StepSettings,
-            **kwargs: bool) -> ModelOutput:
-    """Forward pass under the run's precision and memory format."""
+def forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor | TwoLabels | None,
+            settings: StepSettings, **kwargs: bool) -> ModelOutput:
+    """Forward pass under the run's precision and memory format (the decoder is masked
+    by ``y``, or by the first object's class for two labels)."""
+    if isinstance(y, TwoLabels):
+        y = y.first
     if settings.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     with autocast(x.device, settings.autocast_dtype):
         return model(x, target=y, **kwargs) if y is not None else model(x, **kwargs)
+
+
+def loss_and_correct(out: ModelOutput, x: torch.Tensor, y: torch.Tensor | TwoLabels,
+                     settings: StepSettings, weighted: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training loss (fp32) and the number of correct predictions of a batch."""
+    if isinstance(y, TwoLabels):
+        loss = two_label_loss(settings.loss_kind, out, y, settings.recon_weight,
+                              settings.decoder)
+    else:
+        loss = training_loss(settings.loss_kind, out, x, y, settings.recon_weight,
+                             settings.class_weights if weighted else None)
+    return loss, count_correct(out.scores.detach(), y)
 
 
 class TrainStep:
@@ -110,9 +127,9 @@ class TrainStep:
         if s.augment is not None:
             x = augment_batch(x, s.augment, s.augment_rng)
         out = forward(self.model, x, y, s)
-        loss = training_loss(s.loss_kind, out, x, y, s.recon_weight, s.class_weights)
+        loss, correct = loss_and_correct(out, x, y, s)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return loss.detach(), (out.scores.detach().argmax(1) == y).sum()
+        return loss.detach(), correct
