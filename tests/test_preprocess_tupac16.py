@@ -132,7 +132,7 @@ def test_user_split_files(tiny_raw, tmp_path):
     out = preprocess_tupac16(tiny_raw, tmp_path / "user.h5", cfg)
     assert groups_by_split(out) == {"train": {"01", "02", "03"}, "test": {"04", "05"}}
     (tmp_path / "bad.txt").write_text("99\n")
-    with pytest.raises(CapsmedError, match="not in the raw data: 99"):
+    with pytest.raises(CapsmedError, match="not in the data: 99"):
         preprocess_tupac16(tiny_raw, tmp_path / "bad.h5", Tupac16Config(
             split_files={"train": str(tmp_path / "bad.txt")}, workers=1))
     assert not (tmp_path / "bad.h5").exists()

@@ -343,7 +343,7 @@ def test_split_files_assign_slides_and_must_name_known_slides(tmp_path):
     assert groups_by_split(out) == {"train": {"p", "r"}, "test": {"q"}}
     assert read_info(out).preprocessing["splits"] == {"p": "train", "q": "test", "r": "train"}
     test.write_text("q\nghost\n")
-    with pytest.raises(CapsmedError, match="not among the inputs: ghost"):
+    with pytest.raises(CapsmedError, match="not in the data: ghost"):
         preprocess_wsi([tmp_path], tmp_path / "t.h5", cfg)
 
 

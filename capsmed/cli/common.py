@@ -64,3 +64,13 @@ def parse_key_values(pairs: list[str] | None, option: str) -> dict[str, Any]:
 def only_set(**values: Any) -> dict[str, Any]:
     """Drop None values: CLI options override defaults only when given."""
     return {k: v for k, v in values.items() if v is not None}
+
+
+def parse_split_files(pairs: list[str] | None) -> dict[str, str] | None:
+    """``--split-file train=a.txt`` (repeatable) -> ``{"train": "a.txt"}``, splits checked."""
+    files = parse_key_values(pairs, "--split-file")
+    bad = sorted(set(files) - {"train", "val", "test"})
+    if bad:
+        raise CapsmedError(f"--split-file: unknown split(s) {', '.join(bad)} "
+                           "(use train, val, test)")
+    return {k: str(v) for k, v in files.items()} or None

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from capsmed.errors import CapsmedError
+
+log = logging.getLogger(__name__)
 
 
 def split_groups(groups: Iterable[str], fractions: Mapping[str, float],
@@ -68,4 +71,27 @@ def read_split_files(files: Mapping[str, Path]) -> dict[str, str]:
                                    "disjoint")
             assignment[group] = split
             origin[group] = path
+    return assignment
+
+
+def assign_splits(groups: Iterable[str], split_files: Mapping[str, str] | None,
+                  fractions: Mapping[str, float], seed: int, unit: str = "group"
+                  ) -> dict[str, str]:
+    """``{group: split}`` from the user's split files when given, else seeded fractions.
+
+    Groups named in a split file but absent from the data are an error (naming the
+    file); groups in no split file are left out, with a warning.
+    """
+    present = sorted(set(groups))
+    if not split_files:
+        return split_groups(present, fractions, seed)
+    assignment = read_split_files({s: Path(p) for s, p in split_files.items()})
+    unknown = sorted(set(assignment) - set(present))
+    if unknown:
+        raise CapsmedError(f"{next(iter(split_files.values()))}: split files list {unit}(s) "
+                           f"not in the data: {', '.join(unknown[:5])}")
+    left_out = sorted(set(present) - set(assignment))
+    if left_out:
+        log.warning("%d %s(s) in no split file are left out: %s", len(left_out), unit,
+                    ", ".join(left_out[:10]))
     return assignment

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_key_values
+from capsmed.cli.common import handles_errors, only_set, parse_split_files
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.errors import CapsmedError
@@ -78,11 +78,7 @@ def preprocess_diaretdb1(
     """DIARETDB1 fundus: CLAHE green channel, lesion vs healthy patches, official split."""
     from capsmed.data.sources.diaretdb1 import Diaretdb1Config, preprocess_diaretdb1
 
-    files = parse_key_values(split_file, "--split-file")
-    bad = sorted(set(files) - {"train", "val", "test"})
-    if bad:
-        raise CapsmedError(f"--split-file: unknown split(s) {', '.join(bad)} "
-                           "(use train, val, test)")
+    files = parse_split_files(split_file)
     chosen = tuple(t.strip() for t in lesions.split(",") if t.strip()) if lesions else None
     config = Diaretdb1Config(**only_set(
         patch_size=patch_size, output_size=output_size, stride=stride, confidence=confidence,
@@ -90,7 +86,7 @@ def preprocess_diaretdb1(
         lesion_patches_per_component=lesion_patches_per_component, jitter=jitter,
         balance=balance, clip_limit=clip_limit, tile_grid=_pair(tile_grid, "--tile-grid"),
         val_fraction=val_fraction, seed=seed, workers=workers,
-        split_files={k: str(v) for k, v in files.items()} or None),
+        split_files=files),
         allow_group_leak=allow_group_leak)
     path = preprocess_diaretdb1(raw_dir, output, config)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")

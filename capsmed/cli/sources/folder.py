@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_key_values
+from capsmed.cli.common import handles_errors, only_set, parse_split_files
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.errors import CapsmedError
@@ -67,7 +67,7 @@ def preprocess_folder(
     """Any class-folder dataset: 8-bit grey/RGB images, patient-level split or folds."""
     from capsmed.data.sources.folder import FolderConfig, preprocess_folder
 
-    files = parse_key_values(split_file, "--split-file")
+    files = parse_split_files(split_file)
     given = only_set(train=train, val=val, test=test)
     if folds is not None and (files or given):
         raise CapsmedError("--folds writes one split 'all'; do not combine it with "
@@ -80,7 +80,7 @@ def preprocess_folder(
         classes=tuple(c.strip() for c in classes.split(",") if c.strip()) if classes else None,
         channels=channels, size=size, scale16=scale16, group_pattern=group_pattern,
         groups_csv=str(groups_csv) if groups_csv else None, fractions=fractions,
-        split_files={k: str(v) for k, v in files.items()} or None, folds=folds, seed=seed,
+        split_files=files, folds=folds, seed=seed,
         name=name, workers=workers), keep_aspect=keep_aspect,
         allow_group_leak=allow_group_leak)
     path = preprocess_folder(root, output, config)

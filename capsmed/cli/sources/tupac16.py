@@ -6,10 +6,9 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_key_values
+from capsmed.cli.common import handles_errors, only_set, parse_split_files
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.errors import CapsmedError
 
 
 @synth_app.command("tupac16")
@@ -62,16 +61,12 @@ def preprocess_tupac16(
     """TUPAC16 mitosis: hematoxylin channel, mitosis vs tissue patches, case-level split."""
     from capsmed.data.sources.tupac16 import Tupac16Config, preprocess_tupac16
 
-    files = parse_key_values(split_file, "--split-file")
-    bad = sorted(set(files) - {"train", "val", "test"})
-    if bad:
-        raise CapsmedError(f"--split-file: unknown split(s) {', '.join(bad)} "
-                           "(use train, val, test)")
+    files = parse_split_files(split_file)
     config = Tupac16Config(**only_set(
         patch_size=patch_size, output_size=output_size, jitter=jitter,
         positives_per_mitosis=positives_per_mitosis, negatives_per_image=negatives_per_image,
         min_tissue=min_tissue, h_max=h_max, seed=seed, workers=workers,
-        split_files={k: str(v) for k, v in files.items()} or None),
+        split_files=files),
         fractions={"train": train, "val": val, "test": test},
         allow_group_leak=allow_group_leak)
     path = preprocess_tupac16(raw_dir, output, config)

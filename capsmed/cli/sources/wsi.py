@@ -6,10 +6,9 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_key_values
+from capsmed.cli.common import handles_errors, only_set, parse_split_files
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.errors import CapsmedError
 
 
 @synth_app.command("wsi")
@@ -87,11 +86,7 @@ def preprocess_wsi(
     from capsmed.data.sources.wsi import WsiConfig
     from capsmed.data.sources.wsi import preprocess_wsi as run
 
-    files = parse_key_values(split_file, "--split-file")
-    bad = sorted(set(files) - {"train", "val", "test"})
-    if bad:
-        raise CapsmedError(f"--split-file: unknown split(s) {', '.join(bad)} "
-                           "(use train, val, test)")
+    files = parse_split_files(split_file)
     config = WsiConfig(**only_set(
         level=level, mpp=mpp, tile_size=tile_size, stride=stride, output_size=output_size,
         min_tissue=min_tissue, mask_downsample=mask_downsample, min_saturation=min_saturation,
@@ -100,7 +95,7 @@ def preprocess_wsi(
         slide_labels_csv=None if slide_labels is None else str(slide_labels),
         min_overlap=min_overlap, unlabelled=unlabelled, background_class=background_class,
         stain=stain, h_max=h_max, seed=seed, workers=workers, tiles_per_job=tiles_per_job,
-        split_files={k: str(v) for k, v in files.items()} or None),
+        split_files=files),
         fractions={"train": train, "val": val, "test": test},
         allow_group_leak=allow_group_leak)
     path = run(slides, output, config)

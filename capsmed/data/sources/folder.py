@@ -26,7 +26,7 @@ import numpy as np
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.images import convert_channels, read_image, resize_image, to_uint8
 from capsmed.data.pool import default_workers, map_in_workers
-from capsmed.data.splits import read_split_files, split_groups
+from capsmed.data.splits import assign_splits as assign_group_splits
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
@@ -269,19 +269,8 @@ def assign_splits(root: Path, labels: np.ndarray, groups: list[str], cfg: Folder
         for w in caught:  # e.g. a class with fewer members than folds
             log.warning("%s", w.message)
         return ["all"] * len(groups), folds
-    if cfg.split_files:
-        assignment = read_split_files({s: Path(p) for s, p in cfg.split_files.items()})
-        unknown = sorted(set(assignment) - set(groups))
-        if unknown:
-            raise CapsmedError(f"{next(iter(cfg.split_files.values()))}: lists group(s) not "
-                               f"found under {root}: {', '.join(unknown[:5])}")
-        left_out = sorted(set(groups) - set(assignment))
-        if left_out:
-            log.warning("%d group(s) in no split file are left out: %s", len(left_out),
-                        ", ".join(left_out[:10]))
-        return [assignment.get(g) for g in groups], None
-    split_of = split_groups(groups, cfg.fractions, cfg.seed)
-    return [split_of[g] for g in groups], None
+    split_of = assign_group_splits(groups, cfg.split_files, cfg.fractions, cfg.seed)
+    return [split_of.get(g) for g in groups], None
 
 
 def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = None,

@@ -25,7 +25,7 @@ import tifffile
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
-from capsmed.data.splits import read_split_files, split_groups
+from capsmed.data.splits import assign_splits
 from capsmed.data.stains import DEFAULT_H_MAX, hematoxylin_channel, tissue_mask
 from capsmed.errors import CapsmedError
 
@@ -234,18 +234,8 @@ def process_image(job: _Job) -> _Result:
 
 
 def _assign_splits(records: list[ImageRecord], cfg: Tupac16Config) -> dict[str, str]:
-    cases = sorted({r.case for r in records})
-    if cfg.split_files:
-        assignment = read_split_files({s: Path(p) for s, p in cfg.split_files.items()})
-        unknown = sorted(set(assignment) - set(cases))
-        if unknown:
-            raise CapsmedError(f"{next(iter(cfg.split_files.values()))}: lists case(s) not in "
-                               f"the raw data: {', '.join(unknown[:5])}")
-        left_out = sorted(set(cases) - set(assignment))
-        if left_out:
-            log.warning("cases in no split file are left out: %s", ", ".join(left_out))
-        return assignment
-    return split_groups(cases, cfg.fractions, cfg.seed)
+    return assign_splits((r.case for r in records), cfg.split_files, cfg.fractions, cfg.seed,
+                         unit="case")
 
 
 def _negatives_per_image(records: list[ImageRecord], split_of: dict[str, str],

@@ -35,7 +35,7 @@ from capsmed.data.slides import (
     tissue_fractions,
 )
 from capsmed.data.sources import annotations as ann
-from capsmed.data.splits import read_split_files, split_groups
+from capsmed.data.splits import assign_splits
 from capsmed.data.stains import DEFAULT_H_MAX, hematoxylin_channel
 from capsmed.errors import CapsmedError
 
@@ -294,17 +294,7 @@ def process_band(job: _Band) -> BandResult:
 
 
 def _assign_splits(slide_ids: list[str], cfg: WsiConfig) -> dict[str, str]:
-    if not cfg.split_files:
-        return split_groups(slide_ids, cfg.fractions, cfg.seed)
-    assignment = read_split_files({s: Path(p) for s, p in cfg.split_files.items()})
-    unknown = sorted(set(assignment) - set(slide_ids))
-    if unknown:
-        raise CapsmedError(f"{next(iter(cfg.split_files.values()))}: split files list "
-                           f"slide(s) not among the inputs: {', '.join(unknown[:5])}")
-    left_out = sorted(set(slide_ids) - set(assignment))
-    if left_out:
-        log.warning("slides in no split file are left out: %s", ", ".join(left_out))
-    return assignment
+    return assign_splits(slide_ids, cfg.split_files, cfg.fractions, cfg.seed, unit="slide")
 
 
 def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
