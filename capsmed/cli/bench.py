@@ -38,10 +38,10 @@ def train(
     from capsmed.train.bench import append_result, bench_train
 
     table = Table(title=f"capsmed bench train (batch {batch_size}, {steps} timed steps)")
-    for column in ("arch", "input", "device", "precision", "train img/s", "step ms",
-                   "eval img/s", "peak MiB"):
-        table.add_column(column, justify="left" if column in ("arch", "input", "device",
-                                                              "precision") else "right")
+    for column in ("arch", "input", "precision", "train img/s", "step ms", "eval img/s",
+                   "peak MiB"):
+        table.add_column(column, justify="left" if column in ("arch", "input", "precision")
+                         else "right")
     kwargs = parse_key_values(model_arg, "--model-arg")
     for name in arch:
         r = bench_train(name, batch_size=batch_size, device=device, steps=steps,
@@ -49,7 +49,11 @@ def train(
                         compile_model=compile_model, input_size=input_size,
                         channels=channels, num_classes=num_classes, model_kwargs=kwargs)
         append_result(r, results)
-        table.add_row(r.arch, r.input, r.device, r.precision, f"{r.train_images_per_s:,.0f}",
+        table.caption = f"device: {r.device}; peak: " + (
+            "GPU memory allocated" if "cpu" not in r.device else
+            "process RSS so far (one --arch per command for per-model figures)")
+        table.add_row(r.arch, r.input.replace(", ", "/").replace(" classes", ""),
+                      r.precision, f"{r.train_images_per_s:,.0f}",
                       f"{r.train_step_ms:.1f}", f"{r.eval_images_per_s:,.0f}",
                       f"{r.peak_memory_mib:,.0f}")
     Console().print(table)
