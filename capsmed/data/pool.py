@@ -8,14 +8,18 @@ deterministic for a seed whatever the number of workers).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from capsmed.data.resume import ResultCache
 from capsmed.progress import track
+
+log = logging.getLogger(__name__)
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -32,8 +36,9 @@ def default_workers(requested: int | None = None) -> int:
 
 
 def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | None = None,
-                   description: str = "files", disable_progress: bool | None = None
-                   ) -> Iterator[tuple[J, R]]:
+                   description: str = "files", disable_progress: bool | None = None,
+                   cache: ResultCache | None = None, key: Callable[[J], str] | None = None,
+                   result_type: type | None = None) -> Iterator[tuple[J, R]]:
     """Yield ``(job, fn(job))`` in job order, computed in ``workers`` spawned processes.
 
     ``fn`` must be a module-level function and jobs picklable. With one worker or one
@@ -41,8 +46,17 @@ def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | No
     jobs; the pool is shut down (pending jobs cancelled) if the consumer stops early
     or raises. At most ``AHEAD_PER_WORKER`` jobs per worker are in flight, so finished
     results never pile up in memory when the writer is the slower side.
+
+    With a :class:`~capsmed.data.resume.ResultCache` (plus ``key`` naming each job and
+    the ``result_type`` dataclass), finished results are stored as they arrive and a
+    rerun computes only the jobs that are missing.
     """
     jobs = list(jobs)
+    if cache is not None:
+        assert key is not None and result_type is not None
+        yield from _cached(fn, jobs, cache, key, result_type, workers=workers,
+                           description=description, disable_progress=disable_progress)
+        return
     n = min(default_workers(workers), len(jobs))
     pool = ProcessPoolExecutor(n, mp_context=get_context("spawn")) if n > 1 else None
     try:
@@ -64,3 +78,18 @@ def _bounded_map(pool: ProcessPoolExecutor, fn: Callable[[J], R], jobs: list[J],
             yield pending.popleft().result()
     while pending:
         yield pending.popleft().result()
+
+
+def _cached(fn: Callable[[J], R], jobs: list[J], cache: ResultCache, key: Callable[[J], str],
+            result_type: type, **options: Any) -> Iterator[tuple[J, R]]:
+    stored = [cache.get(key(job), result_type) for job in jobs]
+    todo = [job for job, res in zip(jobs, stored, strict=True) if res is None]
+    if len(todo) < len(jobs):
+        log.info("resuming: %d of %d jobs were finished by an earlier run (%s)",
+                 len(jobs) - len(todo), len(jobs), cache.dir)
+    fresh = map_in_workers(fn, todo, **options)
+    for job, res in zip(jobs, stored, strict=True):
+        if res is None:
+            _, res = next(fresh)
+            cache.put(key(job), res)
+        yield job, res

@@ -33,6 +33,7 @@ import tifffile
 
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.pool import default_workers, map_in_workers
+from capsmed.data.resume import ResultCache
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
@@ -390,10 +391,14 @@ def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
                            image_shape=(channels, cfg.size, cfg.size),
                            preprocessing=parameters, source=source)
     shapes, translucent, start = [], 0, 0
+    cache = ResultCache(output, {"parameters": parameters, "source": source,
+                                 "chunk_size": cfg.chunk_size})
     with writer:
         for chunk, res in map_in_workers(process_chunk, chunks, workers=workers,
                                          description="AML images",
-                                         disable_progress=disable_progress):
+                                         disable_progress=disable_progress, cache=cache,
+                                         key=lambda c: "|".join(c.relpaths),
+                                         result_type=_ChunkResult):
             batch = kept[start:start + len(chunk.relpaths)]
             end = start + len(batch)
             writer.append("all", res.images, labels[start:end], [r.image_id for r in batch],
@@ -409,4 +414,5 @@ def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
         # when the writer closes.
         writer.update_preprocessing(source_size=_size_summary(np.concatenate(shapes)),
                                     images_with_transparency=translucent)
+    cache.clear()
     return output

@@ -25,6 +25,7 @@ import tifffile
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
+from capsmed.data.resume import ResultCache
 from capsmed.data.splits import assign_splits
 from capsmed.data.stains import DEFAULT_H_MAX, hematoxylin_channel, tissue_mask
 from capsmed.errors import CapsmedError
@@ -287,16 +288,20 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
                            image_shape=(1, cfg.output_size, cfg.output_size),
                            preprocessing=parameters, source=source,
                            allow_group_leak=cfg.allow_group_leak)
+    cache = ResultCache(output, {"parameters": parameters, "source": source})
     with writer:
         for job, res in map_in_workers(process_image, jobs, workers=workers,
                                        description="TUPAC16 images",
-                                       disable_progress=disable_progress):
+                                       disable_progress=disable_progress, cache=cache,
+                                       key=lambda j: f"{j.index}:{j.record.tif}:{j.negatives}",
+                                       result_type=_Result):
             rec = job.record
             n = len(res.labels)
             writer.append(split_of[rec.case], res.images, res.labels, [rec.case] * n,
                           meta={"source": np.array([str(rec.tif.relative_to(raw_dir))] * n),
                                 "row": res.rows, "col": res.cols})
             short += res.negatives_short
+    cache.clear()  # the file is in place: nothing left to resume
     if short:
         log.warning("%d negative patches could not be placed (too little tissue away from "
                     "mitoses); classes are slightly less balanced", short)

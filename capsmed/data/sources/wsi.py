@@ -25,6 +25,7 @@ import numpy as np
 
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.pool import default_workers, map_in_workers
+from capsmed.data.resume import ResultCache
 from capsmed.data.slides import (
     Resolution,
     SlideInfo,
@@ -358,10 +359,15 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                            image_shape=(channels, cfg.out_size, cfg.out_size),
                            preprocessing=parameters, source=source,
                            allow_group_leak=cfg.allow_group_leak)
+    # A slide set takes long: finished bands are kept until the file is written, so an
+    # interrupted run (same command) redoes only the missing bands.
+    cache = ResultCache(output, {"parameters": parameters, "source": source})
     with writer:
         for job, band in map_in_workers(process_band, jobs, workers=workers,
                                         description="WSI bands",
-                                        disable_progress=disable_progress):
+                                        disable_progress=disable_progress, cache=cache,
+                                        key=lambda j: f"{j.info.slide_id}:{j.rows}",
+                                        result_type=BandResult):
             s, n = job.info.slide_id, len(band.labels)
             stats = per_slide[s]
             stats.update(band.mask, grid=[len(grid_edges(d, job.res, cfg))
@@ -382,4 +388,5 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                 log.warning("%s: no tiles kept (tissue share %.3f)", by_id[s].path,
                             per_slide[s].get("tissue_share", 0.0))
         writer.update_preprocessing(per_slide=per_slide)  # known only now
+    cache.clear()
     return output

@@ -1,0 +1,93 @@
+"""Resumable preprocessing: finished per-file results kept until the output is written.
+
+A long preprocessing run (whole slides, thousands of images) that is interrupted or
+fails on a late file should not redo the finished files. :class:`ResultCache` keeps
+each finished job's result in ``.<output>.cache-<digest>/`` beside the output, where
+the digest covers every preprocessing parameter and the list of raw files: a rerun of
+the same command reuses them, any other command starts afresh. The folder is removed
+once the dataset file is in place.
+
+Results are dataclasses of numpy arrays and plain values; they are stored with
+``np.savez`` (arrays) plus JSON (the rest) and read back with ``allow_pickle=False``:
+nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from capsmed.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+_JSON_KEY = "__fields_json__"
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars / arrays inside containers -> JSON values."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot store {type(value).__name__} in a result cache")
+
+
+class ResultCache:
+    """Per-job results of one preprocessing command, on disk beside its output.
+
+    Args:
+        output: The dataset file being written.
+        parameters: Everything that determines the results (config, file list...).
+    """
+
+    def __init__(self, output: Path, parameters: Any) -> None:
+        text = json.dumps(parameters, sort_keys=True, default=str)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        output = Path(output)
+        self.dir = output.parent / f".{output.name}.cache-{digest}"
+        self.reused = 0
+
+    def _path(self, key: str) -> Path:
+        safe = hashlib.sha256(key.encode()).hexdigest()[:24]
+        return self.dir / f"{safe}.npz"
+
+    def get(self, key: str, result_type: type) -> Any | None:
+        """The stored result for ``key``, or None (also for an unreadable entry)."""
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                values = json.loads(str(data[_JSON_KEY]))
+                values.update({k: data[k] for k in data.files if k != _JSON_KEY})
+            result = result_type(**values)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("%s: unreadable cached result, recomputing (%s)", path, exc)
+            return None
+        self.reused += 1
+        return result
+
+    def put(self, key: str, result: Any) -> None:
+        """Store a dataclass result (atomically)."""
+        arrays, plain = {}, {}
+        for f in dataclasses.fields(result):
+            value = getattr(result, f.name)
+            if isinstance(value, np.ndarray):
+                arrays[f.name] = value.astype(str) if value.dtype == object else value
+            else:
+                plain[f.name] = value
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self._path(key), suffix=".npz") as tmp, tmp.open("wb") as fh:
+            np.savez(fh, **arrays, **{_JSON_KEY: np.array(json.dumps(plain, default=_plain))})
+
+    def clear(self) -> None:
+        """Remove the cache (the output is complete)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
