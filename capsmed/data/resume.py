@@ -5,7 +5,7 @@ fails on a late file should not redo the finished files. :class:`ResultCache` ke
 each finished job's result in ``.<output>.cache-<digest>/`` beside the output, where
 the digest covers every preprocessing parameter and the list of raw files: a rerun of
 the same command reuses them, any other command starts afresh. The folder is removed
-once the dataset file is in place.
+once the dataset file is in place, and after bad input (which needs another command).
 
 Results are dataclasses of numpy arrays and plain values; they are stored with
 ``np.savez`` (arrays) plus JSON (the rest) and read back with ``allow_pickle=False``:
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -91,3 +92,17 @@ class ResultCache:
     def clear(self) -> None:
         """Remove the cache (the output is complete)."""
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> ResultCache:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        """Keep the results only when the run was interrupted or crashed: after success
+        nothing is left to resume, and bad input (a :class:`CapsmedError`) needs a changed
+        command anyway, so no hidden folder is left behind."""
+        if exc is None or isinstance(exc, CapsmedError):
+            self.clear()
+        elif self.dir.is_dir():
+            log.warning("interrupted: finished results kept in %s; rerun the same command "
+                        "to continue", self.dir)

@@ -393,7 +393,7 @@ def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
     shapes, translucent, start = [], 0, 0
     cache = ResultCache(output, {"parameters": parameters, "source": source,
                                  "chunk_size": cfg.chunk_size})
-    with writer:
+    with cache, writer:
         for chunk, res in map_in_workers(process_chunk, chunks, workers=workers,
                                          description="AML images",
                                          disable_progress=disable_progress, cache=cache,
@@ -414,5 +414,4 @@ def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
         # when the writer closes.
         writer.update_preprocessing(source_size=_size_summary(np.concatenate(shapes)),
                                     images_with_transparency=translucent)
-    cache.clear()
     return output

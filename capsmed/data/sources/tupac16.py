@@ -289,7 +289,7 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
                            preprocessing=parameters, source=source,
                            allow_group_leak=cfg.allow_group_leak)
     cache = ResultCache(output, {"parameters": parameters, "source": source})
-    with writer:
+    with cache, writer:
         for job, res in map_in_workers(process_image, jobs, workers=workers,
                                        description="TUPAC16 images",
                                        disable_progress=disable_progress, cache=cache,
@@ -301,7 +301,6 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
                           meta={"source": np.array([str(rec.tif.relative_to(raw_dir))] * n),
                                 "row": res.rows, "col": res.cols})
             short += res.negatives_short
-    cache.clear()  # the file is in place: nothing left to resume
     if short:
         log.warning("%d negative patches could not be placed (too little tissue away from "
                     "mitoses); classes are slightly less balanced", short)

@@ -362,7 +362,7 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
     # A slide set takes long: finished bands are kept until the file is written, so an
     # interrupted run (same command) redoes only the missing bands.
     cache = ResultCache(output, {"parameters": parameters, "source": source})
-    with writer:
+    with cache, writer:
         for job, band in map_in_workers(process_band, jobs, workers=workers,
                                         description="WSI bands",
                                         disable_progress=disable_progress, cache=cache,
@@ -388,5 +388,4 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                 log.warning("%s: no tiles kept (tissue share %.3f)", by_id[s].path,
                             per_slide[s].get("tissue_share", 0.0))
         writer.update_preprocessing(per_slide=per_slide)  # known only now
-    cache.clear()
     return output
