@@ -31,6 +31,8 @@ from capsmed.train.engine import select_device
 
 log = logging.getLogger(__name__)
 
+MAX_LOGGED_NOTES = 4
+
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -139,8 +141,11 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
                      ": each row shifts one dimension by -0.25..+0.25", p)
                     for g, p in zip(perturbations, paths[1:], strict=True)]
     write_html(report_dir / "report.html", report, title, context, agr, figures)
-    for note in report.notes:
+    for note in report.notes[:MAX_LOGGED_NOTES]:
         log.warning(note)
+    if len(report.notes) > MAX_LOGGED_NOTES:  # many-class sets: the rest are in the report
+        log.warning("... and %d more notes on undefined values in %s",
+                    len(report.notes) - MAX_LOGGED_NOTES, report_dir / "report.md")
     files = sorted(p.name for p in report_dir.iterdir() if not p.name.startswith("."))
     return Evaluation(report=report, report_dir=report_dir, title=title, agreement=agr,
                       files=tuple(files))
