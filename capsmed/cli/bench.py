@@ -24,6 +24,9 @@ def train(
                                        help="Channels-last memory format [on CUDA]."),
     compile_model: bool = typer.Option(False, "--compile/--no-compile",
                                        help="torch.compile the model first."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph/--no-cuda-graph",
+                                    help="Capture the whole training step (forward, "
+                                         "backward, Adam) as one CUDA graph."),
     input_size: int = typer.Option(None, help="Input side [the paper's for the arch]."),
     channels: int = typer.Option(None, help="Input channels [the paper's]."),
     num_classes: int = typer.Option(None, help="Classes [the paper's]."),
@@ -46,7 +49,8 @@ def train(
     for name in arch:
         r = bench_train(name, batch_size=batch_size, device=device, steps=steps,
                         warmup=warmup, precision=precision, channels_last=channels_last,
-                        compile_model=compile_model, input_size=input_size,
+                        compile_model=compile_model, cuda_graph=cuda_graph,
+                        input_size=input_size,
                         channels=channels, num_classes=num_classes, model_kwargs=kwargs)
         append_result(r, results)
         table.caption = f"device: {r.device}; peak: " + (

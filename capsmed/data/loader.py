@@ -65,6 +65,8 @@ class DeviceSplit:
         from capsmed.train.losses import TwoLabels
 
         for index in index_batches:
+            if self.device.type == "cuda":  # pinned: the copy does not wait for the GPU
+                index = index.pin_memory()
             index = index.to(self.device, non_blocking=True)
             x, y = self.images[index].float().div_(255.0), self.labels[index]
             if self.second is None:

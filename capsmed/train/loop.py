@@ -49,8 +49,10 @@ def evaluate_loss(run: Run, data: Any) -> dict[str, float]:
         kwargs = {"return_couplings": True} if entropy else {}
         out = forward(model, x, y, settings, **kwargs)
         loss, correct = loss_and_correct(out, x, y, settings, weighted=False)
-        sums[:3] += torch.stack([loss * len(y), correct.to(loss.dtype),
-                                 torch.tensor(float(len(y)), device=run.device)])
+        # Python numbers enter as kernel arguments: no host-to-device copy, no sync.
+        sums[0] += loss * len(y)
+        sums[1] += correct
+        sums[2] += len(y)
         if out.couplings is not None:
             sums[3:] += coupling_entropy(out.couplings)
     model.train()
@@ -169,8 +171,11 @@ def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | Non
 
 
 def _stop_requested(run: Run, stop: StopRequest, steps: int) -> bool:
-    flag = torch.tensor([1.0 if stop.check(steps) else 0.0], device=run.device)
-    return bool(run.ctx.max(flag).item()) if run.ctx.enabled else stop.requested
+    requested = stop.check(steps)
+    if not run.ctx.enabled:  # a host flag: no device tensor, so the step does not wait
+        return requested
+    flag = torch.full((1,), 1.0 if requested else 0.0, device=run.device)
+    return bool(run.ctx.max(flag).item())
 
 
 def _check_finite(run: Run, bad_step: torch.Tensor, p: Progress) -> None:
