@@ -23,15 +23,21 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Distributed:
-    """This process's place in the job (world 1, rank 0 without torchrun)."""
+    """This process's place in the job (world 1, rank 0 without torchrun).
+
+    ``launched``: started by torchrun. Then the process group is joined and the model
+    wrapped in DDP even for one process, so ``--nproc-per-node 1`` runs the same
+    collective code path (NCCL on a GPU) as several.
+    """
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    launched: bool = False
 
     @property
     def enabled(self) -> bool:
-        return self.world > 1
+        return self.world > 1 or self.launched
 
     @property
     def is_main(self) -> bool:
@@ -67,9 +73,9 @@ class Distributed:
 
 def setup(device_name: str) -> tuple[Distributed, str]:
     """Join the torchrun process group if there is one; returns it and the device to use."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:  # not under torchrun
         return Distributed(), device_name
+    world = int(os.environ["WORLD_SIZE"])
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() and device_name in ("auto", "cuda")
     if use_cuda:
@@ -83,7 +89,7 @@ def setup(device_name: str) -> tuple[Distributed, str]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
     log.info("rank %d of %d on %s", rank, world, device_name)
-    return Distributed(rank, world, local), device_name
+    return Distributed(rank, world, local, launched=True), device_name
 
 
 def teardown(ctx: Distributed) -> None:
