@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.capsmed-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test lint clean
+.PHONY: help install demo test lint clean gpu-check
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -27,6 +27,12 @@ demo: $(STAMP) ## Synthetic TUPAC16 -> preprocess -> train capsnet + lenet -> pe
 
 test: $(STAMP) ## Run the test suite (CPU, a few minutes)
 	$(PY) -m pytest
+
+# The system Python of a GPU machine (torch with CUDA), no install needed; set
+# GPU_PYTHON=.venv/bin/python to use the project's environment instead.
+GPU_PYTHON ?= python3
+gpu-check: ## On a CUDA machine: correctness + speed check -> benchmarks/results/gpu_check.md
+	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_check.py --out benchmarks/results
 
 lint: $(STAMP) ## ruff over the package and tests
 	$(VENV)/bin/ruff check capsmed tests

@@ -1,0 +1,1 @@
+"""Benchmark scripts (run as files; importable for the GPU check and its test)."""

@@ -1,0 +1,65 @@
+"""benchmarks/gpu_check.py at toy size on the CPU: every part runs and reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import gpu_check
+from capsmed.models import list_models
+from capsmed.models.compiled import routing_compile_enabled
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
+
+
+def test_quick_cpu_run_exercises_every_part(tmp_path):
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                           "--archs", "capsnet,lenet"]) == 0
+    records = _records(tmp_path)
+    assert {r["part"] for r in records} == {*gpu_check.PARTS, "reference"}
+    assert all(r.get("ok", True) for r in records)
+    correctness = [r for r in records if r["part"] == "correctness"]
+    assert len(correctness) == 3 * len(list_models())  # forward, fp32, bf16 per model
+    assert all(r["rel_error"] == 0.0 for r in correctness if r["check"] == "forward")
+    trained = [r for r in correctness if r["check"].startswith("train")]
+    assert all(r["last_loss"] < r["first_loss"] for r in trained)
+    demo = {r["name"]: r for r in records if r["part"] == "demo"}
+    assert demo["train"]["ok"] and demo["evaluate"]["ok"]
+    (ddp,) = [r for r in records if r["part"] == "ddp"]
+    assert ddp["backend"] == "gloo" and ddp["max_rel_diff"] <= 1e-5
+    speed = [r for r in records if r["part"] == "speed"]
+    eager = [r for r in speed if r["mode"].startswith("eager")]
+    assert len(eager) == 4 and all(r["train_images_per_s"] > 0 for r in eager)
+    assert all(r["skipped"] == "CUDA only" for r in speed if r not in eager)
+    md = (tmp_path / "gpu_check.md").read_text()
+    for title in ("## Correctness", "## Demo chain on cpu", "## torchrun against one process",
+                  "## Training throughput", "## Concurrent", "mitosis"):
+        assert title in md
+    assert "all checks passed" in md
+
+
+def test_a_failed_check_fails_the_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "FORWARD_TOLERANCE", -1.0)  # nothing can pass
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                           "--parts", "correctness"]) == 1
+    assert "check(s) FAILED" in (tmp_path / "gpu_check.md").read_text()
+    assert "correctness: capsnet" in capsys.readouterr().out
+
+
+def test_unknown_part_and_missing_cuda_are_one_line_errors(tmp_path, capsys):
+    assert gpu_check.main(["--device", "cpu", "--parts", "speed,warp", "--out",
+                           str(tmp_path)]) == 1
+    assert "unknown part(s) warp" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, enabled", [(None, True), ("1", True), ("0", False),
+                                            ("off", False), ("no", False)])
+def test_routing_compile_switch(monkeypatch, value, enabled):
+    if value is None:
+        monkeypatch.delenv("CAPSMED_COMPILE_ROUTING", raising=False)
+    else:
+        monkeypatch.setenv("CAPSMED_COMPILE_ROUTING", value)
+    assert routing_compile_enabled() is enabled
