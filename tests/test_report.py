@@ -20,18 +20,13 @@ from sklearn.metrics import f1_score
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from capsmed.evaluate.aggregate import (
-    collect_runs,
-    group_runs,
-    group_warnings,
-    protocol_label,
-    protocol_settings,
-)
+from capsmed.evaluate.aggregate import collect_runs, group_runs, group_warnings
 from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
 from capsmed.evaluate.metrics import classification_report
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import paired_p_value
 from capsmed.evaluate.tables import latex, latex_escape
+from capsmed.train.protocol import protocol_label, protocol_settings
 
 runner = CliRunner()
 
@@ -352,3 +347,14 @@ def test_cli_refuses_foreign_folder_and_no_runs(runs_root, tmp_path):
     (broken / "run" / "report" / "report.json").write_text("{not json")
     result = runner.invoke(app, ["report", str(broken), "-o", str(tmp_path / "r")])
     _assert_clean_failure(result, f"{broken / 'run' / 'report' / 'report.json'}: cannot read")
+
+
+def test_runs_ls_and_report_share_one_protocol_label():
+    from capsmed.train.runs import _protocol
+
+    train = {"per_class_limit": 25, "augment": True, "fold": 2, "folds": 5}
+    assert _protocol(train) == protocol_label(protocol_settings(train)) + ", fold 2"
+    assert "per-class limit 25" in _protocol(train) and "augment default" in _protocol(train)
+    moved = protocol_settings({"transfer_from": "runs/a", "transfer_layers": ["conv"]})
+    assert protocol_label(moved) == "transferred conv (frozen)"
+    assert protocol_settings({"freeze_transferred": False}) == protocol_settings({})

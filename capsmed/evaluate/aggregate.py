@@ -23,6 +23,13 @@ import numpy as np
 import yaml
 
 from capsmed.errors import CapsmedError
+from capsmed.train.protocol import (
+    PROTOCOL_DEFAULTS,
+    REPETITION_KEYS,
+    protocol_label,
+    protocol_settings,
+    protocol_sort_key,
+)
 from capsmed.train.runs import find_runs
 
 log = logging.getLogger(__name__)
@@ -38,17 +45,6 @@ REQUIRED_KEYS = ("class_names", "per_class", "total", "accuracy", "balanced_accu
 METRIC_ORDER = ("macro_f1", "accuracy", "balanced_accuracy", "macro_precision",
                 "macro_sensitivity", "macro_specificity", "weighted_f1", "auc", "macro_auc",
                 "agreement")
-# The data-challenge settings that define a protocol, with the value a run has when
-# its config.yaml predates the key (fold/folds/per_class_limit are newer options).
-PROTOCOL_DEFAULTS: dict[str, Any] = {"fraction": None, "imbalance": {}, "augment": False,
-                                     "augment_recipe": None, "sampler": "shuffle",
-                                     "class_weights": None, "folds": None,
-                                     "per_class_limit": None}
-# Settings that tell repetitions apart or only change how fast a run goes: runs that
-# differ in anything else are flagged when grouped together.
-REPETITION_KEYS = frozenset({"seed", "fold", "out", "data", "device", "eval_batch_size",
-                             "channels_last", "compile", "data_loading", "loader_workers",
-                             "tensorboard"})
 
 
 @dataclass(frozen=True)
@@ -119,46 +115,6 @@ class Collection:
 
     runs: list[EvaluatedRun]
     skipped: list[SkippedRun]
-
-
-def protocol_settings(train: dict[str, Any]) -> dict[str, Any]:
-    """The data-challenge settings of a run's ``train`` config, missing keys defaulted."""
-    s = {key: train.get(key, default) for key, default in PROTOCOL_DEFAULTS.items()}
-    if s["fraction"] is not None and float(s["fraction"]) == 1.0:
-        s["fraction"] = None  # the whole split, whichever way it was written
-    s["imbalance"] = {k: float(v) for k, v in sorted((s["imbalance"] or {}).items())}
-    s["augment"] = bool(s["augment"])
-    if not s["augment"]:
-        s["augment_recipe"] = None  # a recipe without augmentation changes nothing
-    s["cv"] = train.get("fold") is not None  # folds (k) is optional beside fold
-    return s
-
-
-def protocol_label(settings: dict[str, Any]) -> str:
-    """A readable protocol name, e.g. ``fraction 0.1, augment paper000-medical``."""
-    parts = []
-    if settings.get("fraction") is not None:
-        parts.append(f"fraction {settings['fraction']:g}")
-    for name, pct in (settings.get("imbalance") or {}).items():
-        parts.append(f"{name} {pct:g}%")
-    if settings.get("augment"):
-        parts.append(f"augment {settings.get('augment_recipe') or 'default'}")
-    if settings.get("sampler", "shuffle") != "shuffle":
-        parts.append(f"{settings['sampler']} batches")
-    if settings.get("class_weights"):
-        parts.append(f"{settings['class_weights']} class weights")
-    if settings.get("per_class_limit") is not None:
-        parts.append(f"per-class limit {settings['per_class_limit']}")
-    if settings.get("folds") is not None or settings.get("cv"):
-        parts.append(f"{settings['folds']}-fold CV" if settings.get("folds") else "CV")
-    return ", ".join(parts) or "full"
-
-
-def protocol_sort_key(settings: dict[str, Any]) -> tuple:
-    """Paper 000's column order: growing training fraction, the full set, then the rest."""
-    fraction = settings.get("fraction")
-    label = protocol_label(settings)
-    return (1.0 if fraction is None else float(fraction), label != "full", label)
 
 
 def _read_structured(path: Path, loader: str) -> dict[str, Any]:

@@ -20,8 +20,9 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from capsmed.evaluate.aggregate import Group, Stat, protocol_label  # noqa: E402
+from capsmed.evaluate.aggregate import Group, Stat  # noqa: E402
 from capsmed.io import atomic_path  # noqa: E402
+from capsmed.train.protocol import protocol_label  # noqa: E402
 
 # Paper 000 draws CapsNet solid, the Baseline dotted and LeNet dashed; others cycle.
 PAPER_STYLES = {"capsnet": "-", "baseline": ":", "lenet": "--"}

@@ -13,15 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from capsmed.evaluate.aggregate import (
-    Group,
-    Stat,
-    order_metrics,
-    protocol_sort_key,
-)
+from capsmed.evaluate.aggregate import Group, Stat, order_metrics
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import TEST_NAMES, PairedTest
 from capsmed.evaluate.tables import PLUS_MINUS, TextTable
+from capsmed.train.protocol import protocol_sort_key
 
 METRIC_TITLES = {"macro_f1": "Macro F1", "accuracy": "Accuracy",
                  "balanced_accuracy": "Balanced accuracy",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from capsmed.train.protocol import protocol_label, protocol_settings
+
 log = logging.getLogger(__name__)
 
 
@@ -28,24 +30,9 @@ class RunSummary:
 
 
 def _protocol(train: dict) -> str:
-    parts = []
-    if train.get("fraction") not in (None, 1.0):
-        parts.append(f"fraction {train['fraction']}")
-    for name, pct in (train.get("imbalance") or {}).items():
-        parts.append(f"{name} {pct:g}%")
-    if train.get("augment"):
-        parts.append(f"augment {train.get('augment_recipe')}")
-    if train.get("sampler", "shuffle") != "shuffle":
-        parts.append(f"{train['sampler']} batches")
-    if train.get("per_class_limit") is not None:
-        parts.append(f"<= {train['per_class_limit']} per class")
-    if train.get("fold") is not None:
-        parts.append(f"fold {train['fold']}")
-    if train.get("transfer_from"):
-        frozen = "frozen " if train.get("freeze_transferred", True) else ""
-        parts.append(f"{frozen}{'+'.join(train.get('transfer_layers') or [])} from "
-                     f"{Path(train['transfer_from']).name}")
-    return ", ".join(parts) or "full"
+    """The run's protocol (:mod:`capsmed.train.protocol`) and, for CV, its fold."""
+    label = protocol_label(protocol_settings(train))
+    return label + (f", fold {train['fold']}" if train.get("fold") is not None else "")
 
 
 def summarise_run(run_dir: Path) -> RunSummary:

@@ -1,0 +1,91 @@
+"""What a run's protocol is, and what only tells its repetitions apart: one place.
+
+A run's ``train`` options (:class:`~capsmed.train.config.TrainConfig`) fall in three
+kinds:
+
+* **protocol**: the data-challenge setting the papers vary (fraction, imbalance,
+  augmentation, sampler, class weights, cross-validation, per-class limit, layer
+  transfer). Runs of one dataset and architecture with the same protocol are
+  repetitions of one experiment; ``capsmed report`` averages them.
+* **repetition**: what tells repetitions apart or only changes how fast a run goes
+  (seed, fold, device, precision of the loader...).
+* everything else (lr, epochs, model options): the same within a group; ``capsmed
+  report`` warns when a group mixes them.
+
+``capsmed runs ls``, ``capsmed report`` and ``capsmed run`` (pipelines) all label and
+group runs through :func:`protocol_settings` and :func:`protocol_label`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from capsmed.train.config import TrainConfig
+
+PROTOCOL_FIELDS = ("fraction", "imbalance", "augment", "augment_recipe", "sampler",
+                   "class_weights", "folds", "per_class_limit", "transfer_layers",
+                   "freeze_transferred")
+REPETITION_KEYS = frozenset({"seed", "fold", "out", "data", "device", "eval_batch_size",
+                             "channels_last", "compile", "data_loading", "loader_workers",
+                             "tensorboard", "transfer_from"})
+
+
+def _defaults() -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in PROTOCOL_FIELDS:
+            out[f.name] = (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                           else f.default)
+    return out
+
+
+# A run whose config.yaml predates a key has the dataclass default for it.
+PROTOCOL_DEFAULTS: dict[str, Any] = _defaults()
+
+
+def protocol_settings(train: dict[str, Any]) -> dict[str, Any]:
+    """The protocol of a run's ``train`` options, normalised so equal protocols compare
+    equal (missing keys defaulted, a fraction of 1 is the whole split, ...)."""
+    s = {key: train.get(key, default) for key, default in PROTOCOL_DEFAULTS.items()}
+    if s["fraction"] is not None and float(s["fraction"]) == 1.0:
+        s["fraction"] = None  # the whole split, whichever way it was written
+    s["imbalance"] = {k: float(v) for k, v in sorted((s["imbalance"] or {}).items())}
+    s["augment"] = bool(s["augment"])
+    if not s["augment"]:
+        s["augment_recipe"] = None  # a recipe without augmentation changes nothing
+    s["transfer_layers"] = list(s["transfer_layers"] or [])
+    if not s["transfer_layers"]:
+        s["freeze_transferred"] = PROTOCOL_DEFAULTS["freeze_transferred"]
+    s["cv"] = train.get("fold") is not None  # folds (k) is optional beside fold
+    return s
+
+
+def protocol_label(settings: dict[str, Any]) -> str:
+    """A readable protocol name, e.g. ``fraction 0.1, augment paper000-medical``."""
+    parts = []
+    if settings.get("fraction") is not None:
+        parts.append(f"fraction {settings['fraction']:g}")
+    for name, pct in (settings.get("imbalance") or {}).items():
+        parts.append(f"{name} {pct:g}%")
+    if settings.get("augment"):
+        parts.append(f"augment {settings.get('augment_recipe') or 'default'}")
+    if settings.get("sampler", "shuffle") != "shuffle":
+        parts.append(f"{settings['sampler']} batches")
+    if settings.get("class_weights"):
+        parts.append(f"{settings['class_weights']} class weights")
+    if settings.get("per_class_limit") is not None:
+        parts.append(f"per-class limit {settings['per_class_limit']}")
+    if settings.get("folds") is not None or settings.get("cv"):
+        parts.append(f"{settings['folds']}-fold CV" if settings.get("folds") else "CV")
+    if settings.get("transfer_layers"):
+        frozen = "frozen" if settings.get("freeze_transferred", True) else "fine-tuned"
+        parts.append(f"transferred {'+'.join(settings['transfer_layers'])} ({frozen})")
+    return ", ".join(parts) or "full"
+
+
+def protocol_sort_key(settings: dict[str, Any]) -> tuple:
+    """Paper 000's column order: growing training fraction, the full set, then the rest."""
+    fraction = settings.get("fraction")
+    label = protocol_label(settings)
+    return (1.0 if fraction is None else float(fraction), label != "full", label)
