@@ -230,3 +230,18 @@ def test_evaluate_on_another_file_with_the_same_classes(lenet_run, tiny_h5, tmp_
         evaluate_run(lenet_run, data=_other_file(tmp_path / "big.h5", names, 32))
     with pytest.raises(CapsmedError, match=r"classes \['x', 'y'\] do not match"):
         evaluate_run(lenet_run, data=_other_file(tmp_path / "xy.h5", ["x", "y"], 28))
+
+
+def test_report_name_keeps_an_evaluation_on_other_data_apart(lenet_run, tiny_h5, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("report*"))
+    evaluate_run(run, disable_progress=True, grids=False)
+    own = (run / "report" / "report.json").read_text()
+    other = _other_file(tmp_path / "other.h5", list(read_info(tiny_h5).class_names), 28)
+    result = runner.invoke(app, ["-q", "evaluate", str(run), "--data", str(other),
+                                 "--report-name", "report-other", "--no-grids"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "report-other" / "report.json").read_text())["dataset"] == "other"
+    assert (run / "report" / "report.json").read_text() == own
+    result = runner.invoke(app, ["-q", "evaluate", str(run), "--report-name", "../x"])
+    _assert_clean_failure(result, "--report-name must be a plain folder name", tmp_path / "x")

@@ -22,6 +22,10 @@ def evaluate(
     grids: bool = typer.Option(True, "--grids/--no-grids", help="Reconstruction and capsule "
                                "perturbation grids for models with a decoder."),
     batch_size: int = typer.Option(None, help="Images per forward pass [512]."),
+    report_name: str = typer.Option("report", help="Folder in RUN_DIR for the report; "
+                                    "another name keeps an evaluation on other --data "
+                                    "apart from the run's own (capsmed report reads "
+                                    "'report')."),
 ) -> None:
     """Per-class precision, sensitivity, specificity, F1, AUC and support; Acc, balanced
     Acc, macro/weighted F1; confusion matrices and report.html in RUN_DIR/report/."""
@@ -31,7 +35,8 @@ def evaluate(
     from capsmed.evaluate.run import evaluate_run
 
     result = evaluate_run(run_dir, split=split, data=data, device=device, agreement=agreement,
-                          grids=grids, **only_set(batch_size=batch_size))
+                          grids=grids, report_name=report_name,
+                          **only_set(batch_size=batch_size))
     console = Console()
     console.print(rich_table(result.report, result.title, result.agreement))
     if result.agreement is not None:

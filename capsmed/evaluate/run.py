@@ -64,7 +64,8 @@ def evaluated_split(run_dir: Path, data_path: Path, split: str) -> SplitData:
 
 def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
                  device: str = "auto", batch_size: int = 512, agreement: bool = False,
-                 grids: bool = True, disable_progress: bool | None = None) -> Evaluation:
+                 grids: bool = True, disable_progress: bool | None = None,
+                 report_name: str = "report") -> Evaluation:
     """Evaluate the checkpoint in ``run_dir`` on ``split``; write ``run_dir/report/``.
 
     Args:
@@ -79,6 +80,9 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         grids: Draw reconstruction and capsule perturbation grids when the model has
             a decoder.
         disable_progress: Hide progress bars (None: the global setting).
+        report_name: Folder inside ``run_dir`` for the report: keep ``report`` (what
+            ``capsmed report`` aggregates) for the run's own test set, and another name
+            for an evaluation on other data (e.g. ``report-affnist``).
 
     Returns:
         The evaluation; everything is computed before the first file is written, so a
@@ -86,6 +90,8 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     """
     if batch_size < 1:
         raise CapsmedError(f"batch size must be >= 1, got {batch_size}")
+    if not report_name or Path(report_name).name != report_name or report_name in (".", ".."):
+        raise CapsmedError(f"--report-name must be a plain folder name, got '{report_name}'")
     run_dir = Path(run_dir)
     dev = select_device(device)
     model, meta = load_checkpoint(run_dir, dev)
@@ -119,7 +125,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
                  "and perturbation grids skipped", meta["arch"])
 
     title = f"{meta['arch']} on {info.dataset} / {split} (epoch {meta['epoch']})"
-    report_dir = run_dir / "report"
+    report_dir = run_dir / report_name
     context = {"run_dir": str(run_dir), "arch": meta["arch"], "dataset": info.dataset,
                "data": str(data_path), "split": split, "checkpoint_epoch": meta["epoch"],
                "samples": len(split_data), "auc_scores": score_kind}
