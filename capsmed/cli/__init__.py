@@ -17,6 +17,7 @@ from capsmed.cli import (
     models,
     preprocess,
     report,
+    run,
     runs,
     synth,
     train,
@@ -69,6 +70,7 @@ app.command("evaluate")(evaluate.evaluate)
 app.command("report")(report.report)
 app.add_typer(analyze.app, name="analyze")
 app.add_typer(runs.app, name="runs")
+app.command("run", epilog=run.EPILOG)(run.run)
 app.command("demo")(demo.demo)
 app.add_typer(bench.app, name="bench")
 

@@ -155,11 +155,11 @@ def overall_metrics(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def load_evaluated_run(run_dir: Path) -> EvaluatedRun:
-    """Read ``config.yaml`` and ``report/report.json`` of an evaluated run."""
+def load_evaluated_run(run_dir: Path, report_name: str = "report") -> EvaluatedRun:
+    """Read ``config.yaml`` and ``<report_name>/report.json`` of an evaluated run."""
     run_dir = Path(run_dir)
     config = _read_structured(run_dir / "config.yaml", "yaml")
-    report_path = run_dir / "report" / "report.json"
+    report_path = run_dir / report_name / "report.json"
     report = _read_structured(report_path, "json")
     missing = [k for k in REQUIRED_KEYS if k not in report]
     if missing:

@@ -1,0 +1,155 @@
+"""Do one piece of a pipeline: a data stage, a run (train + evaluate) or an analysis.
+
+Each piece is a ``capsmed`` command in a child process whose output goes to a log
+file, so a failing run never takes the runner down and every executor (local
+processes, Slurm jobs) runs exactly the same code. Children get SIGTERM if the
+process that started them dies (Linux ``PR_SET_PDEATHSIG``): a runner killed with
+SIGKILL leaves no orphan training behind, and the orphan's SIGTERM makes it save
+``resume.pt``, so the next runner resumes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import yaml
+
+from capsmed.io import write_text_atomic
+from capsmed.pipeline.spec import Analysis, RunSpec, Stage
+from capsmed.pipeline.state import PipelineState
+
+
+def capsmed_argv(*args: str) -> list[str]:
+    """The same capsmed as this process, as a command line."""
+    return [sys.executable, "-m", "capsmed", *args]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    # not Linux (no libc.so.6): children outlive a killed runner, as with any other tool
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> int:
+    """Run ``argv`` with stdout and stderr appended to ``log``; returns the exit code."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write(f"\n$ {' '.join(argv)}\n")
+        fh.flush()
+        proc = subprocess.run(list(argv), stdout=fh, stderr=subprocess.STDOUT,
+                              env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                              preexec_fn=_die_with_parent if os.name == "posix" else None)
+    return proc.returncode
+
+
+def command_hash(commands: Sequence[Sequence[str]]) -> str:
+    return hashlib.sha256(json.dumps([list(c) for c in commands]).encode()).hexdigest()[:16]
+
+
+def _stage_record(state: PipelineState, name: str) -> Path:
+    return state.records / "stages" / f"{name}.json"
+
+
+def stage_done(state: PipelineState, stage: Stage) -> bool:
+    """The output exists and was made by these commands (or given by the user)."""
+    if not stage.output.is_file():
+        return False
+    try:
+        made_by = json.loads(_stage_record(state, stage.name).read_text())["commands"]
+    except (OSError, ValueError, KeyError):
+        return True  # a file the user put there: trusted, never overwritten
+    return made_by == command_hash(stage.commands)
+
+
+def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) -> str | None:
+    """Make a stage's output; returns None, or the reason it failed."""
+    log = state.out / "logs" / f"data-{stage.name}.log"
+    for path in stage.scratch:  # a half-made raw folder from an interrupted attempt
+        shutil.rmtree(path, ignore_errors=True)
+    for argv in stage.commands:
+        if run_logged(capsmed_argv(*argv), log, env) != 0:
+            return f"'capsmed {' '.join(argv[:2])}' failed; see {log}"
+    if not stage.output.is_file():
+        return f"its commands did not write {stage.output}; see {log}"
+    write_text_atomic(_stage_record(state, stage.name),
+                      json.dumps({"commands": command_hash(stage.commands)}))
+    return None
+
+
+def execute_run(state: PipelineState, run: RunSpec, run_id: str,
+                env: Mapping[str, str] | None = None) -> str | None:
+    """Train (or resume) and evaluate one run; returns None, or why it failed.
+
+    What to do is read from the run directory each time, so a run interrupted at any
+    point (killed, preempted, requeued) continues where its files say it stopped.
+    """
+    run_dir, log = state.run_dir(run, run_id), state.log_path(run, run_id)
+    state.mark_running(run_id)
+    try:
+        status = state.status(run, run_id)
+        if status in ("running", "failed"):  # our own marker / an earlier attempt
+            status = _file_status(run_dir)
+        if status == "started":  # killed before its first epoch ended: start over
+            shutil.rmtree(run_dir)
+            status = "pending"
+        if status == "pending":
+            config = state.config_path(run_id)
+            write_text_atomic(config, yaml.safe_dump(run.train, sort_keys=False))
+            argv = capsmed_argv("train", "--config", str(config), "--out", str(run_dir))
+        elif status == "interrupted":
+            argv = capsmed_argv("train", "--resume", str(run_dir))
+        else:
+            argv = []
+        if argv and run_logged(argv, log, env) != 0:
+            return f"training failed; see {log}"
+        for e in run.evaluations:
+            if (run_dir / e.name / "report.json").is_file():
+                continue
+            args = ["evaluate", str(run_dir), "--report-name", e.name, "--split", e.split,
+                    "--no-grids"]
+            args += ["--data", e.data] if e.data else []
+            args += ["--agreement"] if e.agreement else []
+            if run_logged(capsmed_argv(*args), log, env) != 0:
+                return f"evaluation '{e.name}' failed; see {log}"
+        return None
+    finally:
+        state.clear_running(run_id)
+
+
+def _file_status(run_dir: Path) -> str:
+    if (run_dir / "summary.json").is_file():
+        return "trained"
+    if (run_dir / "resume.pt").is_file():
+        return "interrupted"
+    return "started" if run_dir.exists() else "pending"
+
+
+def analysis_done(state: PipelineState, analysis: Analysis, argv: Sequence[str]) -> bool:
+    record = state.records / "analyses" / f"{analysis.name}.json"
+    try:
+        return analysis.output.exists() and json.loads(record.read_text())["command"] \
+            == command_hash([argv])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def execute_analysis(state: PipelineState, analysis: Analysis, argv: Sequence[str],
+                     env: Mapping[str, str]) -> str | None:
+    log = state.out / "logs" / f"analysis-{analysis.name}.log"
+    started = time.monotonic()
+    if run_logged(capsmed_argv(*argv), log, env) != 0:
+        return f"analysis '{analysis.name}' failed; see {log}"
+    write_text_atomic(state.records / "analyses" / f"{analysis.name}.json", json.dumps(
+        {"command": command_hash([argv]), "seconds": round(time.monotonic() - started, 1)}))
+    return None

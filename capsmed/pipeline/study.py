@@ -1,0 +1,163 @@
+"""A pipeline's own tables: our numbers beside the paper's, as the YAML lays them out.
+
+``report.tables`` in a pipeline file lists tables of two kinds:
+
+* ``metric`` (default): rows and columns are grid fields (e.g. ``condition`` x
+  ``arch``); a cell is the mean +- sample std of ``metric`` over the runs in it (the
+  repetitions: seeds, folds), followed by the paper's printed value when ``paper``
+  gives one (``paper: {ROW: {COLUMN: value}}``);
+* ``per_class``: the confusion matrices of the runs ``where`` selects are summed
+  (paper 001 pools its folds) and each class's precision and sensitivity shown beside
+  ``paper: {CLASS: {precision: v, sensitivity: v}}``.
+
+``scale: 100`` prints percentages, as papers often do. The tables go to
+``OUT/report/study.md`` and ``study.json``; ``capsmed report``'s own tables (all runs
+grouped by dataset, architecture and protocol) go to ``OUT/report/aggregate/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from capsmed.errors import CapsmedError
+from capsmed.evaluate.aggregate import EvaluatedRun, describe, load_evaluated_run
+from capsmed.evaluate.per_class import pooled_per_class
+from capsmed.io import write_text_atomic
+from capsmed.pipeline.spec import Pipeline, RunSpec
+from capsmed.pipeline.state import PipelineState, run_identity
+
+log = logging.getLogger(__name__)
+
+TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
+              "scale", "note"}
+
+
+def _number(value: float | None, scale: float, digits: int) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
+               evaluation: str) -> list[tuple[RunSpec, EvaluatedRun]]:
+    out = []
+    for run in runs:
+        run_id = run_identity(run)
+        run_dir = state.run_dir(run, run_id) if run_id else None
+        if run_dir is not None and (run_dir / evaluation / "report.json").is_file():
+            out.append((run, load_evaluated_run(run_dir, evaluation)))
+    return out
+
+
+def _paper(spec: Mapping[str, Any], row: str, column: str | None = None) -> Any:
+    values = (spec.get("paper") or {}).get(row)
+    if column is None or not isinstance(values, Mapping):
+        return values
+    return values.get(column)
+
+
+def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, EvaluatedRun]],
+                 default_metric: str) -> tuple[list[str], dict[str, Any]]:
+    """Markdown lines and the JSON form of one ``metric`` table."""
+    metric, scale = spec.get("metric", default_metric), float(spec.get("scale", 1))
+    digits = 1 if scale == 100 else 3
+    rows_by, cols_by = spec["rows"], spec["columns"]
+    rows = list(dict.fromkeys(str(r.fields.get(rows_by)) for r, _ in found))
+    cols = list(dict.fromkeys(str(r.fields.get(cols_by)) for r, _ in found))
+    for key in (spec.get("paper") or {}):  # the paper's order where it gives one
+        if str(key) in rows:
+            rows.remove(str(key))
+            rows.append(str(key))
+    lines = [f"| {rows_by} | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    cells: dict[str, Any] = {}
+    for row in rows:
+        out = []
+        for col in cols:
+            values = [e.metrics[metric] for r, e in found if str(r.fields.get(rows_by)) == row
+                      and str(r.fields.get(cols_by)) == col and metric in e.metrics]
+            paper = _paper(spec, row, col)
+            if not values:
+                out.append("-" if paper is None else f"- (paper {paper})")
+                continue
+            stat = describe(values)
+            text = _number(stat.mean, scale, digits)
+            if stat.std is not None:
+                text += f" ± {_number(stat.std, scale, digits)}"
+            text += f" (n={stat.n})" if stat.n > 1 else ""
+            if paper is not None:
+                text += f" [paper {paper}]"
+            out.append(text)
+            cells[f"{row}|{col}"] = {**stat.to_dict(), "paper": paper}
+        lines.append(f"| {row} | " + " | ".join(out) + " |")
+    return lines, {"metric": metric, "cells": cells}
+
+
+def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, EvaluatedRun]]
+                    ) -> tuple[list[str], dict[str, Any]]:
+    """Pooled per-class precision and sensitivity beside the paper's."""
+    scale = float(spec.get("scale", 1))
+    digits = 1 if scale == 100 else 3
+    pooled = pooled_per_class([e for _, e in found])
+    lines = ["| class | precision | sensitivity | support |", "|---|---|---|---|"]
+    for name, values in pooled["per_class"].items():
+        paper = _paper(spec, name) or {}
+        cells = []
+        for key in ("precision", "sensitivity"):
+            text = _number(values[key], scale, digits)
+            if isinstance(paper, Mapping) and paper.get(key) is not None:
+                text += f" [paper {paper[key]}]"
+            cells.append(text)
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {values['support']} |")
+    return lines, {"per_class": pooled["per_class"], "runs": len(found)}
+
+
+def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
+                       ) -> Path | None:
+    """Write ``OUT/report/study.md`` (+ json) and ``capsmed report``'s tables; returns
+    the Markdown path, or None when no run is evaluated yet."""
+    report = pipeline.report
+    default_metric = report.get("metric", "macro_f1")
+    out_dir = state.out / "report"
+    sections, data = [f"# {pipeline.name}\n", pipeline.description + "\n"], []
+    for i, spec in enumerate(report.get("tables") or []):
+        bad = sorted(set(spec) - TABLE_KEYS)
+        if bad:
+            raise CapsmedError(f"{pipeline.path}: report.tables[{i}]: unknown key(s) "
+                               f"{', '.join(bad)}")
+        chosen = [r for r in runs if all(str(r.fields.get(k)) in
+                                         {str(v) for v in (w if isinstance(w, list) else [w])}
+                                         for k, w in (spec.get("where") or {}).items())]
+        found = _evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
+        title = spec.get("title", f"table {i + 1}")
+        if not found:
+            sections.append(f"## {title}\n\nno evaluated run yet\n")
+            continue
+        kind = spec.get("kind", "metric")
+        lines, numbers = (per_class_table(spec, found) if kind == "per_class"
+                          else metric_table(spec, found, default_metric))
+        note = f"{spec['note']}\n\n" if spec.get("note") else ""
+        sections.append(f"## {title}\n\n{note}" + "\n".join(lines) + "\n")
+        data.append({"title": title, "kind": kind, "runs": len(found), **numbers})
+    done = _evaluated(pipeline, state, runs, "report")
+    if not done:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _aggregate([e.path for _, e in done], out_dir / "aggregate", default_metric)
+    sections.append("Cells: mean ± sample std over the repetitions (n), [the paper's "
+                    "number]. All runs grouped by dataset, architecture and protocol: "
+                    "aggregate/.\n")
+    path = out_dir / "study.md"
+    write_text_atomic(path, "\n".join(sections))
+    write_text_atomic(out_dir / "study.json", json.dumps(data, indent=1, default=str))
+    return path
+
+
+def _aggregate(run_dirs: Sequence[Path], out: Path, metric: str) -> None:
+    from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
+
+    try:
+        report_runs(list(run_dirs), out, ReportConfig(metric=metric))
+    except CapsmedError as exc:  # e.g. a metric some datasets lack: the study stands
+        log.warning("capsmed report over the runs skipped: %s", exc)

@@ -1,0 +1,153 @@
+"""capsmed run: grid expansion, run identity, resume after SIGKILL, failures, status."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+from capsmed.errors import CapsmedError
+from capsmed.pipeline.runner import select_runs
+from capsmed.pipeline.spec import load_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "pipelines" / "smoke.yaml"
+runner = CliRunner()
+
+
+def _pipeline(tmp_path: Path, **changes) -> Path:
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["variables"]["out"] = str(tmp_path / "out")
+    raw.update(changes)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _capsmed_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "capsmed", "run", *args], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=900)
+
+
+def test_grid_expands_with_rules_selection_and_variables(tmp_path, monkeypatch):
+    p = load_pipeline(SMOKE, {"epochs": 3})
+    assert len(p.runs) == 8
+    run = next(r for r in p.runs if r.label == "tupac16-capsnet-half-seed1")
+    assert run.fields == {"dataset": "tupac16", "arch": "capsnet", "condition": "half",
+                          "seed": 1}
+    assert run.train["fraction"] == 0.5 and run.train["epochs"] == 3  # typed, from --set
+    assert run.train["model_kwargs"]["conv_channels"] == 16 and run.train["seed"] == 1
+    assert run.train["data"] == str(p.out / "data" / "tupac16.h5")
+    assert "fraction" not in next(r for r in p.runs if r.fields["condition"] == "full").train
+    assert len(select_runs(p, ["arch=capsnet,seed=0"], [])) == 2
+    assert len(select_runs(p, [], ["condition=half", "arch=lenet"])) == 2
+    monkeypatch.setenv("CAPSMED_EPOCHS", "4")
+    assert load_pipeline(SMOKE).runs[0].train["epochs"] == 4  # the environment
+    with pytest.raises(CapsmedError, match="unknown field"):
+        select_runs(p, ["archh=capsnet"], [])
+    with pytest.raises(CapsmedError, match="unknown variable"):
+        load_pipeline(SMOKE, {"data_rot": "x"})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"trian": {}}, "unknown key(s) trian"),
+    ({"rules": [{"set": {"epochz": 2}}]}, "unknown training option(s) epochz"),
+    ({"train": {"epochs": "{epoch}"}}, "unknown variable '{epoch}'"),
+    ({"grid": []}, "'grid' is empty"),
+])
+def test_bad_pipeline_files_are_one_line_errors(tmp_path, change, message):
+    result = runner.invoke(app, ["run", "--dry-run", str(_pipeline(tmp_path, **change))])
+    assert result.exit_code == 1 and message in result.stderr, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_raw_data_fails_at_once_with_the_path_and_the_command(tmp_path):
+    path = _pipeline(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["datasets"]["tupac16"]["requires"] = [
+        {"path": str(tmp_path / "nowhere"), "make": "capsmed synth tupac16 DIR"}]
+    path.write_text(yaml.safe_dump(raw))
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'nowhere'}: not found" in result.stderr
+    assert "make it with: capsmed synth tupac16 DIR" in result.stderr
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def _done_dirs(out: Path) -> dict[str, float]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+
+
+def test_runs_are_skipped_resumed_and_rerun_by_identity(tmp_path):
+    """SIGKILL the runner half-way: a restart retrains nothing that finished and ends
+    with the same study tables as an uninterrupted run."""
+    path, out = _pipeline(tmp_path), tmp_path / "out"
+    select = ["--only", "arch=capsnet", "--set", "epochs=3"]
+    proc = subprocess.Popen([sys.executable, "-m", "capsmed", "run", str(path), *select],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while len(_done_dirs(out)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = _done_dirs(out)
+    assert 2 <= len(finished) < 4, "the runner was not killed half-way"
+    time.sleep(1.0)  # the orphaned training (SIGTERM from its dead parent) saves and exits
+    result = _capsmed_run(str(path), *select)
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = _done_dirs(out)
+    assert len(after) == 4 and all(after[k] == v for k, v in finished.items())
+    assert "finished earlier" in result.stdout
+    reference = tmp_path / "reference"
+    result = _capsmed_run(str(path), *select, "--set", f"out={reference}")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "report" / "study.json").read_text()) == \
+        json.loads((reference / "report" / "study.json").read_text())
+    # same options: nothing to do; changed options: new identities, trained again
+    result = _capsmed_run(str(path), *select)
+    assert result.stdout.count("finished earlier") == 4 and "start" not in result.stdout
+    result = _capsmed_run("--dry-run", str(path), "--only", "arch=capsnet")
+    assert "(4 pending)" in result.stdout  # epochs=1 (the default): other identities
+
+
+def test_a_failing_run_is_retried_reported_and_does_not_stop_the_others(tmp_path):
+    path = _pipeline(tmp_path, rules=[{"when": {"condition": "half"},
+                                       "set": {"imbalance": {"no-such-class": 20}}}])
+    result = runner.invoke(app, ["run", str(path), "--only", "arch=lenet", "--retries", "1"])
+    assert result.exit_code == 1
+    assert "2 failed, 2 done" in result.output and "training failed; see" in result.output
+    records = [json.loads(p.read_text())
+               for p in (tmp_path / "out" / ".capsmed-run" / "runs").glob("*.json")]
+    failed = [r for r in records if r["outcome"] == "failed"]
+    assert len(failed) == 2 and all(r["attempts"] == 2 for r in failed)
+    log = Path(failed[0]["log"]).read_text()
+    assert "unknown class(es) no-such-class" in log
+    status = runner.invoke(app, ["run", "status", str(path), "--only", "arch=lenet"])
+    assert "2 done" in status.output and "2 failed" in status.output
+
+
+def test_a_second_runner_on_the_same_folder_is_refused(tmp_path):
+    path = _pipeline(tmp_path)
+    lock = tmp_path / "out" / ".capsmed-run" / "runner.lock"
+    lock.parent.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import socket
+
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid}))
+        result = runner.invoke(app, ["run", str(path)])
+        assert result.exit_code == 1 and "another capsmed run" in result.stderr
+    finally:
+        sleeper.kill()
+    shutil.rmtree(tmp_path / "out")
