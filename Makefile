@@ -7,11 +7,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.capsmed-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test lint clean gpu-check
+.PHONY: help install demo test lint clean gpu-check reproduce-smoke reproduce-jimenez2018 \
+	reproduce-vigueras2021 reproduce-gu2021 reproduce-routing2019
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
-		awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "} {printf "  make %-22s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,23 +21,46 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install capsmed with its dev tools
+install: $(STAMP) ## Create .venv, install capsmed and dev tools
 
-demo: $(STAMP) ## Synthetic TUPAC16 -> preprocess -> train capsnet + lenet -> per-class reports
+demo: $(STAMP) ## Synthetic TUPAC16: preprocess, train, report
 	$(VENV)/bin/capsmed demo --workdir demo_out
 
 test: $(STAMP) ## Run the test suite (CPU, a few minutes)
 	$(PY) -m pytest
 
+# Whole studies (pipelines/*.yaml) through capsmed run; rerunning skips finished runs.
+#   make reproduce-jimenez2018 DATA_ROOT=/data EXECUTOR=slurm GPUS=0,1
+DATA_ROOT ?= data
+EXECUTOR  ?= local
+GPUS      ?=
+RUN        = $(VENV)/bin/capsmed run --executor $(EXECUTOR) --set data_root=$(DATA_ROOT) \
+             $(if $(GPUS),--gpus $(GPUS))
+
+reproduce-smoke: $(STAMP) ## Toy study on synthetic data (the batch machinery)
+	$(RUN) pipelines/smoke.yaml
+
+reproduce-jimenez2018: $(STAMP) ## Paper 000: 432 runs, Table 2 and Fig. 2
+	$(RUN) pipelines/jimenez2018.yaml
+
+reproduce-vigueras2021: $(STAMP) ## Paper 001: AML, 5-fold CV, parallel capsnets
+	$(RUN) pipelines/vigueras2021.yaml
+
+reproduce-gu2021: $(STAMP) ## Paper 004: ablations, affNIST, compactness
+	$(RUN) pipelines/gu2021.yaml
+
+reproduce-routing2019: $(STAMP) ## Paper 003: routing sweep, manifold, transfer
+	$(RUN) pipelines/routing2019.yaml
+
 # The system Python of a GPU machine (torch with CUDA), no install needed; set
 # GPU_PYTHON=.venv/bin/python to use the project's environment instead.
 GPU_PYTHON ?= python3
-gpu-check: ## On a CUDA machine: correctness + speed check -> benchmarks/results/gpu_check.md
+gpu-check: ## On a CUDA machine: correctness and speed check
 	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_check.py --out benchmarks/results
 
 lint: $(STAMP) ## ruff over the package and tests
 	$(VENV)/bin/ruff check capsmed tests
 
-clean: ## Remove caches, demo output and build files (keeps .venv)
+clean: ## Remove caches, demo output, builds (keeps .venv)
 	rm -rf demo_out build dist *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

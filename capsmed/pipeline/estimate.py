@@ -45,15 +45,21 @@ def load_throughput(gpu: bool, results: Path = RESULTS) -> dict[str, list[tuple[
 
 
 def training_images(run: RunSpec, split_sizes: dict[str, int]) -> int | None:
-    """Images one epoch trains on (None when the data is not made yet)."""
+    """Images one epoch trains on (None when the data is not made yet).
+
+    A subset protocol (fraction, imbalance, per-class limit) trains as many steps as
+    the full split (paper 000 s3.1), so an epoch costs the full split's images; a
+    cross-validation run trains on all folds but its test fold.
+    """
     steps = run.train.get("steps_per_epoch")
     if steps:
         return int(steps) * int(run.train.get("batch_size", 128))
-    n = split_sizes.get("train") or split_sizes.get("all")
-    if n is None:
-        return None
-    fraction = run.train.get("fraction") or 1.0
-    return int(n * float(fraction))
+    if "train" in split_sizes:
+        return split_sizes["train"]
+    if "all" in split_sizes:
+        k = int(run.train.get("folds") or 5)
+        return split_sizes["all"] * (k - 1) // k
+    return None
 
 
 def estimate_seconds(run: RunSpec, throughput: dict[str, list[tuple[int, float, str]]],

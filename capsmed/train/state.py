@@ -89,7 +89,7 @@ def restore_rng(state: dict[str, Any], augment_rng: torch.Generator | None) -> N
 
 
 class StopRequest:
-    """Turns Ctrl-C / SIGTERM into a request the loop honours after the current step.
+    """Turns Ctrl-C / SIGTERM / SIGUSR2 into a request the loop honours after the current step.
 
     A second Ctrl-C interrupts at once (the last saved state still resumes). Outside
     the main thread (where signals cannot be handled) it only counts ``stop_after``.
@@ -108,7 +108,11 @@ class StopRequest:
         self.reason = signal.Signals(signum).name
 
     def __enter__(self) -> StopRequest:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGUSR2: Slurm's warning before a time limit (submitit asks for it), sent to
+        # every process of the job; its default action would kill the run unsaved.
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR2", None)):
+            if sig is None:
+                continue
             with contextlib.suppress(ValueError):  # not the main thread: no handlers
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
