@@ -52,6 +52,8 @@ def test_grid_expands_with_rules_selection_and_variables(tmp_path, monkeypatch):
     assert "fraction" not in next(r for r in p.runs if r.fields["condition"] == "full").train
     assert len(select_runs(p, ["arch=capsnet,seed=0"], [])) == 2
     assert len(select_runs(p, [], ["condition=half", "arch=lenet"])) == 2
+    assert len(select_runs(p, [], ["condition=half,arch=lenet"])) == 6  # both must match
+    assert len(select_runs(p, ["arch=capsnet", "arch=lenet", "seed=1"], [])) == 4
     monkeypatch.setenv("CAPSMED_EPOCHS", "4")
     assert load_pipeline(SMOKE).runs[0].train["epochs"] == 4  # the environment
     with pytest.raises(CapsmedError, match="unknown field"):

@@ -24,7 +24,8 @@ def run(
                                  "their status and an estimated time; run nothing."),
     only: list[str] = typer.Option(None, help="Keep runs with FIELD=VALUE[,FIELD=VALUE]; "
                                    "repeatable (e.g. arch=capsnet,dataset=mnist)."),
-    exclude: list[str] = typer.Option(None, help="Drop runs with FIELD=VALUE; repeatable."),
+    exclude: list[str] = typer.Option(None, help="Drop the runs matching all of "
+                                      "FIELD=VALUE[,FIELD=VALUE]; repeatable."),
     set_: list[str] = typer.Option(None, "--set", help="Override a pipeline variable: "
                                    "KEY=VALUE, repeatable (e.g. data_root=/data). The "
                                    "environment's CAPSMED_<KEY> also works."),

@@ -50,16 +50,21 @@ class RunOptions:
 
 def select_runs(pipeline: Pipeline, only: Sequence[str], exclude: Sequence[str]
                 ) -> list[RunSpec]:
-    """The grid after ``--only`` / ``--exclude`` (FIELD=VALUE[,FIELD=VALUE])."""
-    keep, drop = parse_selection(list(only), "--only"), parse_selection(list(exclude),
-                                                                        "--exclude")
+    """The grid after ``--only`` / ``--exclude`` (FIELD=VALUE[,FIELD=VALUE]).
+
+    ``--only``: every named field must have one of the values given for it (repeat a
+    field to allow several values). ``--exclude``: each occurrence drops the runs that
+    match all of its pairs (``condition=noaug,dataset=mnist``).
+    """
+    keep = parse_selection(list(only), "--only")
+    drops = [parse_selection([item], "--exclude") for item in exclude]
     fields = {k for r in pipeline.runs for k in r.fields}
-    unknown = sorted((set(keep) | set(drop)) - fields)
+    unknown = sorted((set(keep) | {k for d in drops for k in d}) - fields)
     if unknown:
         raise CapsmedError(f"{pipeline.path}: --only/--exclude: unknown field(s) "
                            f"{', '.join(unknown)} (the grid has: {', '.join(sorted(fields))})")
-    runs = [r for r in pipeline.runs if r.matches(keep)]
-    return [r for r in runs if not (drop and any(r.matches({k: v}) for k, v in drop.items()))]
+    return [r for r in pipeline.runs
+            if r.matches(keep) and not any(r.matches(d) for d in drops)]
 
 
 def needed_stages(pipeline: Pipeline, runs: Sequence[RunSpec]) -> list[Stage]:
