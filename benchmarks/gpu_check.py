@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}",
               file=sys.stderr)
         return 1
-    from capsmed.train.engine import device_name
+    from capsmed.device import device_name
 
     report = Report(args.out, device_name(dev))
     work = args.work or Path(tempfile.mkdtemp(prefix="capsmed-gpu-check-"))

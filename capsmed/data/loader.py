@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,25 @@ def sequential_batches(n: int, batch_size: int) -> list[torch.Tensor]:
     return [torch.arange(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
 
 
+@dataclass
+class TwoLabels:
+    """Targets of a two-object image (MultiMNIST, Sabour et al.): both classes and, when
+    the file stores them, each object's own image for its reconstruction."""
+
+    first: torch.Tensor
+    second: torch.Tensor
+    image_a: torch.Tensor | None = None
+    image_b: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
 class DeviceSplit:
     """A split held on the device as uint8; batches are sliced there.
 
     With ``second`` labels (a two-object set such as MultiMNIST) batches carry
-    :class:`~capsmed.train.losses.TwoLabels` targets, with each object's source image
+    :class:`TwoLabels` targets, with each object's source image
     when ``sources`` (uint8 [N, 2, C, H, W]) is given.
     """
 
@@ -62,8 +77,6 @@ class DeviceSplit:
 
     def batches(self, index_batches: Iterable[torch.Tensor]
                 ) -> Iterator[tuple[torch.Tensor, Any]]:
-        from capsmed.train.losses import TwoLabels
-
         for index in index_batches:
             if self.device.type == "cuda":  # pinned: the copy does not wait for the GPU
                 index = index.pin_memory()

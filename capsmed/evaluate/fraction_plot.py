@@ -13,16 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+from capsmed.evaluate.aggregate import Group, Stat
+from capsmed.figures import pyplot, save_figure
+from capsmed.train.protocol import protocol_label
 
-matplotlib.use("Agg")  # files only; never needs a display
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
-
-from capsmed.evaluate.aggregate import Group, Stat  # noqa: E402
-from capsmed.io import atomic_path  # noqa: E402
-from capsmed.train.protocol import protocol_label  # noqa: E402
+plt = pyplot()
+from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402  (after the backend)
 
 # Paper 000 draws CapsNet solid, the Baseline dotted and LeNet dashed; others cycle.
 PAPER_STYLES = {"capsnet": "-", "baseline": ":", "lenet": "--"}
@@ -108,6 +104,4 @@ def plot_fraction_family(family: FractionFamily, metric: str, metric_label: str,
     axes[0][-1].legend(loc="best")
     if family.base != "full":
         fig.suptitle(family.base)
-    with atomic_path(Path(path), suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
+    save_figure(fig, path, tight=False)

@@ -1,24 +1,19 @@
-"""Figures people would rather look at than read: confusion matrices, training curves."""
+"""Figures people would rather look at than read: confusion matrices, image mosaics.
+
+(Training curves are drawn by the trainer: :mod:`capsmed.train.curves`.)
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only; never needs a display
+from capsmed.figures import pyplot, save_figure
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from capsmed.io import atomic_path  # noqa: E402
-
-
-def _save(fig: plt.Figure, path: Path) -> None:
-    with atomic_path(Path(path), suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-    plt.close(fig)
+plt = pyplot()
+_save = save_figure
 
 
 def plot_confusion_matrix(cm: np.ndarray, class_names: Sequence[str], path: Path,
@@ -46,26 +41,6 @@ def plot_confusion_matrix(cm: np.ndarray, class_names: Sequence[str], path: Path
                 ax.text(j, i, format(data[i, j], fmt), ha="center", va="center",
                         color="white" if peak and data[i, j] > 0.5 * peak else "black")
         fig.colorbar(im, ax=ax, shrink=0.8)
-    _save(fig, path)
-
-
-def plot_training_curves(records: list[dict], path: Path) -> None:
-    """Loss and accuracy per epoch, train vs validation, best epoch marked."""
-    if not records:
-        return
-    epochs = [r["epoch"] for r in records]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for key, ax in (("loss", ax_loss), ("acc", ax_acc)):
-        ax.plot(epochs, [r[f"train_{key}"] for r in records], marker="o", label="train")
-        if "val_loss" in records[0]:
-            ax.plot(epochs, [r[f"val_{key}"] for r in records], marker="o", label="val")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("loss" if key == "loss" else "accuracy")
-        ax.grid(alpha=0.3)
-    best = [r["epoch"] for r in records if r.get("best")]
-    if best:
-        ax_loss.axvline(best[-1], color="grey", linestyle="--", label="kept checkpoint")
-    ax_loss.legend()
     _save(fig, path)
 
 

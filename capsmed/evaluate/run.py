@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from capsmed.data.contract import SplitData, read_info
+from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
 from capsmed.evaluate.capsule_grids import (
@@ -27,7 +28,6 @@ from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.report import write_report
 from capsmed.train.checkpoint import load_checkpoint
 from capsmed.train.data import load_run_split
-from capsmed.train.engine import select_device
 
 log = logging.getLogger(__name__)
 

@@ -53,12 +53,10 @@ def register_model(name: str, paper: str = "") -> Callable[[Builder], Builder]:
 
 def list_models() -> list[ModelEntry]:
     """All registered architectures, sorted by name."""
-    _import_families()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
 def get_model_entry(name: str) -> ModelEntry:
-    _import_families()
     if name not in _REGISTRY:
         raise CapsmedError(f"unknown architecture '{name}' (choose from: "
                            f"{', '.join(sorted(_REGISTRY))})")
@@ -79,16 +77,3 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def _import_families() -> None:
-    # Importing a family module runs its @register_model decorators.
-    from capsmed.models import (  # noqa: F401
-        capsnet,
-        convnets,
-        em_capsnet,
-        lenet,
-        parallel,
-        recon_convnets,
-        resnext,
-    )

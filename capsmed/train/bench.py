@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from capsmed import __version__
+from capsmed.device import device_name, select_device
 from capsmed.errors import CapsmedError
 from capsmed.models import count_parameters, create_model
-from capsmed.train.engine import device_name, select_device
 from capsmed.train.optim import build_optimizer
 from capsmed.train.step import (
     GraphedTrainStep,

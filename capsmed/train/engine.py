@@ -1,5 +1,7 @@
-"""Training runs: set-up (data, model, run directory) and resume; the loop is in
-:mod:`capsmed.train.loop`.
+"""Training runs: :func:`train` a new one, :func:`resume` an interrupted one.
+
+The set-up is :class:`capsmed.train.run.Run`; the epochs are
+:func:`capsmed.train.loop.run_loop`.
 
 A run directory describes itself: ``config.yaml`` (resolved options, model arguments,
 environment), ``train_indices.npy`` (+ ``test_indices.npy`` for a cross-validation
@@ -9,267 +11,21 @@ while the run is unfinished, ``summary.json`` and ``curves.png`` at the end.
 
 from __future__ import annotations
 
-import datetime as dt
-import importlib
 import logging
-import math
-import platform
-import shutil
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import torch
 import yaml
 
-from capsmed import __version__
-from capsmed.data.contract import DatasetInfo, read_info
+from capsmed.data.contract import read_info
+from capsmed.device import select_device
 from capsmed.errors import CapsmedError
-from capsmed.io import atomic_path, ensure_writable_dir, write_text_atomic
-from capsmed.models import count_parameters, create_model
 from capsmed.train import distributed
-from capsmed.train.augment import get_recipe
 from capsmed.train.config import TrainConfig
-from capsmed.train.data import (
-    RunRows,
-    channel_statistics,
-    is_two_label,
-    make_loader,
-    sample_for_statistics,
-    select_rows,
-)
-from capsmed.train.losses import balanced_class_weights
-from capsmed.train.optim import build_optimizer, build_schedule
-from capsmed.train.sampling import BatchSampler
-from capsmed.train.state import RESUME_FILE, load_state
-from capsmed.train.step import StepSettings, TrainStep, prepare_model, resolve_precision
+from capsmed.train.loop import run_loop
+from capsmed.train.run import Run
+from capsmed.train.state import load_state
 
 log = logging.getLogger(__name__)
-
-
-def select_device(name: str = "auto") -> torch.device:
-    """``auto`` picks CUDA, then Apple MPS, then CPU; anything else is passed to torch."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise CapsmedError(f"unknown device '{name}' ({exc})") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CapsmedError(f"device '{name}' requested but CUDA is not available here")
-    return device
-
-
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-
-
-def check_free_space(run_dir: Path, model: torch.nn.Module) -> None:
-    """Fail now, not after hours, if the run directory cannot hold the run's files.
-
-    A checkpoint is written beside the previous one before replacing it, hence two;
-    the resumable state holds the weights and up to two optimiser moments; plus a
-    margin for metrics, curves and the report.
-    """
-    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    need = 2 * weights + 2 * 3 * weights + 32 * 2**20
-    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
-    free = shutil.disk_usage(existing).free
-    if free < need:
-        raise CapsmedError(f"{run_dir}: only {free / 2**20:,.0f} MiB free, a run of this "
-                           f"model needs about {need / 2**20:,.0f} MiB; free some space or "
-                           "choose another --out")
-
-
-def _default_run_dir(cfg: TrainConfig, info: DatasetInfo) -> Path:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    fold = f"-f{cfg.fold}" if cfg.fold is not None else ""
-    return Path("runs") / f"{info.dataset}-{cfg.arch}{fold}-s{cfg.seed}-{stamp}"
-
-
-def _prepare_run_dir(path: Path) -> Path:
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise CapsmedError(f"{path}: run directory already exists and is not empty; "
-                           "choose another --out, remove it, or continue it with "
-                           f"capsmed train --resume {path}")
-    ensure_writable_dir(path)
-    return path
-
-
-def _save_rows(run_dir: Path, rows: RunRows) -> None:
-    for name, values in (("train_indices.npy", rows.train_rows),
-                         ("test_indices.npy", rows.test_rows)):
-        if values is not None:
-            with atomic_path(run_dir / name) as tmp, tmp.open("wb") as fh:
-                np.save(fh, values)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "cpu":
-        return f"cpu ({platform.processor() or platform.machine()}, "\
-               f"{torch.get_num_threads()} threads)"
-    return str(device)
-
-
-def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str],
-                        freeze: bool) -> list[str]:
-    """Copy the parameters whose names start with one of ``prefixes`` from the checkpoint
-    in run directory ``source`` (paper 003's layer transfer); optionally freeze them.
-
-    Raises:
-        CapsmedError: if a prefix matches nothing or shapes differ.
-    """
-    from safetensors.torch import load_file
-
-    from capsmed.train.checkpoint import WEIGHTS
-
-    path = Path(source) / WEIGHTS
-    if not path.is_file():
-        raise CapsmedError(f"{path}: no checkpoint to transfer from")
-    weights = load_file(str(path))
-    params = dict(model.named_parameters())
-    copied = []
-    for prefix in prefixes:
-        names = [n for n in params if n == prefix or n.startswith(prefix + ".")]
-        if not names:
-            tops = ", ".join(sorted({n.split(".")[0] for n in params}))
-            raise CapsmedError(f"transfer layer '{prefix}' matches no parameter of the "
-                               f"model (it has: {tops})")
-        for name in names:
-            if name not in weights or weights[name].shape != params[name].shape:
-                raise CapsmedError(f"{path}: parameter '{name}' is missing or has another "
-                                   "shape; transfer between the same architecture and input")
-            with torch.no_grad():
-                params[name].copy_(weights[name])
-            params[name].requires_grad_(not freeze)
-            copied.append(name)
-    log.info("transferred %d parameter tensors from %s%s", len(copied), source,
-             " (frozen)" if freeze else "")
-    return copied
-
-
-class Run:
-    """Everything a training run holds; built by :func:`train` or :func:`resume`."""
-
-    def __init__(self, cfg: TrainConfig, info: DatasetInfo, ctx: distributed.Distributed,
-                 device: torch.device, run_dir: Path | None, model_kwargs: dict | None,
-                 disable_progress: bool | None) -> None:
-        self.cfg, self.info, self.ctx, self.device = cfg, info, ctx, device
-        # None defers to the global setting (capsmed -q); other ranks never show bars
-        self.disable_progress = disable_progress if ctx.is_main else True
-        self.rows = select_rows(info, cfg)  # before anything is written
-        self.two_labels = is_two_label(info, self.rows.train_split)
-        if self.two_labels:
-            clash = [name for name, on in (("--class-weights", cfg.class_weights),
-                                           ("--augment", cfg.augment),
-                                           ("torchrun", ctx.enabled)) if on]
-            if clash:
-                raise CapsmedError(f"{info.path}: two-label training (MultiMNIST) does not "
-                                   f"support {', '.join(clash)}")
-            log.info("two-label set: both classes are targets, each object is "
-                     "reconstructed from its own capsule (Sabour et al.)")
-        if model_kwargs is None:  # a new run: statistics of its own training rows
-            stats = (channel_statistics(sample_for_statistics(info, self.rows))
-                     if cfg.standardize else {})
-            model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
-                            "input_size": list(info.image_size), **stats,
-                            **cfg.model_kwargs}
-        self.model_kwargs = model_kwargs
-        if cfg.tensorboard:
-            try:
-                importlib.import_module("torch.utils.tensorboard")
-            except ImportError:
-                raise CapsmedError("--tensorboard needs the tensorboard package: pip install "
-                                   "'capsmed[tensorboard]'") from None
-        seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
-        self.model = create_model(cfg.arch, **model_kwargs)
-        if cfg.transfer_from:
-            transfer_parameters(self.model, Path(cfg.transfer_from), cfg.transfer_layers,
-                                cfg.freeze_transferred)
-        new = run_dir is None
-        if new:
-            path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
-            path = Path(ctx.broadcast_text(str(path)))
-            check_free_space(path, self.model)  # before anything is written
-            if ctx.is_main:
-                _prepare_run_dir(path)
-                _save_rows(path, self.rows)
-            ctx.barrier()
-            run_dir = path
-        self.run_dir = run_dir
-        self.train_data = make_loader(info, self.rows.train_split, self.rows.train_rows, cfg,
-                                      device)
-        self.val_data = (make_loader(info, self.rows.val_split, None, cfg, device)
-                         if self.rows.val_split else None)
-        if self.val_data is None:
-            log.warning("%s: no validation data for this run: the last epoch's weights are "
-                        "kept and there is no early stopping", info.path)
-
-        channels_last = cfg.channels_last if cfg.channels_last is not None \
-            else device.type == "cuda"
-        self.model = prepare_model(self.model, device, channels_last, compile_model=False)
-        self.model.train()
-        self.optimizer = build_optimizer(
-            cfg.optimizer, [q for q in self.model.parameters() if q.requires_grad], cfg.lr)
-        self.schedule = build_schedule(cfg.lr_schedule, self.optimizer, cfg.lr_decay)
-        module = self.model
-        if ctx.enabled:
-            module = torch.nn.parallel.DistributedDataParallel(
-                module, device_ids=[device.index] if device.type == "cuda" else None)
-        if cfg.compile:
-            module = torch.compile(module)
-        steps = cfg.steps_per_epoch
-        if steps is None and not cfg.protocol.is_full:  # same iterations as the full set
-            steps = math.ceil(self.rows.full_train_size / cfg.batch_size)
-        self.sampler = BatchSampler(self.train_data.labels, cfg.batch_size, cfg.sampler,
-                                    steps, torch.Generator().manual_seed(cfg.seed))
-        weights = (balanced_class_weights(self.train_data.labels.to(device),
-                                          info.num_classes)
-                   if cfg.class_weights == "balanced" else None)
-        augment = get_recipe(cfg.augment_recipe) if cfg.augment else None
-        self.settings = StepSettings(
-            loss_kind=self.model.loss_kind, recon_weight=cfg.recon_weight,
-            autocast_dtype=resolve_precision(cfg.precision, device),
-            channels_last=channels_last, class_weights=weights, augment=augment,
-            augment_rng=(torch.Generator(device=device).manual_seed(cfg.seed + 1)
-                         if augment is not None else None),
-            decoder=getattr(self.model, "decoder", None))
-        self.step = TrainStep(module, self.optimizer, self.settings)
-        self.environment = {"capsmed": __version__, "torch": str(torch.__version__),
-                            "device": device_name(device),
-                            "python": platform.python_version(),
-                            "parameters": count_parameters(self.model),
-                            "precision": str(self.settings.autocast_dtype or "float32"),
-                            "world_size": ctx.world}
-        if new and ctx.is_main:
-            self._write_config()
-
-    def _write_config(self) -> None:
-        cfg, info = self.cfg, self.info
-        resolved = {**cfg.to_dict(), "data": str(info.path.resolve()),
-                    "out": str(self.run_dir)}
-        write_text_atomic(self.run_dir / "config.yaml", yaml.safe_dump(
-            {"train": resolved, "model_kwargs": self.model_kwargs,
-             "environment": self.environment,
-             "dataset": {"name": info.dataset, "class_names": list(info.class_names),
-                         "splits": info.split_sizes, "created": info.created,
-                         "train_split": self.rows.train_split,
-                         "val_split": self.rows.val_split,
-                         "test_split": self.rows.test_split}}, sort_keys=False))
-
-    def checkpoint_meta(self, epoch: int, val_loss: float | None) -> dict[str, Any]:
-        return {"arch": self.cfg.arch, "model_kwargs": self.model_kwargs, "epoch": epoch,
-                "val_loss": val_loss, "dataset": self.info.dataset,
-                "class_names": list(self.info.class_names),
-                "data": str(self.info.path.resolve()), "loss_kind": self.model.loss_kind,
-                "format": 1}
 
 
 def train(config: TrainConfig, disable_progress: bool | None = None,
@@ -285,8 +41,6 @@ def train(config: TrainConfig, disable_progress: bool | None = None,
         TrainingInterrupted: when stopped by Ctrl-C / SIGTERM / ``stop_after_steps``;
             the state is saved and ``capsmed train --resume RUN_DIR`` continues it.
     """
-    from capsmed.train.loop import run_loop
-
     info = read_info(Path(config.data))
     cfg = config.resolved(info.dataset)
     ctx, dev = distributed.setup(cfg.device)
@@ -304,8 +58,6 @@ def resume(run_dir: Path, disable_progress: bool | None = None,
     Raises:
         CapsmedError: if the run has no resumable state or its dataset file changed.
     """
-    from capsmed.train.loop import run_loop
-
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
@@ -327,6 +79,3 @@ def resume(run_dir: Path, disable_progress: bool | None = None,
         return run_loop(run, state, stop_after_steps)
     finally:
         distributed.teardown(ctx)
-
-
-__all__ = ["RESUME_FILE", "Run", "check_free_space", "resume", "select_device", "train"]

@@ -22,8 +22,9 @@ from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
-from capsmed.train.engine import RESUME_FILE, Run
-from capsmed.train.state import Progress, StopRequest, restore_rng, save_state
+from capsmed.train.curves import plot_training_curves
+from capsmed.train.run import Run
+from capsmed.train.state import RESUME_FILE, Progress, StopRequest, restore_rng, save_state
 from capsmed.train.step import accepts_couplings, coupling_entropy, forward, loss_and_correct
 
 log = logging.getLogger(__name__)
@@ -227,8 +228,6 @@ def _finish_run(run: Run, p: Progress, stopped_early: bool) -> None:
         "train_samples_full": run.rows.full_train_size,
         "steps_per_epoch": len(run.sampler), "world_size": run.ctx.world}, indent=2))
     (run.run_dir / RESUME_FILE).unlink(missing_ok=True)  # finished: nothing to resume
-    from capsmed.evaluate.plots import plot_training_curves
-
     lines = (run.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     plot_training_curves([json.loads(line) for line in lines if line], run.run_dir / "curves.png")
 

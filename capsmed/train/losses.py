@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from capsmed.data.loader import TwoLabels
 from capsmed.errors import CapsmedError
 from capsmed.models.common import LOSS_KINDS, ModelOutput
 
@@ -84,20 +83,6 @@ def training_loss(loss_kind: str, output: ModelOutput, images: torch.Tensor,
     if output.reconstruction is not None and recon_weight > 0:
         loss = loss + recon_weight * reconstruction_loss(output.reconstruction, images)
     return loss
-
-
-@dataclass
-class TwoLabels:
-    """Targets of a two-object image (MultiMNIST, Sabour et al.): both classes and, when
-    the file stores them, each object's own image for its reconstruction."""
-
-    first: torch.Tensor
-    second: torch.Tensor
-    image_a: torch.Tensor | None = None
-    image_b: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self.first)
 
 
 def two_label_loss(loss_kind: str, output: ModelOutput, target: TwoLabels, recon_weight: float,

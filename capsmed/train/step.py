@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from capsmed.data.loader import TwoLabels
 from capsmed.models.common import ModelOutput
 from capsmed.train.augment import AugmentSpec, augment_batch
-from capsmed.train.losses import TwoLabels, count_correct, training_loss, two_label_loss
+from capsmed.train.losses import count_correct, training_loss, two_label_loss
 
 log = logging.getLogger(__name__)
 

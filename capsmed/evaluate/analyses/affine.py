@@ -46,6 +46,7 @@ from torch import nn
 from capsmed.data.contract import load_split, read_info
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
+from capsmed.figures import pyplot, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,7 @@ def affnist_accuracy(run: common.LoadedRun, path: Path, batch_size: int) -> dict
 
 
 def _plot_sweep(result: AffineResult, title: str, path: Path) -> None:
-    plt = common.pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     ax.plot(result.sweep_angles, result.sweep_accuracy, marker="o", label="rotated")
     ax.axhline(result.clean_accuracy, color="grey", linestyle="--", label="untransformed")
@@ -301,7 +302,7 @@ def _plot_sweep(result: AffineResult, title: str, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
-    common.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def _plot_examples(images: np.ndarray, cfg: AffineConfig, path: Path) -> None:
@@ -316,7 +317,7 @@ def _plot_examples(images: np.ndarray, cfg: AffineConfig, path: Path) -> None:
     rows = {"input": x, "random affine": warp(x, m, t, cfg.padding),
             "rotated 90": warp(x, rot, torch.zeros(len(x), 2), cfg.padding),
             "hflip": torch.flip(x, dims=(-1,)), "vflip": torch.flip(x, dims=(-2,))}
-    plt = common.pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(rows), len(x), figsize=(1.1 * len(x), 1.2 * len(rows)),
                              squeeze=False)
     for i, (name, batch) in enumerate(rows.items()):
@@ -327,7 +328,7 @@ def _plot_examples(images: np.ndarray, cfg: AffineConfig, path: Path) -> None:
             axes[i, j].set_xticks([])
             axes[i, j].set_yticks([])
         axes[i, 0].set_ylabel(name, fontsize=7)
-    common.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def analyze_affine(run_dir: Path, data: Path | None = None, affnist: Path | None = None,

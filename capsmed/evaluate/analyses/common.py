@@ -22,7 +22,7 @@ from torch import nn
 
 from capsmed.data.contract import DatasetInfo, SplitData, load_split, read_info
 from capsmed.errors import CapsmedError
-from capsmed.io import atomic_path, write_text_atomic
+from capsmed.io import write_text_atomic
 from capsmed.models.common import ModelOutput
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,8 @@ def check_compatible(meta: dict[str, Any], data_path: Path, info: DatasetInfo) -
 
 def load_run(run_dir: Path, device: str = "auto", data: Path | None = None) -> LoadedRun:
     """Load ``run_dir``'s checkpoint and check ``data`` (default: the run's dataset)."""
+    from capsmed.device import select_device
     from capsmed.train.checkpoint import load_checkpoint
-    from capsmed.train.engine import select_device
 
     run_dir = Path(run_dir)
     dev = select_device(device)
@@ -197,25 +197,6 @@ def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) 
     writer.writerows([[f"{v:.6g}" if isinstance(v, float) else v for v in row]
                       for row in rows])
     write_text_atomic(path, buffer.getvalue())
-
-
-def save_figure(fig: Any, path: Path) -> None:
-    """Save a matplotlib figure as PNG atomically and close it."""
-    import matplotlib.pyplot as plt
-
-    with atomic_path(Path(path), suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-    plt.close(fig)
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def written(out_dir: Path) -> list[str]:

@@ -44,6 +44,7 @@ from torch import nn
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.evaluate.analyses.affine import AFFNIST_CANVAS, PADDINGS, affine_linear, warp
+from capsmed.figures import pyplot, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def semantic_compactness(model: nn.Module, images: np.ndarray, labels: np.ndarra
 
 
 def _plot(results: dict[str, dict[str, Any]], title: str, path: Path) -> None:
-    plt = common.pyplot()
+    plt = pyplot()
     names = list(results)
     fig, ax = plt.subplots(figsize=(max(4.5, 1.0 * len(names) + 2), 3.6))
     ax.bar(names, [results[f]["score"] for f in names],
@@ -217,7 +218,7 @@ def _plot(results: dict[str, dict[str, Any]], title: str, path: Path) -> None:
     top = next(iter(results.values()))["max_score"]
     ax.set_title(f"{title}\n(max log D = {top:.2f}; error bars: std over samples)",
                  fontsize=9)
-    common.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def analyze_compactness(run_dir: Path, config: CompactnessConfig | None = None,

@@ -48,6 +48,7 @@ from torch import nn
 from capsmed.data.contract import SplitData
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
+from capsmed.figures import pyplot, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +247,7 @@ def _colours(offsets: np.ndarray) -> np.ndarray:
 
 
 def _plot_embeddings(panels: list[dict[str, Any]], title: str, path: Path) -> None:
-    plt = common.pyplot()
+    plt = pyplot()
     n = len(panels)
     cols = min(n, 3)
     rows = -(-n // cols)
@@ -269,11 +270,11 @@ def _plot_embeddings(panels: list[dict[str, Any]], title: str, path: Path) -> No
         ax.set_yticks([])
     fig.suptitle(f"{title}\nt-SNE aligned onto the offset grid (+); colour: red = column, "
                  "green = row offset", fontsize=9)
-    common.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def _plot_inputs(images: np.ndarray, side: int, path: Path) -> None:
-    plt = common.pyplot()
+    plt = pyplot()
     c, h, w = images.shape[1:]
     pad = max(1, h // 14)  # white gutters between the tiles
     padded = np.pad(images / 255.0, ((0, 0), (0, 0), (0, pad), (0, pad)), constant_values=1)
@@ -284,7 +285,7 @@ def _plot_inputs(images: np.ndarray, side: int, path: Path) -> None:
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title("first pair: moving digit shifted by (row, col) offsets", fontsize=9)
-    common.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def analyze_manifold(run_dir: Path, config: ManifoldConfig | None = None,

@@ -36,6 +36,7 @@ from torch import nn
 
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
+from capsmed.figures import pyplot, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def _labels(results: list[RoutingResult]) -> list[str]:
 
 
 def _plot_epochs(results: list[RoutingResult], labels: list[str], out: Path) -> None:
-    plt = common.pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, (ax_h, ax_n) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -175,12 +176,12 @@ def _plot_epochs(results: list[RoutingResult], labels: list[str], out: Path) -> 
     ax_h.legend(fontsize=8)
     fig.suptitle("Routing entropy over training (paper 003 Fig. 3a), validation split",
                  fontsize=9)
-    common.save_figure(fig, out / "routing_entropy_epochs.png")
+    save_figure(fig, out / "routing_entropy_epochs.png")
 
 
 def _plot_against_accuracy(results: list[RoutingResult], labels: list[str], out: Path
                            ) -> None:
-    plt = common.pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     by_epoch: dict[int, list[tuple[float, float]]] = {}
     for r, label, color in zip(results, labels, plt.cm.tab10.colors * 10, strict=False):
@@ -205,11 +206,11 @@ def _plot_against_accuracy(results: list[RoutingResult], labels: list[str], out:
     if by_epoch:
         ax.legend(fontsize=8)
     ax.set_title("Entropy vs accuracy (paper 003 Fig. 3b); darker = later epoch", fontsize=9)
-    common.save_figure(fig, out / "routing_entropy_vs_accuracy.png")
+    save_figure(fig, out / "routing_entropy_vs_accuracy.png")
 
 
 def _plot_test(results: list[RoutingResult], labels: list[str], out: Path) -> None:
-    plt = common.pyplot()
+    plt = pyplot()
     names = list(dict.fromkeys(c for r in results for c in r.per_class))
     fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(names) + 3), 3.8))
     width = 0.8 / len(results)
@@ -222,7 +223,7 @@ def _plot_test(results: list[RoutingResult], labels: list[str], out: Path) -> No
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)
     ax.set_title("Kept checkpoint, test split, by true class", fontsize=9)
-    common.save_figure(fig, out / "routing_entropy_test.png")
+    save_figure(fig, out / "routing_entropy_test.png")
 
 
 def analyze_routing(run_dirs: list[Path], out: Path | None = None, device: str = "auto",

@@ -43,6 +43,7 @@ from torch import nn
 from capsmed.data.contract import read_info
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
+from capsmed.figures import pyplot, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +160,9 @@ def _check_layers(model: nn.Module, layers: list[tuple[str, ...]]) -> None:
 
 
 def _accuracy(run_dir: Path, data: Path, batch_size: int, device: str) -> float:
+    from capsmed.device import select_device
     from capsmed.train.checkpoint import load_checkpoint
     from capsmed.train.data import load_run_split
-    from capsmed.train.engine import select_device
 
     dev = select_device(device)
     model, _ = load_checkpoint(run_dir, dev)
@@ -252,7 +253,7 @@ def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
 
 
 def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
-    plt = common.pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     base = rows[0]["accuracy"]
     ks = sorted({r["k"] for r in rows if r["k"] > 0})
@@ -269,4 +270,4 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"{title}\n(paper 003 Fig. 7)", fontsize=9)
-    common.save_figure(fig, path)
+    save_figure(fig, path)

@@ -1,0 +1,31 @@
+"""matplotlib for files only (no display), and PNGs written atomically.
+
+One place for every figure capsmed draws (training curves, confusion matrices, the
+analyses' plots), so they share a backend, a resolution and the atomic write.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from capsmed.io import atomic_path
+
+DPI = 120
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, tight: bool = True) -> None:
+    """Save ``fig`` as a PNG atomically, then close it."""
+    with atomic_path(Path(path), suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=DPI, format="png", **({"bbox_inches": "tight"} if tight else {}))
+    pyplot().close(fig)
