@@ -120,6 +120,7 @@ def execute_run(state: PipelineState, run: RunSpec, run_id: str,
                     "--no-grids"]
             args += ["--data", e.data] if e.data else []
             args += ["--agreement"] if e.agreement else []
+            args += ["--batch-size", str(e.batch_size)] if e.batch_size else []
             if run_logged(capsmed_argv(*args), log, env) != 0:
                 return f"evaluation '{e.name}' failed; see {log}"
         return None

@@ -21,9 +21,11 @@ Event = Callable[[str, RunSpec, str, str | None], None]  # (what, run, run_id, d
 
 
 def slot_environments(jobs: int, gpus: Sequence[str]) -> list[dict[str, str]]:
-    """One environment per concurrent run."""
+    """One environment per concurrent run (an OMP_NUM_THREADS the user set is kept)."""
     if gpus:
         return [{"CUDA_VISIBLE_DEVICES": str(g)} for g in gpus]
+    if "OMP_NUM_THREADS" in os.environ:
+        return [{} for _ in range(jobs)]
     threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
     return [{"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads} for _ in range(jobs)]
 

@@ -30,7 +30,7 @@ from capsmed.train.config import TrainConfig
 TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "exclude",
             "train", "rules", "evaluate", "analyses", "report", "executor"}
 STAGE_KEYS = {"output", "requires", "commands", "scratch", "note"}
-EVALUATE_KEYS = {"name", "split", "data", "agreement"}
+EVALUATE_KEYS = {"name", "split", "data", "agreement", "batch_size"}
 ANALYSIS_KEYS = {"name", "output", "command", "note"}
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.:=,+-]*)\}")
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -63,6 +63,7 @@ class Evaluation:
     split: str = "test"
     data: str | None = None
     agreement: bool = False
+    batch_size: int | None = None  # images per forward pass [capsmed evaluate's 512]
 
 
 @dataclass(frozen=True)
@@ -315,5 +316,6 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     return Pipeline(path=path, name=str(raw["name"]), description=str(raw.get("description",
                     "")).strip(), variables=names, stages=stages,
                     runs=_runs(raw, names, stages, path), analyses=_analyses(raw, names, path),
-                    report=raw.get("report") or {}, executor=raw.get("executor") or {},
+                    report=raw.get("report") or {},
+                    executor=interpolate(raw.get("executor") or {}, names, "executor", path),
                     out=out, raw=raw)

@@ -52,7 +52,8 @@ def run_identity(run: RunSpec) -> str | None:
         other = _digest_or_path(e.data) if e.data else None
         if e.data and other is None:
             return None
-        evaluations.append({**dataclasses.asdict(e), "data": other})
+        evaluations.append({**{k: v for k, v in dataclasses.asdict(e).items()
+                               if k != "batch_size"}, "data": other})  # speed only
     train = {k: v for k, v in run.train.items() if k not in NOT_IDENTITY and k != "data"}
     payload = json.dumps({"train": train, "data": data, "evaluate": evaluations},
                          sort_keys=True, default=str)
