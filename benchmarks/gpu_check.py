@@ -118,7 +118,7 @@ def arch_setting(arch: str, quick: bool) -> tuple[int, int, int, dict[str, Any]]
     c, side, k = PAPER_SETTINGS.get(arch, (1, 28, 10))
     if not quick:
         return c, side, k, {}
-    from tests.test_models import TINY  # the test suite's toy widths, one place
+    from tests.helpers import TINY  # the test suite's toy widths, one place
 
     return c, 32 if side > 40 else side, k, dict(TINY.get(arch, {}))
 

@@ -8,10 +8,6 @@ import pytest
 
 from capsmed.progress import set_progress_enabled
 
-# Reduced widths: the same code paths as the paper models at a fraction of the compute.
-TINY_CAPSNET = {"conv_channels": 16, "primary_types": 4, "primary_dim": 4, "class_dim": 8,
-                "decoder_hidden": [32, 64]}
-
 
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_progress():

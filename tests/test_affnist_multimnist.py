@@ -20,7 +20,7 @@ from capsmed.data.sources.multimnist import (
 )
 from capsmed.data.synth.digits import write_affnist, write_affnist_mat, write_mnist_like
 from capsmed.errors import CapsmedError
-from tests.test_cli_bad_input import _assert_clean_failure
+from tests.helpers import assert_clean_failure
 
 runner = CliRunner()
 
@@ -119,7 +119,7 @@ def test_cli_bad_affnist_files(tmp_path, make):
     message = make(victim)
     out = tmp_path / "out.h5"
     result = runner.invoke(app, ["-q", "preprocess", "affnist", str(victim), "-o", str(out)])
-    _assert_clean_failure(result, str(victim), out)
+    assert_clean_failure(result, str(victim), out)
     assert message in result.stderr
 
 
@@ -127,7 +127,7 @@ def test_cli_affnist_empty_folder_and_synth(tmp_path):
     empty = tmp_path / "batches"
     empty.mkdir()
     out = tmp_path / "out.h5"
-    _assert_clean_failure(runner.invoke(app, ["preprocess", "affnist", str(empty), "-o",
+    assert_clean_failure(runner.invoke(app, ["preprocess", "affnist", str(empty), "-o",
                                               str(out)]), str(empty), out)
     raw = tmp_path / "aff"
     result = runner.invoke(app, ["-q", "synth", "affnist", str(raw), "--count", "20",
@@ -253,7 +253,7 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
     import capsmed.train.step as step_module
     from capsmed.train.config import TrainConfig
     from capsmed.train.engine import train
-    from tests.conftest import TINY_CAPSNET
+    from tests.helpers import TINY_CAPSNET
 
     seen = []
     real = losses.two_label_loss

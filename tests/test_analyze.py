@@ -35,7 +35,7 @@ from capsmed.models.common import ModelOutput
 from capsmed.train.checkpoint import load_checkpoint, save_checkpoint
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.conftest import TINY_CAPSNET
+from tests.helpers import TINY_CAPSNET, assert_clean_failure
 
 runner = CliRunner()
 CPU = torch.device("cpu")
@@ -55,12 +55,6 @@ def _fresh_copy(run, tmp_path):
     return copy
 
 
-def _assert_clean_failure(result, names, output):
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert names in lines[0]
-    assert not output.exists()
 
 
 def _blobs(centres, sigmas, size=40):
@@ -195,7 +189,7 @@ def test_affine_cli_on_a_capsnet_run_with_an_affnist_file(caps_run, tiny_h5, tmp
     fresh = _fresh_copy(caps_run, tmp_path)
     bad = runner.invoke(app, ["-q", "analyze", "affine", str(fresh), "--affnist", str(digits),
                               "--sweep-step", "180", "--max-samples", "2"])
-    _assert_clean_failure(bad, "digits.h5: classes", fresh / "analysis")
+    assert_clean_failure(bad, "digits.h5: classes", fresh / "analysis")
 
 
 # ------------------------------------------------------------------ routing
@@ -247,7 +241,7 @@ def test_routing_refuses_a_convnet(tiny_h5, tmp_path):
                     {"arch": "lenet", "model_kwargs": kwargs, "epoch": 1, "data": str(tiny_h5),
                      "class_names": ["non-mitosis", "mitosis"]})
     result = runner.invoke(app, ["-q", "analyze", "routing", str(run)])
-    _assert_clean_failure(result, "'lenet' has no routing couplings", run / "analysis")
+    assert_clean_failure(result, "'lenet' has no routing couplings", run / "analysis")
 
 
 def test_routing_without_logged_entropy_analyses_the_checkpoint(tiny_h5, tmp_path):
@@ -359,4 +353,4 @@ def test_compactness_cli_on_a_capsnet_run(caps_run, tmp_path):
         assert 0.0 <= r["score"] <= r["max_score"] == pytest.approx(math.log(8))
     fresh = _fresh_copy(caps_run, tmp_path)
     bad = runner.invoke(app, ["-q", "analyze", "compactness", str(fresh), "--factor", "spin"])
-    _assert_clean_failure(bad, "unknown factor(s) spin", fresh / "analysis")
+    assert_clean_failure(bad, "unknown factor(s) spin", fresh / "analysis")

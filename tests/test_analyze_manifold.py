@@ -27,7 +27,7 @@ from capsmed.evaluate.analyses.manifold import (
 )
 from capsmed.models import create_model
 from capsmed.train.checkpoint import save_checkpoint
-from tests.conftest import TINY_CAPSNET
+from tests.helpers import TINY_CAPSNET
 
 runner = CliRunner()
 

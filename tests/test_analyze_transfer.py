@@ -18,7 +18,7 @@ from capsmed.evaluate.analyses.transfer import TransferConfig, transferable_laye
 from capsmed.models import create_model
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.conftest import TINY_CAPSNET
+from tests.helpers import TINY_CAPSNET
 
 runner = CliRunner()
 FAST = ["--epochs", "1", "--batch-size", "8", "--steps-per-epoch", "2"]

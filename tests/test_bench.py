@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from tests.conftest import TINY_CAPSNET
+from tests.helpers import TINY_CAPSNET
 
 
 def test_bench_train_appends_a_result_per_architecture(tmp_path):

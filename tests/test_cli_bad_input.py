@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from capsmed.cli import app
+from tests.helpers import assert_clean_failure
 
 runner = CliRunner()
 
@@ -23,13 +24,6 @@ def _preprocess(raw, out):
                                "--workers", "1"])
 
 
-def _assert_clean_failure(result, names, output):
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert names in lines[0]
-    assert not output.exists()
-    assert not list(output.parent.glob(f".{output.name}*")), "temporary file left behind"
 
 
 def _truncate_tiff(raw):
@@ -60,7 +54,7 @@ def test_corrupt_raw_files(tiny_raw, tmp_path, corrupt, message):
     victim = corrupt(raw)
     out = tmp_path / "out.h5"
     result = _preprocess(raw, out)
-    _assert_clean_failure(result, str(victim), out)
+    assert_clean_failure(result, str(victim), out)
     assert message in result.stderr
 
 
@@ -70,7 +64,7 @@ def test_missing_or_empty_folder(tmp_path, make):
     make(raw)
     out = tmp_path / "out.h5"
     result = runner.invoke(app, ["preprocess", "tupac16", str(raw), "-o", str(out)])
-    _assert_clean_failure(result, str(raw), out)
+    assert_clean_failure(result, str(raw), out)
 
 
 def test_train_on_a_file_that_is_not_hdf5(tmp_path):
@@ -79,7 +73,7 @@ def test_train_on_a_file_that_is_not_hdf5(tmp_path):
     run = tmp_path / "run"
     result = runner.invoke(app, ["train", "--data", str(fake), "--arch", "lenet",
                                  "--out", str(run)])
-    _assert_clean_failure(result, str(fake), run)
+    assert_clean_failure(result, str(fake), run)
     assert "not an HDF5 file" in result.stderr
 
 

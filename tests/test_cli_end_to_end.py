@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.contract import DatasetWriter, load_split
-from tests.conftest import TINY_CAPSNET
+from tests.helpers import TINY_CAPSNET
 
 runner = CliRunner()
 
@@ -141,7 +141,7 @@ def test_partial_yaml_config_is_completed_by_flags(cli_dataset, tmp_path):
 
 
 def test_branches_flag_reaches_the_model(cli_dataset, tmp_path):
-    from tests.test_models import TINY
+    from tests.helpers import TINY
 
     run = tmp_path / "par"
     args = ["train", "--data", str(cli_dataset / "t.h5"), "--arch", "parallel-dr",

@@ -22,7 +22,7 @@ from capsmed.data.sources.diaretdb1_layout import (
 )
 from capsmed.data.synth.diaretdb1 import OFFICIAL_TRAIN, write_diaretdb1
 from capsmed.errors import CapsmedError
-from tests.test_cli_bad_input import _assert_clean_failure
+from tests.helpers import assert_clean_failure
 
 runner = CliRunner()
 SIZE = (320, 246)  # about a fifth of the release's 1500x1152
@@ -247,7 +247,7 @@ def test_user_split_files_replace_the_official_lists(raw, tmp_path):
     result = _preprocess(raw, tmp_path / "leak.h5", "--split-file",
                          f"train={tmp_path / 'tr.txt'}", "--split-file",
                          f"test={tmp_path / 'te.txt'}")
-    _assert_clean_failure(result, str(tmp_path / "te.txt"), tmp_path / "leak.h5")
+    assert_clean_failure(result, str(tmp_path / "te.txt"), tmp_path / "leak.h5")
     assert "image003 is also listed in" in result.stderr
 
 
@@ -323,5 +323,5 @@ def test_bad_input_fails_cleanly_through_the_cli(raw, tmp_path, corrupt):
     victim, message = corrupt(copy / "resources")
     out = tmp_path / "out.h5"
     result = _preprocess(copy, out)
-    _assert_clean_failure(result, str(victim), out)
+    assert_clean_failure(result, str(victim), out)
     assert message in result.stderr

@@ -14,7 +14,7 @@ from capsmed.models.em_capsnet import (
     PrimaryMatrixCapsules,
 )
 from capsmed.train.losses import spread_loss, training_loss
-from tests.test_models import TINY
+from tests.helpers import TINY
 
 # Reduced widths for em-capsnet: a 4x4 primary grid at 28x28 and 32x32, 6x6 at 48x48.
 TINY_EM = TINY["em-capsnet"]

@@ -31,8 +31,7 @@ from capsmed.models.capsules import MaskedDecoder
 from capsmed.train.checkpoint import load_checkpoint
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.conftest import TINY_CAPSNET
-from tests.test_cli_bad_input import _assert_clean_failure
+from tests.helpers import TINY_CAPSNET, assert_clean_failure
 
 runner = CliRunner()
 CPU = torch.device("cpu")
@@ -199,7 +198,7 @@ def test_cli_agreement_flag_and_bad_batch_size(lenet_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("report"))
     result = runner.invoke(app, ["-q", "evaluate", str(run), "--batch-size", "0"])
-    _assert_clean_failure(result, "batch size must be >= 1", run / "report")
+    assert_clean_failure(result, "batch size must be >= 1", run / "report")
     result = runner.invoke(app, ["-q", "evaluate", str(run), "--agreement", "--batch-size", "8"],
                            env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output + result.stderr
@@ -244,4 +243,4 @@ def test_report_name_keeps_an_evaluation_on_other_data_apart(lenet_run, tiny_h5,
     assert json.loads((run / "report-other" / "report.json").read_text())["dataset"] == "other"
     assert (run / "report" / "report.json").read_text() == own
     result = runner.invoke(app, ["-q", "evaluate", str(run), "--report-name", "../x"])
-    _assert_clean_failure(result, "--report-name must be a plain folder name", tmp_path / "x")
+    assert_clean_failure(result, "--report-name must be a plain folder name", tmp_path / "x")

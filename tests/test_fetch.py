@@ -17,7 +17,7 @@ from capsmed.data.fetch import RemoteDataset, fetch_dataset
 from capsmed.data.sources.idx import encode_idx, read_idx_images
 from capsmed.data.sources.mnist import REMOTE
 from capsmed.errors import CapsmedError
-from tests.test_cli_bad_input import _assert_clean_failure
+from tests.helpers import assert_clean_failure
 
 runner = CliRunner()
 NAMES = list(REMOTE["mnist"].md5)
@@ -216,7 +216,7 @@ def test_cli_real_checksums_reject_other_files(tmp_path, served):
     dest = tmp_path / "raw"
     result = runner.invoke(app, ["-q", "fetch", "mnist", str(dest), "--mirror", server.url])
     victim = dest / NAMES[0]
-    _assert_clean_failure(result, str(victim), victim)
+    assert_clean_failure(result, str(victim), victim)
     assert f"expected {REMOTE['mnist'].md5[NAMES[0]]}" in result.stderr
     assert not list(dest.iterdir())
 
@@ -226,6 +226,6 @@ def test_cli_offline(tmp_path):
     result = runner.invoke(app, ["-q", "fetch", "fashion-mnist", str(dest), "--mirror",
                                  _closed_port_url(), "--timeout", "5"])
     victim = dest / NAMES[0]
-    _assert_clean_failure(result, str(victim), victim)
+    assert_clean_failure(result, str(victim), victim)
     assert "connection refused" in result.stderr
     assert "zalandoresearch/fashion-mnist by hand" in result.stderr

@@ -14,6 +14,7 @@ from capsmed.data.contract import class_counts, groups_by_split, load_split, rea
 from capsmed.data.sources.folder import FolderConfig, discover, preprocess_folder
 from capsmed.data.synth.folder import write_class_folders
 from capsmed.errors import CapsmedError
+from tests.helpers import assert_clean_failure
 
 runner = CliRunner()
 PATIENT = r"^(P\d+)_"
@@ -209,13 +210,6 @@ def test_cli_synth_and_preprocess(tmp_path):
 # ---- bad input through the real CLI -----------------------------------------------
 
 
-def _assert_clean_failure(result, names, output):
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert names in lines[0], lines[0]
-    assert not output.exists()
-    assert not list(output.parent.glob(f".{output.name}*")), "temporary file left behind"
 
 
 def _good(root):
@@ -265,7 +259,7 @@ def test_bad_raw_data(tmp_path, break_it):
     result = runner.invoke(app, ["-q", "preprocess", "folder", str(root), "-o", str(out),
                                  "--workers", "1", "--group-pattern", PATIENT, "--train",
                                  "1", "--val", "0", "--test", "0"])
-    _assert_clean_failure(result, str(victim), out)
+    assert_clean_failure(result, str(victim), out)
     assert message in result.stderr
 
 
@@ -273,11 +267,11 @@ def test_missing_root_and_unknown_class(tmp_path):
     out = tmp_path / "out.h5"
     result = runner.invoke(app, ["preprocess", "folder", str(tmp_path / "nope"), "-o",
                                  str(out)])
-    _assert_clean_failure(result, str(tmp_path / "nope"), out)
+    assert_clean_failure(result, str(tmp_path / "nope"), out)
     _good(tmp_path / "root")
     result = runner.invoke(app, ["preprocess", "folder", str(tmp_path / "root"), "-o",
                                  str(out), "--classes", "a,zebra"])
-    _assert_clean_failure(result, str(tmp_path / "root" / "zebra"), out)
+    assert_clean_failure(result, str(tmp_path / "root" / "zebra"), out)
 
 
 @pytest.mark.parametrize("rows, names, message", [
@@ -291,7 +285,7 @@ def test_bad_groups_csv(tmp_path, rows, names, message):
     out = tmp_path / "out.h5"
     result = runner.invoke(app, ["preprocess", "folder", str(tmp_path / "root"), "-o",
                                  str(out), "--groups-csv", str(tmp_path / "groups.csv")])
-    _assert_clean_failure(result, names, out)
+    assert_clean_failure(result, names, out)
     assert message in result.stderr
 
 
@@ -301,7 +295,7 @@ def test_file_not_matching_group_pattern(tmp_path):
     out = tmp_path / "out.h5"
     result = runner.invoke(app, ["preprocess", "folder", str(tmp_path / "root"), "-o",
                                  str(out), "--group-pattern", PATIENT])
-    _assert_clean_failure(result, str(tmp_path / "root" / "b" / "scan7.png"), out)
+    assert_clean_failure(result, str(tmp_path / "root" / "b" / "scan7.png"), out)
     assert "does not match the group pattern" in result.stderr
 
 

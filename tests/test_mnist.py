@@ -28,7 +28,7 @@ from capsmed.data.sources.mnist import (
 )
 from capsmed.data.synth.digits import write_mnist_like
 from capsmed.errors import CapsmedError
-from tests.test_cli_bad_input import _assert_clean_failure
+from tests.helpers import assert_clean_failure
 
 runner = CliRunner()
 
@@ -280,7 +280,7 @@ def test_cli_bad_idx_files(tmp_path, mnist_raw, corrupt):
     victim, message = corrupt(raw)
     out = tmp_path / "out.h5"
     result = runner.invoke(app, ["preprocess", "mnist", str(raw), "-o", str(out)])
-    _assert_clean_failure(result, str(victim), out)
+    assert_clean_failure(result, str(victim), out)
     assert message in result.stderr
 
 
@@ -289,11 +289,11 @@ def test_cli_missing_files_and_bad_options(tmp_path, mnist_raw):
     empty.mkdir()
     out = tmp_path / "out.h5"
     result = runner.invoke(app, ["preprocess", "fashion-mnist", str(empty), "-o", str(out)])
-    _assert_clean_failure(result, str(empty), out)
+    assert_clean_failure(result, str(empty), out)
     assert "capsmed fetch fashion-mnist" in result.stderr
     result = runner.invoke(app, ["preprocess", "mnist", str(mnist_raw), "-o", str(out),
                                  "--placement", "random50"])
-    _assert_clean_failure(result, "random50", out)
+    assert_clean_failure(result, "random50", out)
     result = runner.invoke(app, ["preprocess", "mnist", str(mnist_raw), "-o", str(out),
                                  "--val", "120"])
-    _assert_clean_failure(result, "leaves no training images", out)
+    assert_clean_failure(result, "leaves no training images", out)

@@ -9,25 +9,7 @@ from capsmed.errors import CapsmedError
 from capsmed.models import count_parameters, create_model, list_models
 from capsmed.models.capsules import dynamic_routing, squash
 from capsmed.train.losses import margin_loss, reconstruction_loss, spread_loss, training_loss
-from tests.conftest import TINY_CAPSNET
-
-TINY_FC = {"channels": (4, 4, 4), "hidden": (8, 6)}
-TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
-        "lenet": {"widths": (3, 4), "hidden": (8,)},
-        "baseline": TINY_FC, "convnet-fc": TINY_FC, "convnet-avg": {"channels": (4, 4)},
-        "resnext50": {"layers": (1, 1, 1, 1), "planes": (4, 8, 8, 8), "cardinality": 2,
-                      "base_width": 32, "stem_channels": 8},
-        "convnet-cr": {"conv_channels": 16, "decoder_hidden": (16, 16)},
-        "convnet-r": {"conv_channels": 16, "decoder_hidden": (16, 16)},
-        "convnet-cr-sf": {"conv_channels": 16, "decoder_hidden": (16, 16)},
-        "em-capsnet": {"stem_channels": 8, "stem_blocks": 2, "cardinality": 2, "base_width": 8,
-                       "primary_types": 4, "mid_types": 4},
-        "parallel-em": {"branches": 2, "stem_channels": 8, "stem_planes": (8,),
-                        "branch_planes": 8, "cardinality": 2, "base_width": 16,
-                        "primary_types": 4},
-        "parallel-dr": {"branches": 3, "stem_channels": 8, "stem_planes": (4,),
-                        "branch_planes": 4, "cardinality": 2, "base_width": 32,
-                        "primary_dim": 8, "mid_dim": 4, "class_dim": 4}}
+from tests.helpers import TINY, TINY_CAPSNET, TINY_FC
 
 
 @pytest.mark.parametrize("entry", list_models(), ids=lambda e: e.name)

@@ -27,6 +27,7 @@ from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import paired_p_value
 from capsmed.evaluate.tables import latex, latex_escape
 from capsmed.train.protocol import protocol_label, protocol_settings
+from tests.helpers import assert_clean_failure
 
 runner = CliRunner()
 
@@ -283,11 +284,6 @@ def _ok(args):
     return result
 
 
-def _assert_clean_failure(result, text):
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], \
-        result.stderr
 
 
 def test_cli_end_to_end(runs_root, tmp_path):
@@ -322,7 +318,7 @@ def test_cli_end_to_end(runs_root, tmp_path):
 def test_cli_bad_options_write_nothing(runs_root, tmp_path, args, text):
     out = tmp_path / "rep"
     result = runner.invoke(app, ["report", str(runs_root / "full"), "-o", str(out), *args])
-    _assert_clean_failure(result, text)
+    assert_clean_failure(result, text)
     assert not out.exists() and not list(tmp_path.glob(".rep.*"))
 
 
@@ -331,7 +327,7 @@ def test_cli_refuses_foreign_folder_and_no_runs(runs_root, tmp_path):
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     result = runner.invoke(app, ["report", str(runs_root / "full"), "-o", str(foreign)])
-    _assert_clean_failure(result, f"{foreign}: exists, is not empty")
+    assert_clean_failure(result, f"{foreign}: exists, is not empty")
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
     result = runner.invoke(app, ["report", str(runs_root / "pending"), "-o",
                                  str(tmp_path / "r")])
@@ -340,13 +336,13 @@ def test_cli_refuses_foreign_folder_and_no_runs(runs_root, tmp_path):
         f"error: {runs_root / 'pending'}: no evaluated runs (1 skipped)")
     result = runner.invoke(app, ["report", str(tmp_path / "nowhere"), "-o",
                                  str(tmp_path / "r")])
-    _assert_clean_failure(result, f"{tmp_path / 'nowhere'}: no such run directory")
+    assert_clean_failure(result, f"{tmp_path / 'nowhere'}: no such run directory")
     assert not (tmp_path / "r").exists()
     broken = tmp_path / "broken"
     shutil.copytree(runs_root / "full" / "lenet-s1", broken / "run")
     (broken / "run" / "report" / "report.json").write_text("{not json")
     result = runner.invoke(app, ["report", str(broken), "-o", str(tmp_path / "r")])
-    _assert_clean_failure(result, f"{broken / 'run' / 'report' / 'report.json'}: cannot read")
+    assert_clean_failure(result, f"{broken / 'run' / 'report' / 'report.json'}: cannot read")
 
 
 def test_runs_ls_and_report_share_one_protocol_label():

@@ -76,3 +76,29 @@ def test_no_import_cycles():
 @pytest.mark.parametrize("layer", LAYERS[:-1])
 def test_every_layer_exists(layer):
     assert (PACKAGE / layer).exists() or (PACKAGE / f"{layer}.py").exists()
+
+
+@pytest.mark.parametrize("name", [e.name for e in __import__(
+    "capsmed.models", fromlist=["list_models"]).list_models()])
+def test_every_registered_model_provides_the_interface(name):
+    import inspect
+
+    import torch
+
+    from capsmed.models import create_model
+    from capsmed.models.common import LOSS_KINDS, CapsmedModel, ModelOutput
+    from tests.helpers import TINY
+
+    model = create_model(name, in_channels=1, num_classes=3, input_size=28,
+                         **TINY.get(name, {}))
+    assert isinstance(model, CapsmedModel) and model.loss_kind in LOSS_KINDS
+    assert model.decoder is None or isinstance(model.decoder, torch.nn.Module)
+    params = inspect.signature(model.forward).parameters
+    assert "target" in params
+    assert model.returns_couplings == ("return_couplings" in params)
+    x, y = torch.rand(2, 1, 28, 28), torch.tensor([0, 2])
+    kwargs = {"return_couplings": True} if model.returns_couplings else {}
+    out = model.eval()(x, target=y, **kwargs)
+    assert isinstance(out, ModelOutput) and out.scores.shape == (2, 3)
+    assert (out.couplings is not None) == model.returns_couplings
+    assert (out.reconstruction is not None) == (model.decoder is not None)

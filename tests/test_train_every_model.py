@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.models import list_models
-from tests.test_models import TINY
+from tests.helpers import TINY
 
 runner = CliRunner()
 

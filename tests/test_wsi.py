@@ -34,6 +34,7 @@ from capsmed.data.splits import split_groups
 from capsmed.data.stains import hematoxylin_channel
 from capsmed.data.synth.wsi import render_slide, write_pyramid
 from capsmed.errors import CapsmedError
+from tests.helpers import assert_clean_failure
 
 runner = CliRunner()
 PINK = (205, 120, 190)
@@ -368,13 +369,6 @@ def test_plain_images_go_through_imageslide(tmp_path, suffix):
     assert info["reader"] == "ImageSlide" and info["mpp"] is None
 
 
-def _assert_clean_failure(result, names, output):
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert names in lines[0]
-    assert not output.exists()
-    assert not list(output.parent.glob(f".{output.name}*")), "temporary file left behind"
 
 
 def _text_svs(tmp_path):
@@ -422,5 +416,5 @@ def test_bad_input_fails_cleanly_through_the_cli(tmp_path, make):
     out = tmp_path / "out.h5"
     result = runner.invoke(app, ["-q", "preprocess", "wsi", *args, "-o", str(out),
                                  "--workers", "1"])
-    _assert_clean_failure(result, str(victim), out)
+    assert_clean_failure(result, str(victim), out)
     assert message in result.stderr

@@ -44,7 +44,7 @@ class PerturbationGrid:
 
 def capsule_decoder(model: torch.nn.Module) -> MaskedDecoder | None:
     """The model's reconstruction decoder, or None when it has none."""
-    decoder = getattr(model, "decoder", None)
+    decoder = model.decoder
     return decoder if isinstance(decoder, MaskedDecoder) else None
 
 

@@ -113,7 +113,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         raise CapsmedError(f"{data_path}: split '{split}' has no samples")
 
     scores = predict_scores(model, split_data.images, dev, batch_size)
-    probabilities, score_kind = class_probabilities(scores, getattr(model, "loss_kind", "ce"))
+    probabilities, score_kind = class_probabilities(scores, model.loss_kind)
     report = classification_report(split_data.labels, scores.argmax(axis=1),
                                    info.class_names, scores=probabilities)
     agr = (orientation_agreement(model, split_data.images, split_data.labels, dev,

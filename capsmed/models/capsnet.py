@@ -22,15 +22,17 @@ from torch import nn
 
 from capsmed.errors import CapsmedError
 from capsmed.models.capsules import MaskedDecoder, PrimaryCapsules, RoutedCapsules
-from capsmed.models.common import LOSS_KINDS, ModelOutput, Standardize, as_size
+from capsmed.models.common import LOSS_KINDS, CapsmedModel, ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 
 ROUTINGS = ("dynamic", "em", "none")
 RECONSTRUCTIONS = ("conditional", "plain", "none")
 
 
-class CapsNet(nn.Module):
+class CapsNet(CapsmedModel):
     """Conv -> primary capsules -> routed class capsules (+ decoder)."""
+
+    returns_couplings = True
 
     def __init__(self, in_channels: int, num_classes: int, input_size: tuple[int, int], *,
                  conv_channels: int, conv_kernel: int, primary_types: int, primary_dim: int,

@@ -30,6 +30,31 @@ class ModelOutput:
     couplings: torch.Tensor | None = None
 
 
+class CapsmedModel(nn.Module):
+    """What every registered architecture provides; the trainer, evaluation and the
+    analyses rely on exactly this (checked over the registry by a test).
+
+    Attributes:
+        loss_kind: One of :data:`LOSS_KINDS`; the trainer pairs the loss with it.
+        decoder: The reconstruction decoder over the class capsules, or None.
+        returns_couplings: ``forward(..., return_couplings=True)`` fills
+            :attr:`ModelOutput.couplings` (routing coefficients; capsule networks).
+
+    ``forward(x, target=None, **kwargs) -> ModelOutput``: ``x`` is [B, C, H, W] in
+    [0, 1]; ``target`` (class indices) picks the capsule the decoder reconstructs.
+    """
+
+    loss_kind: str = "ce"
+    decoder: nn.Module | None  # an instance attribute (see __init__), never a class one
+    returns_couplings: bool = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Set here, not as a class attribute: a class-level None would shadow the
+        # decoder module a subclass registers (nn.Module keeps submodules apart).
+        self.decoder = None
+
+
 class Standardize(nn.Module):
     """``(x - mean) / std`` per channel; identity when no statistics are given.
 

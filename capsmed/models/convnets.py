@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from capsmed.errors import CapsmedError
-from capsmed.models.common import ModelOutput, Standardize, as_size
+from capsmed.models.common import CapsmedModel, ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 
 
@@ -31,7 +31,7 @@ def _xavier(module: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-class ConvNetFC(nn.Module):
+class ConvNetFC(CapsmedModel):
     """Convolutions without pooling, then fully connected layers with dropout."""
 
     loss_kind = "ce"
@@ -71,7 +71,7 @@ class ConvNetFC(nn.Module):
         return ModelOutput(scores=self.classifier(self.features(self.standardize(x))))
 
 
-class ConvNetAvg(nn.Module):
+class ConvNetAvg(CapsmedModel):
     """Two convolutions (the CapsNet stem), global average pooling, one class layer."""
 
     loss_kind = "ce"

@@ -54,7 +54,7 @@ from torch import nn
 
 from capsmed.errors import CapsmedError
 from capsmed.models.capsules import em_routing
-from capsmed.models.common import ModelOutput, Standardize, as_size
+from capsmed.models.common import CapsmedModel, ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 from capsmed.models.resnext import capsule_stem, stem_grid
 
@@ -157,8 +157,10 @@ class ClassMatrixCapsules(nn.Module):
                           return_couplings)
 
 
-class EMCapsNet(nn.Module):
+class EMCapsNet(CapsmedModel):
     """ResNeXt stem -> Primary-Caps -> (Mid-Caps 3x3/2) -> Class-Caps, EM routing."""
+
+    returns_couplings = True
 
     loss_kind = "spread"
 

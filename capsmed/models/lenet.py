@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from capsmed.errors import CapsmedError
-from capsmed.models.common import ModelOutput, Standardize, as_size
+from capsmed.models.common import CapsmedModel, ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 
 
-class LeNet(nn.Module):
+class LeNet(CapsmedModel):
     """LeNet-5 with ReLU activations and max pooling."""
 
     loss_kind = "ce"

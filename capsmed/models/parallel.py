@@ -44,7 +44,7 @@ from torch import nn
 
 from capsmed.errors import CapsmedError
 from capsmed.models.capsules import RoutedCapsules, dynamic_routing, squash
-from capsmed.models.common import ModelOutput, Standardize, as_size
+from capsmed.models.common import CapsmedModel, ModelOutput, Standardize, as_size
 from capsmed.models.em_capsnet import (
     ClassMatrixCapsules,
     ConvMatrixCapsules,
@@ -72,9 +72,11 @@ class Branch(nn.Module):
         return squash(y.reshape(b, h * w * self.caps_per_point, self.primary_dim))
 
 
-class ParallelDRCapsNet(nn.Module):
+class ParallelDRCapsNet(CapsmedModel):
     """Shared stem -> N branches (CNN block + primary capsules [+ one mid capsule]) ->
     dynamic routing to class capsules."""
+
+    returns_couplings = True
 
     loss_kind = "margin"
 
@@ -196,7 +198,7 @@ class EMBranch(nn.Module):
         return poses, acts
 
 
-class ParallelEMCapsNet(nn.Module):
+class ParallelEMCapsNet(CapsmedModel):
     """Paper 001's parallel EM-CapsNet: shared stem -> N branches -> class capsules.
 
     Three capsule layers (paper 001 Fig. 1, top): per branch 32 primary capsule types
@@ -214,6 +216,8 @@ class ParallelEMCapsNet(nn.Module):
     (2 layers); the defaults here give 19.95M and 8.12M at 400x400x3. Nearly all of
     the parameters are in the CNN blocks, whose widths the paper does not state.
     """
+
+    returns_couplings = True
 
     loss_kind = "spread"
 

@@ -25,13 +25,13 @@ from torch import nn
 
 from capsmed.errors import CapsmedError
 from capsmed.models.capsules import MaskedDecoder, capsule_length, squash
-from capsmed.models.common import ModelOutput, Standardize, as_size
+from capsmed.models.common import CapsmedModel, ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 
 GROUP = 16  # activations per class: the length of a CapsNet class capsule
 
 
-class ReconConvNet(nn.Module):
+class ReconConvNet(CapsmedModel):
     """Conv(256, 9, 1) + Conv(256, 9, 2) + FC(K*16) [+ squash], grouped or FC output,
     plus the reconstruction decoder."""
 

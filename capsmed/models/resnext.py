@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from capsmed.models.common import ModelOutput, Standardize, as_size
+from capsmed.models.common import CapsmedModel, ModelOutput, Standardize, as_size
 from capsmed.models.registry import register_model
 
 
@@ -93,7 +93,7 @@ def capsule_stem(in_channels: int, stem_channels: int, planes: tuple[int, ...],
     return stem, channels
 
 
-class ResNeXt(nn.Module):
+class ResNeXt(CapsmedModel):
     """Stem, four ResNeXt stages, global average pooling, class layer."""
 
     loss_kind = "ce"

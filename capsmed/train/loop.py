@@ -25,7 +25,7 @@ from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.curves import plot_training_curves
 from capsmed.train.run import Run
 from capsmed.train.state import RESUME_FILE, Progress, StopRequest, restore_rng, save_state
-from capsmed.train.step import accepts_couplings, coupling_entropy, forward, loss_and_correct
+from capsmed.train.step import coupling_entropy, forward, loss_and_correct
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def evaluate_loss(run: Run, data: Any) -> dict[str, float]:
     """Validation loss, accuracy and (capsule networks) mean coupling entropy."""
     model, settings, ctx = run.model, run.settings, run.ctx
     model.eval()
-    entropy = accepts_couplings(model)
+    entropy = model.returns_couplings
     sums = torch.zeros(5, device=run.device)  # loss*n, correct, n, entropy sum, rows
     batches = (ctx.shard(b) for b in sequential_batches(len(data), run.cfg.eval_batch_size))
     for x, y in data.batches(batches):

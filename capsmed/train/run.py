@@ -211,7 +211,7 @@ class Run:
             channels_last=channels_last, class_weights=weights, augment=augment,
             augment_rng=(torch.Generator(device=device).manual_seed(cfg.seed + 1)
                          if augment is not None else None),
-            decoder=getattr(self.model, "decoder", None))
+            decoder=self.model.decoder)
         self.step = TrainStep(module, self.optimizer, self.settings)
         self.environment = {"capsmed": __version__, "torch": str(torch.__version__),
                             "device": device_name(device),

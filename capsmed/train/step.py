@@ -32,13 +32,6 @@ def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def accepts_couplings(model: nn.Module) -> bool:
-    """Whether ``model.forward`` can return routing couplings (capsule networks)."""
-    import inspect
-
-    return "return_couplings" in inspect.signature(model.forward).parameters
-
-
 def coupling_entropy(couplings: torch.Tensor) -> torch.Tensor:
     """Sum over samples and lower capsules of the entropy (nats) of each lower capsule's
     coupling distribution over the capsules above (paper 003's association entropy,

@@ -102,9 +102,7 @@ def routing_layer_name(model: nn.Module) -> str:
 
 
 def require_couplings(model: nn.Module, run_dir: Path, arch: str) -> None:
-    from capsmed.train.step import accepts_couplings
-
-    if not accepts_couplings(model):
+    if not model.returns_couplings:
         raise CapsmedError(f"{run_dir}: '{arch}' has no routing couplings; the routing "
                            "analysis needs a capsule network with routing (capsnet, "
                            "em-capsnet, parallel-dr, parallel-em)")

@@ -1,0 +1,40 @@
+"""What several test modules share: toy model widths and assertions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def assert_clean_failure(result: Any, text: str, output: Path | None = None) -> None:
+    """A CLI failure as promised: exit 1, one ``error:`` line containing ``text`` on
+    stderr, and (given ``output``) no output and no temporary file beside it."""
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert text in lines[0], lines[0]
+    if output is not None:
+        assert not output.exists()
+        assert not list(output.parent.glob(f".{output.name}*")), "temporary file left behind"
+
+
+# Reduced widths: the same code paths as the paper models at a fraction of the compute.
+TINY_CAPSNET = {"conv_channels": 16, "primary_types": 4, "primary_dim": 4, "class_dim": 8,
+                "decoder_hidden": [32, 64]}
+TINY_FC = {"channels": (4, 4, 4), "hidden": (8, 6)}
+TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
+        "lenet": {"widths": (3, 4), "hidden": (8,)},
+        "baseline": TINY_FC, "convnet-fc": TINY_FC, "convnet-avg": {"channels": (4, 4)},
+        "resnext50": {"layers": (1, 1, 1, 1), "planes": (4, 8, 8, 8), "cardinality": 2,
+                      "base_width": 32, "stem_channels": 8},
+        "convnet-cr": {"conv_channels": 16, "decoder_hidden": (16, 16)},
+        "convnet-r": {"conv_channels": 16, "decoder_hidden": (16, 16)},
+        "convnet-cr-sf": {"conv_channels": 16, "decoder_hidden": (16, 16)},
+        "em-capsnet": {"stem_channels": 8, "stem_blocks": 2, "cardinality": 2, "base_width": 8,
+                       "primary_types": 4, "mid_types": 4},
+        "parallel-em": {"branches": 2, "stem_channels": 8, "stem_planes": (8,),
+                        "branch_planes": 8, "cardinality": 2, "base_width": 16,
+                        "primary_types": 4},
+        "parallel-dr": {"branches": 3, "stem_channels": 8, "stem_planes": (4,),
+                        "branch_planes": 4, "cardinality": 2, "base_width": 32,
+                        "primary_dim": 8, "mid_dim": 4, "class_dim": 4}}
