@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.capsmed-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test lint clean gpu-check reproduce-smoke reproduce-jimenez2018 \
+.PHONY: help install demo test test-fast lint clean gpu-check reproduce-smoke reproduce-jimenez2018 \
 	reproduce-vigueras2021 reproduce-gu2021 reproduce-routing2019
 
 help: ## List the targets
@@ -28,6 +28,9 @@ demo: $(STAMP) ## Synthetic TUPAC16: preprocess, train, report
 
 test: $(STAMP) ## Run the test suite (CPU, a few minutes)
 	$(PY) -m pytest
+
+test-fast: $(STAMP) ## The suite without the slow end-to-end tests (<1 min)
+	$(PY) -m pytest -m "not slow"
 
 # Whole studies (pipelines/*.yaml) through capsmed run; rerunning skips finished runs.
 #   make reproduce-jimenez2018 DATA_ROOT=/data EXECUTOR=slurm GPUS=0,1

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -39,6 +40,7 @@ def test_train_config_example(tiny_h5, tmp_path):
     assert config["fraction"] == 0.5 and config["augment"] and config["epochs"] == 1
 
 
+@pytest.mark.slow
 def test_custom_pipeline_example(tmp_path):
     result = runner.invoke(app, ["run", str(EXAMPLES / "pipeline-custom.yaml"), "--set",
                                  f"out={tmp_path}", "--set", "epochs=1", "--only", "seed=0"])

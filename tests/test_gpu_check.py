@@ -15,6 +15,7 @@ def _records(out):
     return [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_quick_cpu_run_exercises_every_part(tmp_path):
     assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
                            "--archs", "capsnet,lenet"]) == 0

@@ -91,6 +91,7 @@ def _done_dirs(out: Path) -> dict[str, float]:
     return {p.parent.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
 
 
+@pytest.mark.slow
 def test_runs_are_skipped_resumed_and_rerun_by_identity(tmp_path):
     """SIGKILL the runner half-way: a restart retrains nothing that finished and ends
     with the same study tables as an uninterrupted run."""
@@ -123,6 +124,7 @@ def test_runs_are_skipped_resumed_and_rerun_by_identity(tmp_path):
     assert "(4 pending)" in result.stdout  # epochs=1 (the default): other identities
 
 
+@pytest.mark.slow
 def test_a_failing_run_is_retried_reported_and_does_not_stop_the_others(tmp_path):
     path = _pipeline(tmp_path, rules=[{"when": {"condition": "half"},
                                        "set": {"imbalance": {"no-such-class": 20}}}])

@@ -31,8 +31,9 @@ def _slurm_env() -> dict[str, str] | None:
 
 
 SLURM = _slurm_env()
-pytestmark = pytest.mark.skipif(SLURM is None, reason="no Slurm cluster answers (start "
-                                "one with scripts/slurm-local.sh start)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(SLURM is None, reason="no Slurm cluster answers (start "
+                                 "one with scripts/slurm-local.sh start)")]
 
 
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -198,6 +198,7 @@ def test_cli_resume_refuses_other_options(tmp_path):
     assert result.exit_code == 1 and "give no other training options" in result.output
 
 
+@pytest.mark.slow
 def test_ddp_on_two_cpu_processes_matches_one_process(tiny_h5, tmp_path):
     """torchrun + gloo: each rank trains on half of every global batch; the averaged
     gradients make the run follow the single-process one with the same batch."""
