@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capsmed.errors import CapsmedError
-from capsmed.evaluate.run import Evaluation, evaluate_run
+from capsmed.evaluate.evaluation import Evaluation, evaluate_run
 
 log = logging.getLogger(__name__)
 

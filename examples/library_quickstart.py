@@ -17,7 +17,7 @@ from pathlib import Path
 
 from capsmed.data.sources.folder import FolderConfig, preprocess_folder
 from capsmed.data.synth.folder import write_class_folders
-from capsmed.evaluate.run import evaluate_run
+from capsmed.evaluate.evaluation import evaluate_run
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 

@@ -26,7 +26,7 @@ from capsmed.evaluate.agreement import (
     orientation_predictions,
 )
 from capsmed.evaluate.capsule_grids import perturb_dimensions
-from capsmed.evaluate.run import evaluate_run, predict_scores
+from capsmed.evaluate.evaluation import evaluate_run, predict_scores
 from capsmed.models.capsules import MaskedDecoder
 from capsmed.train.checkpoint import load_checkpoint
 from capsmed.train.config import TrainConfig

@@ -51,7 +51,7 @@ def _labels(cm):
 @pytest.fixture(scope="module")
 def real_run(tiny_h5, tmp_path_factory):
     """A real lenet run trained for one epoch and evaluated: the schema's source."""
-    from capsmed.evaluate.run import evaluate_run
+    from capsmed.evaluate.evaluation import evaluate_run
     from capsmed.train.config import TrainConfig
     from capsmed.train.engine import train
 
@@ -346,7 +346,7 @@ def test_cli_refuses_foreign_folder_and_no_runs(runs_root, tmp_path):
 
 
 def test_runs_ls_and_report_share_one_protocol_label():
-    from capsmed.train.runs import _protocol
+    from capsmed.train.run_index import _protocol
 
     train = {"per_class_limit": 25, "augment": True, "fold": 2, "folds": 5}
     assert _protocol(train) == protocol_label(protocol_settings(train)) + ", fold 2"

@@ -21,7 +21,7 @@ def demo(
     from rich.console import Console
 
     from capsmed.demo import DemoConfig, run_demo
-    from capsmed.evaluate.report import rich_table
+    from capsmed.evaluate.run_report import rich_table
 
     evaluations = run_demo(DemoConfig(workdir=workdir, **only_set(seed=seed, cases=cases)))
     console = Console()

@@ -31,8 +31,8 @@ def evaluate(
     Acc, macro/weighted F1; confusion matrices and report.html in RUN_DIR/report/."""
     from rich.console import Console
 
-    from capsmed.evaluate.report import rich_table
-    from capsmed.evaluate.run import evaluate_run
+    from capsmed.evaluate.evaluation import evaluate_run
+    from capsmed.evaluate.run_report import rich_table
 
     result = evaluate_run(run_dir, split=split, data=data, device=device, agreement=agreement,
                           grids=grids, report_name=report_name,

@@ -30,7 +30,7 @@ from capsmed.train.protocol import (
     protocol_settings,
     protocol_sort_key,
 )
-from capsmed.train.runs import find_runs
+from capsmed.train.run_index import find_runs
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from capsmed.evaluate.agreement import AgreementResult
 from capsmed.evaluate.metrics import ClassificationReport
-from capsmed.evaluate.report import HEADERS, summary_rows, table_rows
+from capsmed.evaluate.run_report import HEADERS, summary_rows, table_rows
 from capsmed.io import write_text_atomic
 
 CSS = """

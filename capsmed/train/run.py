@@ -33,7 +33,9 @@ from capsmed.models import count_parameters, create_model
 from capsmed.train import distributed
 from capsmed.train.augment import get_recipe
 from capsmed.train.config import TrainConfig
-from capsmed.train.data import (
+from capsmed.train.losses import balanced_class_weights
+from capsmed.train.optim import build_optimizer, build_schedule
+from capsmed.train.run_data import (
     RunRows,
     channel_statistics,
     is_two_label,
@@ -41,8 +43,6 @@ from capsmed.train.data import (
     sample_for_statistics,
     select_rows,
 )
-from capsmed.train.losses import balanced_class_weights
-from capsmed.train.optim import build_optimizer, build_schedule
 from capsmed.train.sampling import BatchSampler
 from capsmed.train.step import StepSettings, TrainStep, prepare_model, resolve_precision
 

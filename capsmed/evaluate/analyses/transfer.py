@@ -162,7 +162,7 @@ def _check_layers(model: nn.Module, layers: list[tuple[str, ...]]) -> None:
 def _accuracy(run_dir: Path, data: Path, batch_size: int, device: str) -> float:
     from capsmed.device import select_device
     from capsmed.train.checkpoint import load_checkpoint
-    from capsmed.train.data import load_run_split
+    from capsmed.train.run_data import load_run_split
 
     dev = select_device(device)
     model, _ = load_checkpoint(run_dir, dev)

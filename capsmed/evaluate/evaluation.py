@@ -25,9 +25,9 @@ from capsmed.evaluate.metrics import (
     classification_report,
 )
 from capsmed.evaluate.plots import plot_confusion_matrix
-from capsmed.evaluate.report import write_report
+from capsmed.evaluate.run_report import write_report
 from capsmed.train.checkpoint import load_checkpoint
-from capsmed.train.data import load_run_split
+from capsmed.train.run_data import load_run_split
 
 log = logging.getLogger(__name__)
 
