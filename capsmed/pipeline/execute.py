@@ -139,8 +139,8 @@ def _file_status(run_dir: Path) -> str:
 def analysis_done(state: PipelineState, analysis: Analysis, argv: Sequence[str]) -> bool:
     record = state.records / "analyses" / f"{analysis.name}.json"
     try:
-        return analysis.output.exists() and json.loads(record.read_text())["command"] \
-            == command_hash([argv])
+        made = json.loads(record.read_text())["command"] == command_hash([argv])
+        return made and (analysis.output is None or analysis.output.exists())
     except (OSError, ValueError, KeyError):
         return False
 

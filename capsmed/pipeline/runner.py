@@ -225,7 +225,8 @@ def _analyses(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
             continue
         if analysis_done(state, analysis, argv):
             continue
-        board.note(f"analysis '{analysis.name}' -> {analysis.output}")
+        board.note(f"analysis '{analysis.name}'"
+                   + (f" -> {analysis.output}" if analysis.output else ""))
         reason = execute_analysis(state, analysis, argv, {})
         if reason:
             failures[f"analysis {analysis.name}"] = reason

@@ -86,7 +86,7 @@ class Analysis:
     """A capsmed command run after the grid (``{runs:FILTER}`` expands to run dirs)."""
 
     name: str
-    output: Path
+    output: Path | None  # None: done once its command succeeded (it writes where it says)
     command: tuple[str, ...]
 
 
@@ -279,10 +279,11 @@ def _analyses(raw: dict[str, Any], names: dict[str, Any], path: Path) -> list[An
     out = []
     for i, spec in enumerate(raw.get("analyses") or []):
         if not isinstance(spec, dict) or set(spec) - ANALYSIS_KEYS or not {
-                "name", "output", "command"} <= set(spec):
-            raise _fail(path, f"analyses[{i}]: needs name, output and command")
+                "name", "command"} <= set(spec):
+            raise _fail(path, f"analyses[{i}]: needs name and command (output optional)")
         where = f"analyses.{spec['name']}"
-        output = Path(str(interpolate(spec["output"], names, where, path)))
+        output = (Path(str(interpolate(spec["output"], names, where, path)))
+                  if spec.get("output") else None)
         local = {**names, "output": str(output)}
         # {runs:FILTER} stays a placeholder here: the runner expands it to run dirs
         keep = {m: m for m in re.findall(r"\{(runs:[^}]*)\}", " ".join(map(str, spec["command"])))}

@@ -10,7 +10,9 @@
   (paper 001 pools its folds) and each class's precision and sensitivity shown beside
   ``paper: {CLASS: {precision: v, sensitivity: v}}``.
 
-``scale: 100`` prints percentages, as papers often do. The tables go to
+A ``metric`` table can also read its numbers from a file each run folder holds (an
+analysis' JSON): ``file: analysis/compactness/compactness.json`` and ``key:`` a dotted
+path in it. ``scale: 100`` prints percentages, as papers often do. The tables go to
 ``OUT/report/study.md`` and ``study.json``; ``capsmed report``'s own tables (all runs
 grouped by dataset, architecture and protocol) go to ``OUT/report/aggregate/``.
 """
@@ -33,7 +35,7 @@ from capsmed.pipeline.state import PipelineState, run_identity
 log = logging.getLogger(__name__)
 
 TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
-              "scale", "note"}
+              "scale", "note", "file", "key"}
 
 
 def _number(value: float | None, scale: float, digits: int) -> str:
@@ -58,10 +60,49 @@ def _paper(spec: Mapping[str, Any], row: str, column: str | None = None) -> Any:
     return values.get(column)
 
 
-def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, EvaluatedRun]],
-                 default_metric: str) -> tuple[list[str], dict[str, Any]]:
+def _json_value(path: Path, key: str) -> float | None:
+    """The number at dotted ``key`` in a JSON file (None when absent or not a number)."""
+    try:
+        value: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for part in key.split("."):  # a number indexes a list: runs.0.test_entropy
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineState,
+                 runs: Sequence[RunSpec], default_metric: str) -> list[tuple[RunSpec, float]]:
+    """One number per finished run: ``metric`` of its ``evaluation`` report, or, with
+    ``file`` (relative to the run folder, e.g. an analysis' JSON) and ``key`` (a dotted
+    path in it), that number."""
+    if spec.get("file"):
+        out = []
+        for run in runs:
+            run_id = run_identity(run)
+            if run_id is None:
+                continue
+            value = _json_value(state.run_dir(run, run_id) / str(spec["file"]),
+                                str(spec.get("key", default_metric)))
+            if value is not None:
+                out.append((run, value))
+        return out
+    metric = spec.get("metric", default_metric)
+    return [(r, e.metrics[metric]) for r, e in
+            _evaluated(pipeline, state, runs, spec.get("evaluation", "report"))
+            if metric in e.metrics]
+
+
+def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
+                 ) -> tuple[list[str], dict[str, Any]]:
     """Markdown lines and the JSON form of one ``metric`` table."""
-    metric, scale = spec.get("metric", default_metric), float(spec.get("scale", 1))
+    scale = float(spec.get("scale", 1))
     digits = 1 if scale == 100 else 3
     rows_by, cols_by = spec["rows"], spec["columns"]
     rows = list(dict.fromkeys(str(r.fields.get(rows_by)) for r, _ in found))
@@ -75,8 +116,8 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, Evaluat
     for row in rows:
         out = []
         for col in cols:
-            values = [e.metrics[metric] for r, e in found if str(r.fields.get(rows_by)) == row
-                      and str(r.fields.get(cols_by)) == col and metric in e.metrics]
+            values = [v for r, v in found if str(r.fields.get(rows_by)) == row
+                      and str(r.fields.get(cols_by)) == col]
             paper = _paper(spec, row, col)
             if not values:
                 out.append("-" if paper is None else f"- (paper {paper})")
@@ -91,7 +132,7 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, Evaluat
             out.append(text)
             cells[f"{row}|{col}"] = {**stat.to_dict(), "paper": paper}
         lines.append(f"| {row} | " + " | ".join(out) + " |")
-    return lines, {"metric": metric, "cells": cells}
+    return lines, {"cells": cells}
 
 
 def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, EvaluatedRun]]
@@ -129,14 +170,20 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
         chosen = [r for r in runs if all(str(r.fields.get(k)) in
                                          {str(v) for v in (w if isinstance(w, list) else [w])}
                                          for k, w in (spec.get("where") or {}).items())]
-        found = _evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
+        kind = spec.get("kind", "metric")
+        found: Sequence[Any] = (
+            _evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
+            if kind == "per_class" else
+            table_values(spec, pipeline, state, chosen, default_metric))
         title = spec.get("title", f"table {i + 1}")
         if not found:
-            sections.append(f"## {title}\n\nno evaluated run yet\n")
+            sections.append(f"## {title}\n\nno finished run yet\n")
             continue
-        kind = spec.get("kind", "metric")
         lines, numbers = (per_class_table(spec, found) if kind == "per_class"
-                          else metric_table(spec, found, default_metric))
+                          else metric_table(spec, found))
+        if kind != "per_class":
+            numbers["metric"] = (f"{spec['file']}:{spec.get('key', default_metric)}"
+                                 if spec.get("file") else spec.get("metric", default_metric))
         note = f"{spec['note']}\n\n" if spec.get("note") else ""
         sections.append(f"## {title}\n\n{note}" + "\n".join(lines) + "\n")
         data.append({"title": title, "kind": kind, "runs": len(found), **numbers})
