@@ -67,6 +67,10 @@ def test_grid_expands_with_rules_selection_and_variables(tmp_path, monkeypatch):
     ({"rules": [{"set": {"epochz": 2}}]}, "unknown training option(s) epochz"),
     ({"train": {"epochs": "{epoch}"}}, "unknown variable '{epoch}'"),
     ({"grid": []}, "'grid' is empty"),
+    ({"report": {"tables": [{"rows": "condition", "columns": "archh"}]}},
+     "columns must be a grid field"),
+    ({"report": {"tables": [{"rows": "condition", "columns": "arch", "metrc": "x"}]}},
+     "unknown key(s) metrc"),
 ])
 def test_bad_pipeline_files_are_one_line_errors(tmp_path, change, message):
     result = runner.invoke(app, ["run", "--dry-run", str(_pipeline(tmp_path, **change))])

@@ -32,6 +32,8 @@ TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "ex
 STAGE_KEYS = {"output", "requires", "commands", "scratch", "note"}
 EVALUATE_KEYS = {"name", "split", "data", "agreement", "batch_size"}
 ANALYSIS_KEYS = {"name", "output", "command", "note"}
+TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
+              "scale", "note", "file", "key"}
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.:=,+-]*)\}")
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -293,6 +295,32 @@ def _analyses(raw: dict[str, Any], names: dict[str, Any], path: Path) -> list[An
     return out
 
 
+def _check_report(report: Any, fields: set[str], path: Path) -> None:
+    """Table specs are checked when the file is read, not hours later at the end."""
+    if not isinstance(report, dict):
+        raise _fail(path, "'report' must be a mapping")
+    for i, spec in enumerate(report.get("tables") or []):
+        where = f"report.tables[{i}]"
+        if not isinstance(spec, dict):
+            raise _fail(path, f"{where}: expected a mapping")
+        bad = sorted(set(spec) - TABLE_KEYS)
+        if bad:
+            raise _fail(path, f"{where}: unknown key(s) {', '.join(bad)} (allowed: "
+                        f"{', '.join(sorted(TABLE_KEYS))})")
+        kind = spec.get("kind", "metric")
+        if kind not in ("metric", "per_class"):
+            raise _fail(path, f"{where}: kind must be metric or per_class, got '{kind}'")
+        needed = ("rows", "columns") if kind == "metric" else ()
+        for key in needed:
+            if spec.get(key) not in fields:
+                known = ", ".join(sorted(fields))
+                raise _fail(path, f"{where}: {key} must be a grid field ({known}), got "
+                            f"'{spec.get(key)}'")
+        unknown = sorted(set(spec.get("where") or {}) - fields)
+        if unknown:
+            raise _fail(path, f"{where}: 'where' names unknown field(s) {', '.join(unknown)}")
+
+
 def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pipeline:
     """Read and expand ``path``; ``overrides`` are ``--set`` variables."""
     path = Path(path)
@@ -314,9 +342,11 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     names["out"] = str(out)
     stages = _stages(raw, names, path)
     names.update({f"datasets.{k}": str(s.output) for k, s in stages.items()})
+    runs = _runs(raw, names, stages, path)
+    _check_report(raw.get("report") or {}, {k for r in runs for k in r.fields}, path)
     return Pipeline(path=path, name=str(raw["name"]), description=str(raw.get("description",
                     "")).strip(), variables=names, stages=stages,
-                    runs=_runs(raw, names, stages, path), analyses=_analyses(raw, names, path),
+                    runs=runs, analyses=_analyses(raw, names, path),
                     report=raw.get("report") or {},
                     executor=interpolate(raw.get("executor") or {}, names, "executor", path),
                     out=out, raw=raw)

@@ -34,8 +34,7 @@ from capsmed.pipeline.state import PipelineState, run_identity
 
 log = logging.getLogger(__name__)
 
-TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
-              "scale", "note", "file", "key"}
+
 
 
 def _number(value: float | None, scale: float, digits: int) -> str:
@@ -163,10 +162,6 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     out_dir = state.out / "report"
     sections, data = [f"# {pipeline.name}\n", pipeline.description + "\n"], []
     for i, spec in enumerate(report.get("tables") or []):
-        bad = sorted(set(spec) - TABLE_KEYS)
-        if bad:
-            raise CapsmedError(f"{pipeline.path}: report.tables[{i}]: unknown key(s) "
-                               f"{', '.join(bad)}")
         chosen = [r for r in runs if all(str(r.fields.get(k)) in
                                          {str(v) for v in (w if isinstance(w, list) else [w])}
                                          for k, w in (spec.get("where") or {}).items())]
