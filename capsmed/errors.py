@@ -1,9 +1,23 @@
-"""The one exception type users see: a one-line message naming the file and the problem."""
+"""The exceptions users see: a one-line message naming the file and the problem.
+
+Exit codes (README "Errors and exit codes"): a :class:`CapsmedError` exits 1, an
+:class:`Interrupted` (Ctrl-C, SIGTERM, a stopped training run) exits 130, the shell's
+code for SIGINT; both print one ``error: <message>`` line.
+"""
 
 
 class CapsmedError(Exception):
     """A problem with the user's input or environment, reported as one line.
 
-    The CLI prints ``error: <message>`` and exits non-zero; library callers can catch it.
-    Messages name the offending file first, e.g. ``"data/x.h5: not an HDF5 file"``.
+    The CLI prints ``error: <message>`` and exits with :attr:`exit_code`; library
+    callers can catch it. Messages name the offending file first, e.g.
+    ``"data/x.h5: not an HDF5 file"``.
     """
+
+    exit_code = 1
+
+
+class Interrupted(CapsmedError):
+    """Stopped on request (Ctrl-C, SIGTERM), not by bad input: exit code 130."""
+
+    exit_code = 130

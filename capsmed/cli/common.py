@@ -1,35 +1,77 @@
-"""What every command shares: one-line errors with a non-zero exit, logging set-up."""
+"""What every command shares: one-line errors with exit codes 1 / 130, logging set-up."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import typer
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, Interrupted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def handles_errors(command: F) -> F:
-    """Turn a :class:`CapsmedError` into ``error: <message>`` on stderr and exit code 1."""
+def handles_errors(command: F | None = None, *, sigterm: bool = True) -> Any:
+    """Report a failure as one ``error: <message>`` line on stderr and an exit code.
+
+    The codes (README "Errors and exit codes"): 1 for a :class:`CapsmedError`, 130 for
+    an interruption: Ctrl-C, SIGTERM (turned into the same ``KeyboardInterrupt`` while
+    the command runs) or a training run that stopped on request and can be resumed
+    (:class:`capsmed.errors.Interrupted`). No traceback either way.
+
+    Use as ``@handles_errors``, or ``@handles_errors(sigterm=False)`` for a command
+    that supervises child processes and must not wait for them on SIGTERM (the
+    default action, dying at once, then reaches them through ``PR_SET_PDEATHSIG``).
+    """
+    if command is None:
+        return functools.partial(handles_errors, sigterm=sigterm)
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            with _sigterm_interrupts(sigterm):
+                return command(*args, **kwargs)
         except CapsmedError as exc:
-            sys.stderr.write(f"error: {exc}\n")
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            sys.stderr.write("error: interrupted\n")
-            raise typer.Exit(130) from None
+            sys.stderr.write(f"error: {one_line(str(exc))}\n")
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt as exc:
+            reason = f" ({exc.args[0]})" if exc.args else ""
+            sys.stderr.write(f"error: interrupted{reason}\n")
+            raise typer.Exit(Interrupted.exit_code) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: a library's multi-line text must not break the
+    one-``error:``-line promise."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts(enabled: bool) -> Iterator[None]:
+    """While a command runs, SIGTERM (a scheduler, ``kill``) stops it as Ctrl-C does:
+    temporary files are removed on the way out and the exit code is 130. Training
+    installs its own handler inside this one (finish the step, save, then stop)."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def setup_logging(level: int) -> None:

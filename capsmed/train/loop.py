@@ -18,7 +18,7 @@ import torch
 from rich.progress import TextColumn
 
 from capsmed.data.loader import sequential_batches
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, Interrupted
 from capsmed.io import write_text_atomic
 from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 CHECK_EVERY = 50  # steps between looks at the NaN flag and stop requests
 
 
-class TrainingInterrupted(CapsmedError):
-    """A run stopped on request; its state is saved and it can be resumed."""
+class TrainingInterrupted(Interrupted):
+    """A run stopped on request; its state is saved and it can be resumed (exit 130)."""
 
 
 @torch.no_grad()
@@ -97,7 +97,25 @@ def _save(run: Run, progress: Progress, sampler_state: torch.Tensor) -> None:
 
 
 def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | None) -> Path:
-    """Train from the start or from ``state`` until the last epoch or an early stop."""
+    """Train from the start or from ``state`` until the last epoch or an early stop.
+
+    Raises:
+        TrainingInterrupted: stopped on request (Ctrl-C, SIGTERM, ``stop_after_steps``)
+            after saving the state, or at once by a second Ctrl-C; exit code 130.
+    """
+    try:
+        return _train_epochs(run, state, stop_after_steps)
+    except KeyboardInterrupt:  # the second Ctrl-C: no save, the last saved state stays
+        saved = (run.run_dir / RESUME_FILE).is_file()
+        raise TrainingInterrupted(
+            f"{run.run_dir}: interrupted at once; " + (
+                f"continue from the last saved state with: capsmed train --resume "
+                f"{run.run_dir}" if saved else "no state was saved yet: start it again")
+        ) from None
+
+
+def _train_epochs(run: Run, state: dict[str, Any] | None, stop_after_steps: int | None
+                  ) -> Path:
     cfg, ctx, device = run.cfg, run.ctx, run.device
     p = _start(run, state)
     steps_this_call = 0
