@@ -12,8 +12,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-DEFAULT_CLIP_LIMIT = 3.0  # paper 000 (and its public code)
-DEFAULT_TILE_GRID = (8, 8)  # OpenCV's default tile grid (rows, cols)
+from capsmed.data.configs.common import DEFAULT_CLIP_LIMIT, DEFAULT_TILE_GRID
 
 
 def clahe_lab(rgb: np.ndarray, clip_limit: float = DEFAULT_CLIP_LIMIT,

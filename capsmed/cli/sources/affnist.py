@@ -7,8 +7,10 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.options import OUTPUT, option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
+from capsmed.data.configs.digits import AffnistConfig
 from capsmed.errors import CapsmedError
 
 
@@ -18,7 +20,7 @@ def synth_affnist(
     out_dir: Path = typer.Argument(..., help="Folder to create (must not exist or be empty)."),
     count: int = typer.Option(200, help="Images (real test set: 320,000)."),
     batches: int = typer.Option(4, help="Files in test_batches/ (real: 32)."),
-    seed: int = typer.Option(0, help="Random seed; same seed, same images."),
+    seed: int = synth_seed_option(),
     mat_version: str = typer.Option("5", help="MAT-file version: 5 (as distributed) or 7.3 "
                                     "(HDF5-based)."),
 ) -> None:
@@ -38,13 +40,13 @@ def synth_affnist(
 def preprocess_affnist(
     path: Path = typer.Argument(..., help="affNIST test.mat, or a folder of batches such as "
                                 "test_batches/ (1.mat, 2.mat, ...)."),
-    output: Path = typer.Option(..., "--output", "-o", help="The .h5 file to write."),
-    split: str = typer.Option(None, help="Split to store the images under [test]."),
-    max_images: int = typer.Option(None, help="Keep only the first N images [all]."),
+    output: Path = OUTPUT,
+    split: str = option(AffnistConfig, "split", "Split to store the images under"),
+    max_images: int = option(AffnistConfig, "max_images", "Keep only the first N images",
+                             meaning="all"),
 ) -> None:
     """affNIST (40x40 affine-transformed MNIST) -> HDF5, a test set for models trained
     on `preprocess mnist --placement random40`."""
-    from capsmed.data.sources.affnist import AffnistConfig
     from capsmed.data.sources.affnist import preprocess_affnist as run
 
     out = run(path, output, AffnistConfig(**only_set(split=split, max_images=max_images)))

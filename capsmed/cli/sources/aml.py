@@ -7,8 +7,10 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.options import OUTPUT, flag, option, seed_option, synth_seed_option, workers_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
+from capsmed.data.configs.aml import AmlConfig
 
 
 @synth_app.command("aml")
@@ -21,7 +23,7 @@ def synth_aml(
     size: int = typer.Option(400, help="Image side in pixels (the release: 400)."),
     reannotated: float = typer.Option(0.2, help="Share of images with two re-annotations "
                                       "(agreeing, disagreeing or UNC)."),
-    seed: int = typer.Option(0, help="Random seed; same seed, same files."),
+    seed: int = synth_seed_option(),
 ) -> None:
     """Single leukocytes of the 15 classes (RGBA TIFF) plus annotations.dat."""
     from capsmed.data.synth.aml import write_aml
@@ -37,21 +39,19 @@ def preprocess_aml(
     raw_dir: Path = typer.Argument(..., help="Folder holding AML-Cytomorphology/ and "
                                    "annotations.dat, or AML-Cytomorphology/ itself "
                                    "(annotations.dat inside or beside it)."),
-    output: Path = typer.Option(..., "--output", "-o", help="The .h5 file to write."),
-    size: int = typer.Option(None, help="Output side in pixels, INTER_AREA [28]."),
-    grey: bool = typer.Option(None, "--grey/--colour", help="One luma channel instead of "
-                              "RGB (default: colour)."),
-    labels: str = typer.Option(None, help="original: every image, original label; agreed: "
-                               "drop images whose re-annotations disagree or are UNC "
-                               "(default: original)."),
-    folds: int = typer.Option(None, help="Stratified cross-validation folds [5]."),
-    seed: int = typer.Option(None, help="Seed of the fold assignment [0]."),
-    annotations: Path = typer.Option(None, help="annotations.dat, if it is elsewhere."),
-    workers: int = typer.Option(None, help="Worker processes (default: one per CPU, "
-                                 "up to 8)."),
+    output: Path = OUTPUT,
+    size: int = option(AmlConfig, "size", "Output side in pixels, INTER_AREA"),
+    grey: bool = flag(AmlConfig, "grey", "One luma channel instead of RGB", off="colour"),
+    labels: str = option(AmlConfig, "labels", "original: every image, original label; "
+                         "agreed: drop images whose re-annotations disagree or are UNC"),
+    folds: int = option(AmlConfig, "folds", "Stratified cross-validation folds"),
+    seed: int = seed_option(AmlConfig, "the fold assignment"),
+    annotations: Path = typer.Option(None, help="annotations.dat, if it is elsewhere.",
+                                     show_default=False),
+    workers: int = workers_option(AmlConfig),
 ) -> None:
     """AML-Cytomorphology_LMU: 15 leukocyte classes, RGB(A) -> resized, stratified k folds."""
-    from capsmed.data.sources.aml import AmlConfig, preprocess_aml
+    from capsmed.data.sources.aml import preprocess_aml
 
     config = AmlConfig(**only_set(size=size, grey=grey, labels=labels, folds=folds, seed=seed,
                                   workers=workers))

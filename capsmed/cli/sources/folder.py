@@ -7,8 +7,21 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.options import (
+    OUTPUT,
+    allow_group_leak_option,
+    flag,
+    fraction_option,
+    option,
+    seed_option,
+    split_file_option,
+    split_fractions,
+    synth_seed_option,
+    workers_option,
+)
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
+from capsmed.data.configs.folder import FolderConfig
 from capsmed.errors import CapsmedError
 
 
@@ -21,7 +34,7 @@ def synth_folder(
     images_per_class: int = typer.Option(12, help="PNG images per class."),
     patients: int = typer.Option(6, help="Patients (file prefixes P01_, P02_, ...)."),
     size: int = typer.Option(64, help="Image side in pixels."),
-    seed: int = typer.Option(0, help="Random seed; same seed, same files."),
+    seed: int = synth_seed_option(),
 ) -> None:
     """Shapes on noise as OUT_DIR/<class>/P<pp>_<nnnn>.png (a class-folder dataset)."""
     from capsmed.data.synth.folder import write_class_folders
@@ -37,52 +50,48 @@ def synth_folder(
 def preprocess_folder(
     root: Path = typer.Argument(..., help="Folder of class subfolders: ROOT/<class>/<images> "
                                 "(png, jpg, jpeg, tif, tiff, bmp; nested folders allowed)."),
-    output: Path = typer.Option(..., "--output", "-o", help="The .h5 file to write."),
-    classes: str = typer.Option(None, help="Comma-separated class folders to use, in label "
-                                "order [every subfolder, sorted]."),
-    channels: int = typer.Option(None, help="1 (grey) or 3 (RGB) [as the first image]."),
-    size: int = typer.Option(None, help="Resize to SIZE x SIZE [keep the native size, which "
-                             "must then be the same for every image]."),
-    keep_aspect: bool = typer.Option(False, help="Fit the longer side to --size and pad the "
-                                     "other centrally with black, instead of stretching."),
-    scale16: str = typer.Option(None, help="16-bit to 8-bit: full (0..65535 -> 0..255) or "
-                                "minmax (each image's own range) [full]."),
+    output: Path = OUTPUT,
+    classes: str = option(FolderConfig, "classes", "Comma-separated class folders to use, in "
+                          "label order", meaning="every subfolder, sorted"),
+    channels: int = option(FolderConfig, "channels", "1 (grey) or 3 (RGB)",
+                           meaning="as the first image"),
+    size: int = option(FolderConfig, "size", "Resize to SIZE x SIZE", meaning="keep the "
+                       "native size, which must then be the same for every image"),
+    keep_aspect: bool = flag(FolderConfig, "keep_aspect", "Fit the longer side to --size and "
+                             "pad the other centrally with black, instead of stretching"),
+    scale16: str = option(FolderConfig, "scale16", "16-bit to 8-bit: full (0..65535 -> "
+                          "0..255) or minmax (each image's own range)"),
     group_pattern: str = typer.Option(None, help="Regex with one capture group searched in "
-                                      "each file name, giving its patient, e.g. '^(P\\d+)_'."),
+                                      "each file name, giving its patient, e.g. '^(P\\d+)_'.",
+                                      show_default=False),
     groups_csv: Path = typer.Option(None, help="CSV of file,group rows (paths relative to "
-                                    "ROOT)."),
-    train: float = typer.Option(None, help="Fraction of groups for training [0.7]."),
-    val: float = typer.Option(None, help="Fraction of groups for validation [0.15]."),
-    test: float = typer.Option(None, help="Fraction of groups for testing [0.15]."),
-    split_file: list[str] = typer.Option(None, help="SPLIT=FILE listing group ids, one per "
-                                         "line; repeat per split. Overrides the fractions."),
+                                    "ROOT).", show_default=False),
+    train: float = fraction_option(FolderConfig, "train", "group"),
+    val: float = fraction_option(FolderConfig, "val", "group"),
+    test: float = fraction_option(FolderConfig, "test", "group"),
+    split_file: list[str] = split_file_option("group"),  # noqa: B008
     folds: int = typer.Option(None, help="Write one split 'all' with K stratified group "
-                              "folds instead of train/val/test."),
-    seed: int = typer.Option(None, help="Seed for the split or folds [0]."),
-    name: str = typer.Option(None, help="Dataset name recorded in the file [ROOT's name]."),
-    workers: int = typer.Option(None, help="Worker processes [one per CPU, up to 8]."),
-    allow_group_leak: bool = typer.Option(False, help="Write even if a group is in two "
-                                          "splits (not recommended)."),
+                              "folds instead of train/val/test.", show_default=False),
+    seed: int = seed_option(FolderConfig, "the split or folds"),
+    name: str = option(FolderConfig, "name", "Dataset name recorded in the file",
+                       meaning="ROOT's name"),
+    workers: int = workers_option(FolderConfig),
+    allow_group_leak: bool = allow_group_leak_option(FolderConfig, "group"),
 ) -> None:
     """Any class-folder dataset: 8-bit grey/RGB images, patient-level split or folds."""
-    from capsmed.data.sources.folder import FolderConfig, preprocess_folder
+    from capsmed.data.sources.folder import preprocess_folder
 
     files = parse_split_files(split_file)
-    given = only_set(train=train, val=val, test=test)
-    if folds is not None and (files or given):
+    fractions = split_fractions(FolderConfig, train, val, test)
+    if folds is not None and (files or fractions):
         raise CapsmedError("--folds writes one split 'all'; do not combine it with "
                            "--split-file or --train/--val/--test")
-    fractions = {"train": 0.7, "val": 0.15, "test": 0.15, **given} if given else None
-    if fractions and abs(sum(fractions.values()) - 1.0) > 1e-6:
-        raise CapsmedError(f"--train/--val/--test sum to {sum(fractions.values()):g}, not 1 "
-                           "(give all three, e.g. --val 0)")
     config = FolderConfig(**only_set(
         classes=tuple(c.strip() for c in classes.split(",") if c.strip()) if classes else None,
-        channels=channels, size=size, scale16=scale16, group_pattern=group_pattern,
-        groups_csv=str(groups_csv) if groups_csv else None, fractions=fractions,
-        split_files=files, folds=folds, seed=seed,
-        name=name, workers=workers), keep_aspect=keep_aspect,
-        allow_group_leak=allow_group_leak)
+        channels=channels, size=size, keep_aspect=keep_aspect, scale16=scale16,
+        group_pattern=group_pattern, groups_csv=str(groups_csv) if groups_csv else None,
+        fractions=fractions, split_files=files, folds=folds, seed=seed, name=name,
+        workers=workers, allow_group_leak=allow_group_leak))
     path = preprocess_folder(root, output, config)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path} "
                f"(or: capsmed data preview {path} -o preview.png)")

@@ -8,8 +8,10 @@ import typer
 
 from capsmed.cli.common import handles_errors, only_set
 from capsmed.cli.fetch import app as fetch_app
+from capsmed.cli.options import OUTPUT, option, seed_option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
+from capsmed.data.configs.digits import MnistConfig
 
 _TITLES = {"mnist": "MNIST handwritten digits", "fashion-mnist": "Fashion-MNIST clothing"}
 
@@ -43,7 +45,7 @@ def _register(dataset: str) -> None:
                                        "empty)."),
         train: int = typer.Option(600, help="Training images (real: 60,000)."),
         test: int = typer.Option(100, help="Test images (real: 10,000)."),
-        seed: int = typer.Option(0, help="Random seed; same seed, same files."),
+        seed: int = synth_seed_option(),
         gzip: bool = typer.Option(True, help="Write .gz files as distributed (--no-gzip: "
                                   "plain IDX)."),
     ) -> None:
@@ -61,17 +63,14 @@ def _register(dataset: str) -> None:
         raw_dir: Path = typer.Argument(..., help="Folder with train-images-idx3-ubyte[.gz], "
                                        "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte"
                                        "[.gz], t10k-labels-idx1-ubyte[.gz]."),
-        output: Path = typer.Option(..., "--output", "-o", help="The .h5 file to write."),
-        val: float = typer.Option(None, help="Validation images taken from the training "
-                                  "file: a count (>= 1) or a fraction (< 1); 0 for none "
-                                  "[5000]."),
-        placement: str = typer.Option(None, help="none (28x28), center40 (padded to 40x40) "
-                                      "or random40 (random position on 40x40, paper 004) "
-                                      "[none]."),
-        seed: int = typer.Option(None, help="Seed for the validation sample and random "
-                                 "positions [0]."),
+        output: Path = OUTPUT,
+        val: float = option(MnistConfig, "val", "Validation images taken from the training "
+                            "file: a count (>= 1) or a fraction (< 1); 0 for none"),
+        placement: str = option(MnistConfig, "placement", "none (28x28), center40 (padded to "
+                                "40x40) or random40 (random position on 40x40, paper 004)"),
+        seed: int = seed_option(MnistConfig, "the validation sample and random positions"),
     ) -> None:
-        from capsmed.data.sources.mnist import MnistConfig, preprocess_mnist
+        from capsmed.data.sources.mnist import preprocess_mnist
 
         config = MnistConfig(dataset=dataset,
                              **only_set(val=val, placement=placement, seed=seed))

@@ -7,8 +7,20 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.options import (
+    OUTPUT,
+    allow_group_leak_option,
+    fraction_option,
+    option,
+    seed_option,
+    split_file_option,
+    split_fractions,
+    synth_seed_option,
+    workers_option,
+)
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
+from capsmed.data.configs.wsi import WsiConfig
 
 
 @synth_app.command("wsi")
@@ -17,7 +29,7 @@ def synth_wsi(
     out_dir: Path = typer.Argument(..., help="Folder to create (must not exist or be empty)."),
     slides: int = typer.Option(4, help="Number of slides; odd-numbered ones hold tumour."),
     size: int = typer.Option(2048, help="Level-0 side in pixels."),
-    seed: int = typer.Option(0, help="Random seed; same seed, same files."),
+    seed: int = synth_seed_option(),
     levels: int = typer.Option(3, help="Pyramid levels (each halves the previous)."),
     tile: int = typer.Option(256, help="TIFF tile side (multiple of 16)."),
     mpp: float = typer.Option(0.25, help="Level-0 microns per pixel (0.25 = 40x)."),
@@ -42,51 +54,50 @@ def synth_wsi(
 def preprocess_wsi(
     slides: list[Path] = typer.Argument(..., help="Slide files (svs, ndpi, mrxs, tiff, "
                                         "png, ...) and/or folders of them."),
-    output: Path = typer.Option(..., "--output", "-o", help="The .h5 file to write."),
-    level: int = typer.Option(None, help="Pyramid level to tile at [0]."),
+    output: Path = OUTPUT,
+    level: int = option(WsiConfig, "level", "Pyramid level to tile at",
+                        meaning="0, unless --mpp is given"),
     mpp: float = typer.Option(None, help="Microns per pixel to tile at (reads the nearest "
-                              "finer level and resamples; needs mpp metadata)."),
-    tile_size: int = typer.Option(None, help="Tile side at the chosen resolution [256]."),
-    stride: int = typer.Option(None, help="Grid step at the chosen resolution (default: "
-                               "tile size)."),
-    output_size: int = typer.Option(None, help="Stored side after resizing (default: tile "
-                                    "size)."),
-    min_tissue: float = typer.Option(None, help="Min tissue fraction of a kept tile [0.5]."),
-    mask_downsample: float = typer.Option(None, help="Tissue-mask resolution: level 0 "
-                                          "divided by this [16]."),
-    min_saturation: int = typer.Option(None, help="Floor of the Otsu saturation threshold, "
-                                       "0-255 [20]."),
+                              "finer level and resamples; needs mpp metadata).",
+                              show_default=False),
+    tile_size: int = option(WsiConfig, "tile_size", "Tile side at the chosen resolution"),
+    stride: int = option(WsiConfig, "stride", "Grid step at the chosen resolution",
+                         meaning="the tile size"),
+    output_size: int = option(WsiConfig, "output_size", "Stored side after resizing",
+                              meaning="the tile size"),
+    min_tissue: float = option(WsiConfig, "min_tissue", "Min tissue fraction of a kept tile"),
+    mask_downsample: float = option(WsiConfig, "mask_downsample", "Tissue-mask resolution: "
+                                    "level 0 divided by this"),
+    min_saturation: int = option(WsiConfig, "min_saturation", "Floor of the Otsu saturation "
+                                 "threshold, 0-255"),
     labels_csv: Path = typer.Option(None, help="Point annotations: CSV slide,x,y,label "
-                                    "(level-0 px)."),
+                                    "(level-0 px).", show_default=False),
     geojson: list[Path] = typer.Option(None, help="QuPath GeoJSON polygons: one file per "
                                        "slide (<slide>.geojson) or a folder of them; "
-                                       "repeatable."),
-    slide_labels: Path = typer.Option(None, help="CSV slide,label: one label per slide."),
-    min_overlap: float = typer.Option(None, help="Polygons: least share of a tile its class "
-                                      "must cover (default: the class under the tile centre)."),
-    unlabelled: str = typer.Option(None, help="Tiles no point/polygon labels: background "
-                                   "or drop (default: background)."),
-    background_class: str = typer.Option(None, help="Class of unlabelled tiles "
-                                         "(default: background)."),
-    stain: str = typer.Option(None, help="none (RGB) or hematoxylin (1 channel) (default: none)."),
-    h_max: float = typer.Option(None, help="Hematoxylin density mapped to black [0.2]."),
-    train: float = typer.Option(0.7, help="Fraction of slides for training."),
-    val: float = typer.Option(0.15, help="Fraction of slides for validation."),
-    test: float = typer.Option(0.15, help="Fraction of slides for testing."),
-    split_file: list[str] = typer.Option(None, help="SPLIT=FILE listing slide ids, one per "
-                                         "line; repeat for train, val, test. Overrides the "
-                                         "fractions."),
-    seed: int = typer.Option(None, help="Seed of the slide split [0]."),
-    workers: int = typer.Option(None, help="Worker processes (default: one per CPU, up to 8)."),
-    tiles_per_job: int = typer.Option(None, help="Tiles per worker job [256]."),
-    allow_group_leak: bool = typer.Option(False, help="Write even if a slide is in two "
-                                          "splits (not recommended)."),
+                                       "repeatable.", show_default=False),
+    slide_labels: Path = typer.Option(None, help="CSV slide,label: one label per slide.",
+                                      show_default=False),
+    min_overlap: float = option(WsiConfig, "min_overlap", "Polygons: least share of a tile "
+                                "its class must cover", meaning="the class under the tile "
+                                "centre"),
+    unlabelled: str = option(WsiConfig, "unlabelled", "Tiles no point/polygon labels: "
+                             "background or drop"),
+    background_class: str = option(WsiConfig, "background_class", "Class of unlabelled "
+                                   "tiles"),
+    stain: str = option(WsiConfig, "stain", "none (RGB) or hematoxylin (1 channel)"),
+    h_max: float = option(WsiConfig, "h_max", "Hematoxylin density mapped to black"),
+    train: float = fraction_option(WsiConfig, "train", "slide"),
+    val: float = fraction_option(WsiConfig, "val", "slide"),
+    test: float = fraction_option(WsiConfig, "test", "slide"),
+    split_file: list[str] = split_file_option("slide"),  # noqa: B008
+    seed: int = seed_option(WsiConfig, "the slide split"),
+    workers: int = workers_option(WsiConfig),
+    tiles_per_job: int = option(WsiConfig, "tiles_per_job", "Tiles per worker job"),
+    allow_group_leak: bool = allow_group_leak_option(WsiConfig, "slide"),
 ) -> None:
     """Whole-slide images: tissue mask, grid tiles at a level or mpp, labels, slide split."""
-    from capsmed.data.sources.wsi import WsiConfig
     from capsmed.data.sources.wsi import preprocess_wsi as run
 
-    files = parse_split_files(split_file)
     config = WsiConfig(**only_set(
         level=level, mpp=mpp, tile_size=tile_size, stride=stride, output_size=output_size,
         min_tissue=min_tissue, mask_downsample=mask_downsample, min_saturation=min_saturation,
@@ -95,8 +106,7 @@ def preprocess_wsi(
         slide_labels_csv=None if slide_labels is None else str(slide_labels),
         min_overlap=min_overlap, unlabelled=unlabelled, background_class=background_class,
         stain=stain, h_max=h_max, seed=seed, workers=workers, tiles_per_job=tiles_per_job,
-        split_files=files),
-        fractions={"train": train, "val": val, "test": test},
-        allow_group_leak=allow_group_leak)
+        fractions=split_fractions(WsiConfig, train, val, test),
+        split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak))
     path = run(slides, output, config)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")

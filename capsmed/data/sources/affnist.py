@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from capsmed.data.configs.digits import AffnistConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.sources.mnist import MNIST_CLASSES
 from capsmed.errors import CapsmedError
@@ -37,26 +38,6 @@ log = logging.getLogger(__name__)
 SIZE = 40
 STRUCT = "affNISTdata"
 CHUNK = 8192
-
-
-@dataclass(frozen=True)
-class AffnistConfig:
-    """Every parameter of affNIST preprocessing (recorded in the file).
-
-    Attributes:
-        split: Split name to store the images under (affNIST is a test set).
-        max_images: Keep only the first this-many images (None: all; the full test
-            set has 320,000).
-    """
-
-    split: str = "test"
-    max_images: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.split not in ("train", "val", "test"):
-            raise CapsmedError(f"split must be train, val or test, got {self.split!r}")
-        if self.max_images is not None and self.max_images < 1:
-            raise CapsmedError(f"max_images must be >= 1, got {self.max_images}")
 
 
 def _natural_key(path: Path) -> tuple:

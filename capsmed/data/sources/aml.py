@@ -31,6 +31,7 @@ import cv2
 import numpy as np
 import tifffile
 
+from capsmed.data.configs.aml import AmlConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
@@ -55,44 +56,8 @@ RELEASE_COUNTS: dict[str, int] = {
     "NGS": 8484, "NGB": 109, "LYT": 3937, "LYA": 11, "MON": 1789, "EOS": 424, "BAS": 79,
     "MYO": 3268, "PMO": 70, "PMB": 18, "MYB": 42, "MMZ": 15, "MOB": 26, "EBO": 78, "KSC": 15,
 }
-LABEL_MODES = ("original", "agreed")
 TIFF_SUFFIXES = (".tif", ".tiff")
 _SHOWN = 20  # names listed in the record before "and N more" (attributes stay small)
-
-
-@dataclass(frozen=True)
-class AmlConfig:
-    """Every parameter of AML preprocessing (all but ``workers``/``chunk_size`` recorded).
-
-    Attributes:
-        size: Output side after INTER_AREA resizing (28 for the 28x28 studies).
-        grey: Store one luma channel (ITU-R 601) instead of RGB.
-        labels: ``original`` keeps every image with its original label; ``agreed``
-            drops images whose re-annotations disagree with it or are UNC.
-        folds: Number of stratified cross-validation folds (paper 001: 5).
-        seed: Seed of the fold assignment.
-        workers: Worker processes (0 = one per CPU, up to 8); output does not depend on it.
-        chunk_size: Images per worker job; output does not depend on it.
-    """
-
-    size: int = 28
-    grey: bool = False
-    labels: str = "original"
-    folds: int = 5
-    seed: int = 0
-    workers: int = 0
-    chunk_size: int = 128
-
-    def __post_init__(self) -> None:
-        if self.size < 4:
-            raise CapsmedError(f"size must be >= 4, got {self.size}")
-        if self.labels not in LABEL_MODES:
-            raise CapsmedError(f"labels must be one of {', '.join(LABEL_MODES)}, "
-                               f"got {self.labels!r}")
-        if not 2 <= self.folds <= 127:
-            raise CapsmedError(f"folds must be within 2..127, got {self.folds}")
-        if self.chunk_size < 1:
-            raise CapsmedError(f"chunk_size must be >= 1, got {self.chunk_size}")
 
 
 @dataclass(frozen=True)

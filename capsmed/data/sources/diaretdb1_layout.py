@@ -18,13 +18,13 @@ import numpy as np
 import tifffile
 from PIL import Image, UnidentifiedImageError
 
+from capsmed.data.configs.diaretdb1 import LESION_TYPES
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
 
 CLASS_NAMES = ("healthy", "lesion")
 SPLITS = ("train", "val", "test")
-LESION_TYPES = ("hardexudates", "softexudates", "hemorrhages", "redsmalldots")
 IMAGES_DIR = "images/ddb1_fundusimages"
 GROUND_TRUTH_DIR = "images/ddb1_groundtruth"
 FUNDUS_MASK = "images/ddb1_fundusmask/fmask.tif"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capsmed.data.configs.digits import MnistConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.fetch import RemoteDataset, file_md5
 from capsmed.data.sources.idx import read_idx_images, read_idx_labels
@@ -66,7 +67,6 @@ REMOTE = {
         homepage="https://github.com/zalandoresearch/fashion-mnist"),
 }
 
-PLACEMENTS = ("none", "center40", "random40")
 CANVAS = 40
 CHUNK = 16384  # images per write: bounded memory, few appends (each checks for leaks)
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # seeds per split stream
@@ -208,37 +208,6 @@ def place_on_canvas(images: np.ndarray, offsets: np.ndarray, canvas: int) -> np.
             y, x = offsets[same[0]]
             out[same, y:y + h, x:x + w] = images[same]
     return out
-
-
-@dataclass(frozen=True)
-class MnistConfig:
-    """Every parameter of MNIST / Fashion-MNIST preprocessing (all recorded in the file).
-
-    Attributes:
-        dataset: ``"mnist"`` or ``"fashion-mnist"`` (sets the class names).
-        val: Validation images taken from the training file: a count if >= 1, a
-            fraction if < 1, 0 for none. 5,000 is the customary MNIST hold-out.
-        placement: ``"none"`` (28x28 as is), ``"center40"`` (padded to 40x40) or
-            ``"random40"`` (paper 004: random position on a 40x40 canvas, every split).
-        seed: Seed for the validation sample and the random positions.
-    """
-
-    dataset: str = "mnist"
-    val: float = 5000
-    placement: str = "none"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.dataset not in CLASS_NAMES:
-            raise CapsmedError(f"unknown dataset {self.dataset!r} (use mnist or fashion-mnist)")
-        if self.placement not in PLACEMENTS:
-            raise CapsmedError(f"unknown placement {self.placement!r} (use "
-                               f"{', '.join(PLACEMENTS)})")
-        if self.val < 0 or (self.val >= 1 and self.val != int(self.val)):
-            raise CapsmedError(f"val must be a count (>= 1) or a fraction in [0, 1), "
-                               f"got {self.val}")
-        if self.seed < 0:
-            raise CapsmedError(f"seed must be >= 0, got {self.seed}")
 
 
 def _offsets(cfg: MnistConfig, split: str, n: int, size: tuple[int, int]) -> np.ndarray | None:

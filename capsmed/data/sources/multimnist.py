@@ -23,11 +23,12 @@ digits, so two-digit accuracy and the per-digit reconstruction loss can be compu
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from capsmed.data.configs.digits import MultiMnistConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.sources.mnist import (
     MNIST_CLASSES,
@@ -41,40 +42,6 @@ from capsmed.progress import make_progress
 log = logging.getLogger(__name__)
 
 CHUNK_PAIRS = 16384  # samples per write: ~64 MB with sources; few appends (leak checks)
-
-
-@dataclass(frozen=True)
-class MultiMnistConfig:
-    """Every parameter of MultiMNIST generation (all recorded in the file).
-
-    Attributes:
-        pairs: Samples per training source image (Sabour et al.: 1,000).
-        eval_pairs: Samples per validation/test source image (None: same as ``pairs``).
-        shift: Maximum shift per axis in px; the canvas is 28 + 2 * shift (Sabour: 4).
-        val: Validation images taken from the training file (count if >= 1, else a
-            fraction; 0 for none).
-        store_sources: Store both shifted digits (``image_a``, ``image_b``) for the
-            reconstruction loss; False stores only the overlay (3x smaller files).
-        seed: Seed for the validation sample, the partners and the shifts.
-    """
-
-    pairs: int = 1
-    eval_pairs: int | None = None
-    shift: int = 4
-    val: float = 5000
-    store_sources: bool = True
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.pairs < 1 or (self.eval_pairs is not None and self.eval_pairs < 1):
-            raise CapsmedError("pairs and eval_pairs must be >= 1")
-        if not 0 <= self.shift <= 16:
-            raise CapsmedError(f"shift must be within 0..16 px, got {self.shift}")
-        if self.val < 0 or (self.val >= 1 and self.val != int(self.val)):
-            raise CapsmedError(f"val must be a count (>= 1) or a fraction in [0, 1), "
-                               f"got {self.val}")
-        if self.seed < 0:
-            raise CapsmedError(f"seed must be >= 0, got {self.seed}")
 
 
 def draw_partners(labels: np.ndarray, first: np.ndarray, rng: np.random.Generator

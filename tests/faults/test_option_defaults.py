@@ -1,0 +1,84 @@
+"""Every default a ``capsmed preprocess --help`` shows is the config dataclass default.
+
+The check is behavioural: typing the shown default on the command line must build the
+same config as leaving the option out (the library function is replaced by a stub that
+records its config), so a help text cannot drift from the dataclass it overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import typer.main
+from typer.core import TyperOption
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+
+runner = CliRunner()
+
+# command -> (library module, function, arguments a valid baseline needs)
+COMMANDS = {
+    "tupac16": ("capsmed.data.sources.tupac16", "preprocess_tupac16", []),
+    "diaretdb1": ("capsmed.data.sources.diaretdb1", "preprocess_diaretdb1", []),
+    "aml": ("capsmed.data.sources.aml", "preprocess_aml", []),
+    "folder": ("capsmed.data.sources.folder", "preprocess_folder", []),
+    "wsi": ("capsmed.data.sources.wsi", "preprocess_wsi", ["--slide-labels", "labels.csv"]),
+    "mnist": ("capsmed.data.sources.mnist", "preprocess_mnist", []),
+    "fashion-mnist": ("capsmed.data.sources.mnist", "preprocess_mnist", []),
+    "multimnist": ("capsmed.data.sources.multimnist", "preprocess_multimnist", []),
+    "affnist": ("capsmed.data.sources.affnist", "preprocess_affnist", []),
+}
+_BRACKET = re.compile(r"\[([^\[\]]*)\]\.$")
+
+
+def _command(name: str):
+    group = typer.main.get_command(app)
+    return group.commands["preprocess"].commands[name]
+
+
+def _config(monkeypatch, name: str, args: list[str]):
+    """The config the command passes to the library, for ``args``."""
+    import importlib
+
+    module, function, baseline = COMMANDS[name]
+    seen = []
+    monkeypatch.setattr(importlib.import_module(module), function,
+                        lambda *a, **kw: seen.append(a[2]) or a[1])
+    result = runner.invoke(app, ["preprocess", name, "raw", "-o", "out.h5", *baseline,
+                                 *args])
+    assert result.exit_code == 0, f"{name} {args}: {result.output}"
+    return seen[0]
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_shown_default_is_the_config_default(name, monkeypatch):
+    baseline = _config(monkeypatch, name, [])
+    fields = {f.name: f for f in dataclasses.fields(baseline)}
+    checked = 0
+    for param in _command(name).params:
+        if not isinstance(param, TyperOption) or param.name in ("output", "help"):
+            continue
+        help_text = param.help or ""
+        assert "default:" not in help_text.lower() and "(default" not in help_text, help_text
+        assert not param.show_default, f"--{param.name}: typer adds its own default"
+        field = fields.get(param.name)
+        match = _BRACKET.search(help_text)
+        if field is not None and getattr(baseline, param.name) is not None:
+            assert match, f"--{param.name} overrides {field.name} but shows no default"
+        if not match or (field is not None and getattr(baseline, param.name) is None):
+            continue  # nothing shown, or a default described in words ([tile size])
+        shown = match.group(1)
+        # a --x/--no-x flag shows the side in effect; a value may be followed by " = why"
+        args = ([f"--{shown}"] if param.secondary_opts
+                else [param.opts[0], shown.split(" = ")[0]])
+        assert _config(monkeypatch, name, args) == baseline, f"{name} {args}: {help_text}"
+        checked += 1
+    assert checked >= 1
+
+
+def test_split_fractions_are_filled_from_the_config_and_checked_once(monkeypatch):
+    config = _config(monkeypatch, "tupac16", ["--val", "0", "--test", "0.3"])
+    assert config.fractions == {"train": 0.7, "val": 0.0, "test": 0.3}
