@@ -30,8 +30,8 @@ from capsmed.data.schema import (
     STRING_DTYPE,
     DatasetInfo,
     SplitData,
-    open_dataset,
     read_info,
+    reading,
 )
 from capsmed.data.writer import CHUNK_BYTES, DatasetWriter, find_leaks
 from capsmed.errors import CapsmedError
@@ -48,7 +48,7 @@ def load_split(path: Path, split: str, *, with_meta: bool = False) -> SplitData:
     if split not in info.split_sizes:
         raise CapsmedError(f"{path}: has no '{split}' split (has: "
                            f"{', '.join(info.split_sizes)})")
-    with open_dataset(path) as f:
+    with reading(path) as f:
         grp = f[split]
         images = grp["images"][...]
         labels = grp["labels"][...].astype(np.int64)
@@ -58,12 +58,6 @@ def load_split(path: Path, split: str, *, with_meta: bool = False) -> SplitData:
         if with_meta and "meta" in grp:
             for name, ds in grp["meta"].items():
                 meta[name] = ds.asstr()[...] if ds.dtype == STRING_DTYPE else ds[...]
-    expected = (info.channels, *info.image_size)
-    if images.ndim != 4 or images.shape[1:] != expected or images.dtype != np.uint8:
-        raise CapsmedError(f"{path}: '{split}/images' is {images.dtype} {images.shape}, "
-                           f"expected uint8 [N, {', '.join(map(str, expected))}]")
-    if len(labels) and (labels.min() < 0 or labels.max() >= info.num_classes):
-        raise CapsmedError(f"{path}: '{split}/labels' outside 0..{info.num_classes - 1}")
     return SplitData(images=images, labels=labels, groups=groups, meta=meta, folds=folds)
 
 
@@ -73,7 +67,7 @@ def read_labels(path: Path, split: str) -> tuple[np.ndarray, np.ndarray | None]:
     if split not in info.split_sizes:
         raise CapsmedError(f"{path}: has no '{split}' split (has: "
                            f"{', '.join(info.split_sizes)})")
-    with open_dataset(path) as f:
+    with reading(path) as f:
         grp = f[split]
         return (grp["labels"][...].astype(np.int64),
                 grp["folds"][...] if "folds" in grp else None)
@@ -81,7 +75,7 @@ def read_labels(path: Path, split: str) -> tuple[np.ndarray, np.ndarray | None]:
 
 def meta_names(path: Path, split: str) -> list[str]:
     """Names of the per-sample meta arrays of ``split``."""
-    with open_dataset(path) as f:
+    with reading(path) as f:
         grp = f[split]
         return sorted(grp["meta"].keys()) if "meta" in grp else []
 
@@ -89,7 +83,7 @@ def meta_names(path: Path, split: str) -> list[str]:
 def read_meta(path: Path, split: str, name: str, rows: np.ndarray | None = None
               ) -> np.ndarray:
     """One meta array of ``split`` (the given rows, in that order)."""
-    with open_dataset(path) as f:
+    with reading(path) as f:
         ds = f[split]["meta"][name]
         values = ds.asstr()[...] if ds.dtype == STRING_DTYPE else ds[...]
     return values if rows is None else values[np.asarray(rows, dtype=np.int64)]
@@ -97,7 +91,7 @@ def read_meta(path: Path, split: str, name: str, rows: np.ndarray | None = None
 
 def read_images(path: Path, split: str, rows: np.ndarray | None = None) -> np.ndarray:
     """Images uint8 [len(rows), C, H, W] of ``split`` (all when ``rows`` is None)."""
-    with open_dataset(path) as f:
+    with reading(path) as f:
         ds = f[split]["images"]
         if rows is None:
             return ds[...]
@@ -113,7 +107,7 @@ def read_images(path: Path, split: str, rows: np.ndarray | None = None) -> np.nd
 def class_counts(path: Path) -> dict[str, np.ndarray]:
     """Per-split label counts (length = number of classes)."""
     info = read_info(path)
-    with open_dataset(path) as f:
+    with reading(path) as f:
         return {s: np.bincount(f[s]["labels"][...], minlength=info.num_classes)
                 for s in info.split_sizes}
 
@@ -122,7 +116,7 @@ def fold_class_counts(path: Path) -> dict[str, np.ndarray]:
     """``{split: int [folds, classes]}`` label counts per fold, for splits that have folds."""
     info = read_info(path)
     out = {}
-    with open_dataset(path) as f:
+    with reading(path) as f:
         for split, k in info.folds.items():
             labels, folds = f[split]["labels"][...], f[split]["folds"][...].astype(np.int64)
             counts = np.zeros((k, info.num_classes), dtype=np.int64)
@@ -134,5 +128,5 @@ def fold_class_counts(path: Path) -> dict[str, np.ndarray]:
 def groups_by_split(path: Path) -> dict[str, set[str]]:
     """The set of groups (cases/patients) in each split."""
     info = read_info(path)
-    with open_dataset(path) as f:
+    with reading(path) as f:
         return {s: set(f[s]["groups"].asstr()[...]) for s in info.split_sizes}

@@ -7,7 +7,9 @@ line naming it. :func:`open_dataset` is the one way a capsmed reader opens a fil
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,7 +72,26 @@ def open_dataset(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as exc:
-        raise CapsmedError(f"{path}: cannot open HDF5 file ({exc})") from exc
+        raise CapsmedError(f"{path}: cannot open HDF5 file ({_first_line(exc)})") from exc
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[h5py.File]:
+    """The open file; h5py's errors on a damaged body (truncated or overwritten
+    blocks: ``OSError``, ``RuntimeError``, ``KeyError``) become one line naming it."""
+    path = Path(path)
+    with open_dataset(path) as f:
+        try:
+            yield f
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            raise CapsmedError(f"{path}: cannot read ({_first_line(exc)}); the file is "
+                               "damaged or truncated: write it again") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    # KeyError's str() quotes its message; h5py puts the reason in it
+    text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def split_names(f: h5py.File) -> list[str]:
@@ -78,48 +99,46 @@ def split_names(f: h5py.File) -> list[str]:
 
 
 def read_info(path: Path) -> DatasetInfo:
-    """Read and validate a dataset file's attributes and split sizes."""
+    """Read a dataset file's attributes and split sizes, and check that the file keeps
+    the contract: attribute types, every split's dtypes and shapes, labels within the
+    classes, folds >= 0.
+
+    Raises:
+        CapsmedError: naming the file and the first thing that is wrong.
+    """
     path = Path(path)
-    with open_dataset(path) as f:
+    with reading(path) as f:
         required = ("format_version", "dataset", "class_names", "image_size", "channels")
         missing = [k for k in required if k not in f.attrs]
         if missing:
             raise CapsmedError(f"{path}: not a capsmed dataset (missing attributes "
                                f"{', '.join(missing)})")
-        version = int(f.attrs["format_version"])
+        attrs = _Attributes(path, f.attrs)
+        version = attrs.integer("format_version")
         if version > FORMAT_VERSION:
             raise CapsmedError(f"{path}: format_version {version} is newer than this capsmed "
                                f"supports ({FORMAT_VERSION}); upgrade capsmed")
+        class_names = attrs.class_names()
+        image_size = attrs.image_size()
+        channels = attrs.integer("channels", minimum=1)
         splits = split_names(f)
         if not splits:
             raise CapsmedError(f"{path}: contains no splits (expected train/val/test groups)")
         sizes: dict[str, int] = {}
         folds: dict[str, int] = {}
         for split in splits:
-            grp = f[split]
-            for key in ("images", "labels", "groups"):
-                if key not in grp:
-                    raise CapsmedError(f"{path}: split '{split}' has no '{key}' dataset")
-            n = grp["labels"].shape[0]
-            if grp["images"].shape[0] != n or grp["groups"].shape[0] != n:
-                raise CapsmedError(f"{path}: split '{split}' has mismatched lengths "
-                                   f"(images {grp['images'].shape[0]}, labels {n}, "
-                                   f"groups {grp['groups'].shape[0]})")
-            sizes[split] = n
-            if "folds" in grp:
-                if grp["folds"].shape[0] != n:
-                    raise CapsmedError(f"{path}: split '{split}' has {grp['folds'].shape[0]} "
-                                       f"folds for {n} samples")
-                folds[split] = int(grp["folds"][...].max()) + 1 if n else 0
-        h, w = json.loads(f.attrs["image_size"])
+            sizes[split], k = _check_split(path, f[split], split, (channels, *image_size),
+                                           len(class_names))
+            if k is not None:
+                folds[split] = k
         return DatasetInfo(
             path=path,
-            dataset=str(f.attrs["dataset"]),
-            class_names=tuple(json.loads(f.attrs["class_names"])),
-            image_size=(int(h), int(w)),
-            channels=int(f.attrs["channels"]),
-            preprocessing=json.loads(f.attrs.get("preprocessing", "{}")),
-            source=json.loads(f.attrs.get("source", "{}")),
+            dataset=attrs.text("dataset"),
+            class_names=class_names,
+            image_size=image_size,
+            channels=channels,
+            preprocessing=attrs.mapping("preprocessing"),
+            source=attrs.mapping("source"),
             split_sizes=sizes,
             capsmed_version=str(f.attrs.get("capsmed_version", "?")),
             created=str(f.attrs.get("created", "?")),
@@ -128,3 +147,101 @@ def read_info(path: Path) -> DatasetInfo:
         )
 
 
+class _Attributes:
+    """Typed reads of the file attributes, each failing with a line naming the file."""
+
+    def __init__(self, path: Path, attrs: h5py.AttributeManager) -> None:
+        self.path, self.attrs = path, attrs
+
+    def _bad(self, name: str, expected: str) -> CapsmedError:
+        value = self.attrs[name]
+        shown = value.decode(errors="replace") if isinstance(value, bytes) else value
+        return CapsmedError(f"{self.path}: attribute '{name}' must be {expected}, got "
+                            f"{str(shown)[:60]!r}")
+
+    def text(self, name: str) -> str:
+        value = self.attrs[name]
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        if not isinstance(value, str):
+            raise self._bad(name, "a string")
+        return value
+
+    def integer(self, name: str, minimum: int | None = None) -> int:
+        value = self.attrs[name]
+        if isinstance(value, np.ndarray) and value.shape == ():
+            value = value[()]
+        if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) \
+                or (minimum is not None and value < minimum):
+            raise self._bad(name, "an integer" + (f" >= {minimum}" if minimum else ""))
+        return int(value)
+
+    def json(self, name: str, expected: str) -> Any:
+        try:
+            return json.loads(self.text(name))
+        except ValueError:
+            raise self._bad(name, f"JSON of {expected}") from None
+
+    def class_names(self) -> tuple[str, ...]:
+        expected = "a list of distinct class names"
+        names = self.json("class_names", expected)
+        if not isinstance(names, list) or not names or len(set(map(str, names))) != len(
+                names) or not all(isinstance(n, str) and n for n in names):
+            raise self._bad("class_names", f"JSON of {expected}")
+        return tuple(names)
+
+    def image_size(self) -> tuple[int, int]:
+        size = self.json("image_size", "[height, width]")
+        if not (isinstance(size, list) and len(size) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                        for v in size)):
+            raise self._bad("image_size", "JSON of [height, width], two positive integers")
+        return int(size[0]), int(size[1])
+
+    def mapping(self, name: str) -> dict[str, Any]:
+        if name not in self.attrs:
+            return {}
+        value = self.json(name, "an object")
+        if not isinstance(value, dict):
+            raise self._bad(name, "JSON of an object")
+        return value
+
+
+def _check_split(path: Path, grp: h5py.Group, split: str, image_shape: tuple[int, ...],
+                 num_classes: int) -> tuple[int, int | None]:
+    """A split's size and number of folds (None without folds), after checking its
+    datasets' types, shapes and values."""
+    for key in ("images", "labels", "groups"):
+        if key not in grp or not isinstance(grp[key], h5py.Dataset):
+            raise CapsmedError(f"{path}: split '{split}' has no '{key}' dataset")
+    images, labels, groups = grp["images"], grp["labels"], grp["groups"]
+    if images.dtype != np.uint8 or images.shape[1:] != image_shape:
+        raise CapsmedError(f"{path}: '{split}/images' is {images.dtype} {list(images.shape)}, "
+                           f"expected uint8 [N, {', '.join(map(str, image_shape))}] (the "
+                           "channels and image_size attributes)")
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise CapsmedError(f"{path}: '{split}/labels' is {labels.dtype} "
+                           f"{list(labels.shape)}, expected integers [N]")
+    if groups.ndim != 1 or h5py.check_string_dtype(groups.dtype) is None:
+        raise CapsmedError(f"{path}: '{split}/groups' is {groups.dtype} "
+                           f"{list(groups.shape)}, expected strings [N]")
+    n = labels.shape[0]
+    if images.shape[0] != n or groups.shape[0] != n:
+        raise CapsmedError(f"{path}: split '{split}' has mismatched lengths "
+                           f"(images {images.shape[0]}, labels {n}, groups {groups.shape[0]})")
+    values = labels[...]
+    outside = values[(values < 0) | (values >= num_classes)]
+    if len(outside):
+        raise CapsmedError(f"{path}: '{split}/labels' holds {len(outside)} label(s) outside "
+                           f"0..{num_classes - 1} (e.g. {int(outside[0])}); class_names "
+                           f"has {num_classes} classes")
+    if "folds" not in grp:
+        return n, None
+    folds = grp["folds"]
+    if folds.ndim != 1 or folds.dtype.kind not in "iu" or folds.shape[0] != n:
+        raise CapsmedError(f"{path}: '{split}/folds' is {folds.dtype} {list(folds.shape)}, "
+                           f"expected {n} integers")
+    fold_values = folds[...]
+    if n and fold_values.min() < 0:
+        raise CapsmedError(f"{path}: '{split}/folds' holds negative folds")
+    return n, int(fold_values.max()) + 1 if n else 0

@@ -1,0 +1,117 @@
+"""A dataset file that breaks the contract is refused when it is opened, by every
+command, with one line naming the file, before anything is written: labels outside
+the classes, other dtypes or shapes, malformed JSON attributes, a damaged body."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from tests.faults.common import assert_refused, invoke, lenet_args
+
+
+def _set_labels(split, index, value):
+    def change(path):
+        with h5py.File(path, "r+") as f:
+            f[f"{split}/labels"][index] = value
+    return change
+
+
+def _replace(name, make):
+    def change(path):
+        with h5py.File(path, "r+") as f:
+            values = make(f[name][...])
+            del f[name]
+            f.create_dataset(name, data=values)
+    return change
+
+
+def _attribute(name, value):
+    def change(path):
+        with h5py.File(path, "r+") as f:
+            f.attrs[name] = value
+    return change
+
+
+def _overwrite(find, size=64):
+    """Overwrite ``size`` bytes at the offset ``find(file)`` returns (a damaged disk)."""
+    def change(path):
+        with h5py.File(path, "r") as f:
+            offset = find(f)
+        with open(path, "r+b") as fh:
+            fh.seek(offset)
+            fh.write(b"\x13" * size)
+    return change
+
+
+def _first_image_chunk(f):
+    return f["train/images"].id.get_chunk_info(0).byte_offset + 10
+
+
+def _groups_header(f):
+    return h5py.h5o.get_info(f["train/groups"].id).addr
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:3000])
+
+
+FAULTS = {  # id: (change, text of the error line)
+    "label-7-of-2-classes": (_set_labels("train", 3, 7), "outside 0..1 (e.g. 7)"),
+    "label-minus-1": (_set_labels("val", 0, -1), "outside 0..1 (e.g. -1)"),
+    "float32-images": (_replace("train/images", lambda v: v.astype(np.float32) / 255),
+                       "'train/images' is float32"),
+    "three-channel-images": (_replace("test/images", lambda v: np.repeat(v, 3, axis=1)),
+                             "expected uint8 [N, 1, 28, 28]"),
+    "float-labels": (_replace("train/labels", lambda v: v.astype(np.float64)),
+                     "'train/labels' is float64"),
+    "integer-groups": (_replace("train/groups", lambda v: np.arange(len(v))),
+                       "'train/groups' is int64"),
+    "class-names-not-json": (_attribute("class_names", "['dark', 'bright'"),
+                             "attribute 'class_names' must be JSON"),
+    "class-names-an-object": (_attribute("class_names", json.dumps({"a": 1})),
+                              "attribute 'class_names' must be JSON"),
+    "class-names-repeated": (_attribute("class_names", json.dumps(["a", "a"])),
+                             "distinct class names"),
+    "image-size-not-json": (_attribute("image_size", "28x28"),
+                            "attribute 'image_size' must be JSON"),
+    "image-size-one-number": (_attribute("image_size", "[28]"), "two positive integers"),
+    "channels-a-string": (_attribute("channels", "one"), "'channels' must be an integer"),
+    "preprocessing-not-json": (_attribute("preprocessing", "{seed: 0"),
+                               "attribute 'preprocessing' must be JSON"),
+    "damaged-object-header": (_overwrite(_groups_header), "cannot read"),
+    "truncated": (_truncate, "cannot open HDF5 file"),
+}
+# A damaged image chunk is only seen when images are read: not by `data info`.
+IMAGE_FAULTS = {"damaged-image-chunk": (_overwrite(_first_image_chunk), "cannot read")}
+
+
+def _commands(data, tmp_path):
+    return {"data info": (["data", "info", data], []),
+            "data preview": (["data", "preview", data, "-o", tmp_path / "grid.png"],
+                             [tmp_path / "grid.png"]),
+            "train": (lenet_args(data, tmp_path / "run"), [tmp_path / "run"])}
+
+
+@pytest.mark.parametrize("command", ["data info", "data preview", "train"])
+@pytest.mark.parametrize("fault", FAULTS, ids=list(FAULTS))
+def test_a_broken_dataset_is_refused_when_opened(toy_copy, tmp_path, fault, command):
+    change, text = FAULTS[fault]
+    change(toy_copy)
+    args, outputs = _commands(toy_copy, tmp_path)[command]
+    assert_refused(invoke(args), toy_copy, text=text, absent=outputs)
+
+
+@pytest.mark.parametrize("fault", IMAGE_FAULTS, ids=list(IMAGE_FAULTS))
+def test_a_damaged_image_is_refused_when_read(toy_copy, toy_run, tmp_path, fault):
+    change, text = IMAGE_FAULTS[fault]
+    change(toy_copy)
+    args, outputs = _commands(toy_copy, tmp_path)["train"]
+    assert_refused(invoke(args), toy_copy, text=text, absent=outputs)
+    # evaluating on it: the test split is intact, the train split is not read
+    ok = invoke(["evaluate", toy_run, "--data", toy_copy, "--report-name", "other",
+                 "--no-grids"])
+    assert ok.exit_code == 0, ok.output
