@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,47 +123,15 @@ class TrainConfig:
     freeze_transferred: bool = True
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise CapsmedError(f"epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1 or self.eval_batch_size < 1:
-            raise CapsmedError("batch sizes must be >= 1")
-        if self.lr is not None and self.lr <= 0:
-            raise CapsmedError(f"lr must be > 0, got {self.lr}")
-        if self.recon_weight is not None and self.recon_weight < 0:
-            raise CapsmedError(f"recon_weight must be >= 0, got {self.recon_weight}")
-        if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
-            raise CapsmedError(f"steps_per_epoch must be >= 1, got {self.steps_per_epoch}")
-        if self.patience is not None and self.patience < 1:
-            raise CapsmedError(f"patience must be >= 1, got {self.patience}")
-        for name, value, allowed in (("sampler", self.sampler, SAMPLERS),
-                                     ("optimizer", self.optimizer, OPTIMIZERS),
-                                     ("lr_schedule", self.lr_schedule, SCHEDULES)):
-            if value not in allowed:
-                raise CapsmedError(f"{name} must be one of {', '.join(allowed)}, got "
-                                   f"'{value}'")
-        if not 0.0 < self.lr_decay <= 1.0:
-            raise CapsmedError(f"lr_decay must be within (0, 1], got {self.lr_decay}")
+        for f in dataclasses.fields(self):
+            check_option(f.name, getattr(self, f.name))
         self.protocol  # noqa: B018 -- validates fraction / imbalance / per-class limit
-        if self.fold is not None and self.fold < 0:
-            raise CapsmedError(f"fold must be >= 0, got {self.fold}")
         if self.folds is not None and (self.folds < 2 or (self.fold or 0) >= self.folds):
             raise CapsmedError(f"folds must be >= 2 and above fold, got fold {self.fold} "
                                f"of {self.folds}")
-        for name, value, allowed in (("precision", self.precision, PRECISIONS),
-                                     ("data_loading", self.data_loading, LOADINGS)):
-            if value not in allowed:
-                raise CapsmedError(f"{name} must be one of {', '.join(allowed)}, got "
-                                   f"'{value}'")
         if (self.transfer_from is None) != (not self.transfer_layers):
             raise CapsmedError("transfer_from and transfer_layers go together (which run, "
                                "which parameter-name prefixes)")
-        if self.loader_workers < 0:
-            raise CapsmedError(f"loader_workers must be >= 0, got {self.loader_workers}")
-        if self.augment_recipe is not None:
-            get_recipe(self.augment_recipe)
-        if self.class_weights not in (None, "balanced"):
-            raise CapsmedError(f"class_weights must be 'balanced' or unset, got "
-                               f"'{self.class_weights}'")
 
     @property
     def protocol(self) -> Protocol:
@@ -193,7 +166,10 @@ class TrainConfig:
         if missing:
             raise CapsmedError(f"{origin}: missing required option(s) "
                                f"{', '.join(missing)} (give --{missing[0]})")
-        return cls(**values)
+        try:
+            return cls(**values)
+        except CapsmedError as exc:
+            raise CapsmedError(f"{origin}: {exc}") from None
 
 
 def read_options_yaml(path: Path) -> dict[str, Any]:
@@ -205,4 +181,98 @@ def read_options_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise CapsmedError(f"{path}: expected a mapping of training options")
     TrainConfig.check_keys(values, str(path))
+    for name, value in values.items():  # each option alone: a partial file is fine
+        try:
+            check_option(name, value)
+        except CapsmedError as exc:
+            raise CapsmedError(f"{path}: {exc}") from None
     return values
+
+
+# What each option must be beyond its type (the type comes from the annotation).
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "epochs": (lambda v: v >= 1, ">= 1"),
+    "batch_size": (lambda v: v >= 1, ">= 1"),
+    "eval_batch_size": (lambda v: v >= 1, ">= 1"),
+    "lr": (lambda v: v > 0, "> 0"),
+    "recon_weight": (lambda v: v >= 0, ">= 0"),
+    "steps_per_epoch": (lambda v: v >= 1, ">= 1"),
+    "patience": (lambda v: v >= 1, ">= 1"),
+    "lr_decay": (lambda v: 0 < v <= 1, "within (0, 1]"),
+    "fold": (lambda v: v >= 0, ">= 0"),
+    "folds": (lambda v: v >= 2, ">= 2"),
+    "loader_workers": (lambda v: v >= 0, ">= 0"),
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "sampler": SAMPLERS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES,
+    "precision": PRECISIONS, "data_loading": LOADINGS, "class_weights": ("balanced",),
+}
+
+
+def check_option(name: str, value: Any) -> None:
+    """Refuse a value of the wrong type (YAML ``epochs: "three"``, ``standardize: "no"``),
+    a non-finite number (``--lr nan``) or one out of range, naming the option.
+
+    Raises:
+        CapsmedError: ``"<option> must be <what>, got <value>"``.
+    """
+    hint = _hints()[name]
+    if value is None and _allows_none(hint):
+        return
+    if not _fits(hint, value):
+        raise CapsmedError(f"{name} must be {_describe(hint)}, got {value!r}")
+    if name in _RULES and not _RULES[name][0](value):
+        raise CapsmedError(f"{name} must be {_RULES[name][1]}, got {value!r}")
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise CapsmedError(f"{name} must be one of {', '.join(_CHOICES[name])}, got "
+                           f"{value!r}")
+    if name == "augment_recipe":
+        get_recipe(value)
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _allows_none(hint: Any) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    """Whether ``value`` is of the annotated type; numbers must be finite."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_fits(a, value) for a in args)
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value))
+    if hint is str:
+        return isinstance(value, str)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _fits(args[0], k) and _fits(args[1], v) for k, v in value.items())
+    if origin is list:
+        return isinstance(value, list | tuple) and all(_fits(args[0], v) for v in value)
+    raise TypeError(f"no check for {hint}")  # a new kind of option: add its check
+
+
+def _describe(hint: Any) -> str:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_describe(a) for a in args) + " or unset"
+    if origin is dict:
+        return f"a mapping of names to {_describe(args[1]).removeprefix('a ')}s" \
+            if args[1] is not Any else "a mapping"
+    if origin is list:
+        return f"a list of {_describe(args[0]).removeprefix('a ')}s"
+    return {bool: "true or false", int: "an integer", float: "a finite number",
+            str: "a string"}.get(hint, str(hint))

@@ -29,11 +29,12 @@ from capsmed.data.contract import DatasetInfo
 from capsmed.device import device_name, seed_everything
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path, ensure_writable_dir, write_text_atomic
-from capsmed.models import count_parameters, create_model
+from capsmed.models import count_parameters
 from capsmed.train import distributed
 from capsmed.train.augment import get_recipe
 from capsmed.train.config import TrainConfig
 from capsmed.train.losses import balanced_class_weights
+from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer, build_schedule
 from capsmed.train.run_data import (
     RunRows,
@@ -160,7 +161,7 @@ class Run:
                 raise CapsmedError("--tensorboard needs the tensorboard package: pip install "
                                    "'capsmed[tensorboard]'") from None
         seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
-        self.model = create_model(cfg.arch, **model_kwargs)
+        self.model = build_model(cfg.arch, model_kwargs, (info.channels, *info.image_size))
         if cfg.transfer_from:
             transfer_parameters(self.model, Path(cfg.transfer_from), cfg.transfer_layers,
                                 cfg.freeze_transferred)

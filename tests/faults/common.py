@@ -18,11 +18,12 @@ def invoke(args: Sequence[str]) -> Any:
     return runner.invoke(app, ["-q", *map(str, args)])
 
 
-def lenet_args(data: Path, out: Path, *extra: str) -> list[str]:
-    """``capsmed train`` arguments of a tiny one-epoch lenet run."""
-    return ["train", "--data", data, "--arch", "lenet", "--epochs", "1", "--batch-size",
-            "16", "--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]", "--out", out,
-            *extra]
+def lenet_args(data: Path, out: Path, *extra: str, arch: str = "lenet") -> list[str]:
+    """``capsmed train`` arguments of a tiny one-epoch run (lenet at reduced widths)."""
+    tiny = ["--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]"] \
+        if arch == "lenet" else []
+    return ["train", "--data", data, "--arch", arch, "--epochs", "1", "--batch-size", "16",
+            *tiny, "--out", out, *extra]
 
 
 def assert_refused(result: Any, names: str | Path, *, code: int = 1,

@@ -1,0 +1,103 @@
+"""A run's model, built from its options or refused before anything is written.
+
+``--model-arg`` values arrive as YAML scalars, so ``hidden=abc`` is a string and
+``widths=[-1,5]`` a list with a negative width; a builder fed those fails deep inside
+torch with a traceback, or builds a model that fails at its first step. The
+builder's defaults are its schema (STYLE 2): a value must have its default's type,
+sizes (tuples of integers) are positive, and the model must run one sample.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from capsmed.errors import CapsmedError
+from capsmed.models import create_model
+from capsmed.models.registry import get_model_entry
+
+# Set by the trainer from the dataset, not by the user: no check against a default.
+FROM_DATA = frozenset({"in_channels", "num_classes", "input_size", "input_mean",
+                       "input_std"})
+
+
+def check_model_kwargs(arch: str, kwargs: dict[str, Any]) -> None:
+    """Refuse a model option whose value does not have its default's type.
+
+    Raises:
+        CapsmedError: ``"<arch>: model option <key>=<value> must be <what>"``.
+    """
+    defaults = get_model_entry(arch).defaults()
+    for key, value in kwargs.items():
+        if key in FROM_DATA or key not in defaults or value is None:
+            continue  # unknown names are refused by create_model, with the list
+        expected = _expected(defaults[key], value)
+        if expected is not None:
+            raise CapsmedError(f"{arch}: model option {key}={value!r} must be {expected}")
+
+
+def _expected(default: Any, value: Any) -> str | None:
+    """What ``value`` should be, given the default, or None when it fits."""
+    if default is None:
+        return None
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) \
+            else "an integer"
+    if isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) \
+            and math.isfinite(value)
+        return None if ok else "a finite number"
+    if isinstance(default, str):
+        return None if isinstance(value, str) else "a string"
+    if isinstance(default, tuple | list):
+        sizes = all(isinstance(v, int) and not isinstance(v, bool) for v in default)
+        what = "a list of positive integers" if sizes else "a list"
+        if not isinstance(value, list | tuple):
+            return f"{what} like {list(default)}"
+        if sizes and not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                             for v in value):
+            return f"{what} like {list(default)}"
+    return None
+
+
+def build_model(arch: str, kwargs: dict[str, Any], image_shape: tuple[int, int, int]
+                ) -> nn.Module:
+    """``create_model(arch, **kwargs)``, checked: options of the right types, a model
+    that builds, and one sample of ``image_shape`` through it (in eval mode, with the
+    global RNG untouched, so the run's seeded initialisation and batches are the same).
+
+    Raises:
+        CapsmedError: naming the architecture and the options when any step fails.
+    """
+    check_model_kwargs(arch, kwargs)
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in FROM_DATA)
+    try:
+        model = create_model(arch, **kwargs)
+    except CapsmedError:
+        raise
+    except (TypeError, ValueError, RuntimeError, IndexError, ZeroDivisionError) as exc:
+        raise CapsmedError(f"{arch} cannot be built with these options ({shown or 'none'})"
+                           f": {_first_line(exc)}") from None
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        was_training = model.training
+        try:
+            model.eval()(torch.zeros(1, *image_shape))
+        except CapsmedError:
+            raise
+        except (TypeError, ValueError, RuntimeError, IndexError, ZeroDivisionError) as exc:
+            raise CapsmedError(f"{arch} with these options ({shown or 'none'}) cannot "
+                               f"classify {'x'.join(map(str, image_shape))} images: "
+                               f"{_first_line(exc)}") from None
+        finally:
+            model.train(was_training)
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
