@@ -2,7 +2,9 @@
 
 TIFF through tifffile, everything else through OpenCV (``IMREAD_UNCHANGED``, so 16-bit
 and alpha survive), then 8-bit scaling, channel conversion and resizing. Every failure
-is a one-line :class:`CapsmedError` naming the file.
+is a one-line :class:`CapsmedError` naming the file. :func:`check_image_file` runs
+before any decoder: an empty file, or a header claiming an absurd size (a corrupt or
+hostile file), is refused before a decoder allocates memory or raises its own error.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +20,70 @@ import cv2
 import numpy as np
 import tifffile
 
+from capsmed.data.files import check_file, shown
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
+
+# OpenCV's own limit (CV_IO_MAX_IMAGE_PIXELS): 32768 x 32768. A larger plain image is a
+# whole slide, which `capsmed preprocess wsi` reads tile by tile.
+MAX_IMAGE_PIXELS = 1 << 30
+_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _jpeg_size(head: bytes) -> tuple[int, int] | None:
+    """(width, height) from the first start-of-frame marker of a JPEG's first bytes."""
+    i = 2
+    while i + 9 <= len(head):
+        if head[i] != 0xFF:
+            return None
+        marker, length = head[i + 1], struct.unpack(">H", head[i + 2:i + 4])[0]
+        if marker in _JPEG_SOF:
+            height, width = struct.unpack(">HH", head[i + 5:i + 9])
+            return width, height
+        i += 2 + length
+    return None
+
+
+def header_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) as a PNG, JPEG, BMP or TIFF header states it, without decoding;
+    None when the format is not one of these or the header cannot be parsed (the
+    decoder then reports what is wrong)."""
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    if head.startswith(b"\x89PNG\r\n\x1a\n") and len(head) >= 24:
+        return struct.unpack(">II", head[16:24])
+    if head.startswith(b"\xff\xd8"):
+        return _jpeg_size(head)
+    if head.startswith(b"BM") and len(head) >= 26:
+        if struct.unpack("<I", head[14:18])[0] == 12:  # OS/2 BITMAPCOREHEADER
+            return struct.unpack("<HH", head[18:22])
+        width, height = struct.unpack("<ii", head[18:26])
+        return abs(width), abs(height)
+    if head[:4] in (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"):
+        try:
+            with tifffile.TiffFile(path) as tif:
+                page = tif.pages[0]
+                return int(page.imagewidth), int(page.imagelength)
+        except Exception:  # a corrupt TIFF: tifffile's own error comes with the read
+            return None
+    return None
+
+
+def check_image_file(path: Path, what: str = "image") -> Path:
+    """Refuse, before decoding, a broken link, an empty file or a header claiming more
+    than :data:`MAX_IMAGE_PIXELS` pixels (a decoder would raise its own error or try
+    to allocate it)."""
+    check_file(path, what)
+    try:
+        size = header_size(path)
+    except OSError as exc:
+        raise CapsmedError(f"{shown(path)}: cannot read {what} ({exc.strerror})") from None
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise CapsmedError(f"{shown(path)}: the {what}'s header claims {size[0]}x{size[1]} "
+                           f"pixels, more than the {MAX_IMAGE_PIXELS:,} a plain image may "
+                           "have (a corrupt file? a whole slide goes to preprocess wsi)")
+    return path
 
 
 @contextlib.contextmanager
@@ -46,6 +110,7 @@ def read_image(path: Path) -> np.ndarray:
     TIFF goes through tifffile (first page), everything else through OpenCV with
     ``IMREAD_UNCHANGED`` (so 16-bit and alpha survive; EXIF orientation is not applied).
     """
+    check_image_file(path)
     if path.suffix.lower() in (".tif", ".tiff"):
         with _tifffile_warnings() as warned:
             try:

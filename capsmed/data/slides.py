@@ -17,6 +17,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from capsmed.data.files import FolderWalk, check_file
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
@@ -137,14 +138,15 @@ def find_slides(inputs: list[Path]) -> list[Path]:
     out: list[Path] = []
     for given in map(Path, inputs):
         if given.is_dir():
-            found = sorted(p for p in given.iterdir()
-                           if p.is_file() and p.suffix.lower() in SLIDE_SUFFIXES)
+            found = FolderWalk().files(given, SLIDE_SUFFIXES, recursive=False)
             if not found:
                 raise CapsmedError(f"{given}: no slide files in this folder (looked for "
                                    f"{', '.join(SLIDE_SUFFIXES)})")
             out += found
         elif given.is_file():
-            out.append(given)
+            out.append(check_file(given, "slide file"))
         else:
+            if given.is_symlink():
+                check_file(given, "slide file or folder")  # a broken link or a loop
             raise CapsmedError(f"{given}: no such slide file or folder")
     return list(dict.fromkeys(out))

@@ -10,6 +10,7 @@ from capsmed.cli.common import handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
+    allow_no_annotations_option,
     fraction_option,
     option,
     seed_option,
@@ -69,6 +70,8 @@ def preprocess_tupac16(
     seed: int = seed_option(Tupac16Config, "the split, jitter and sampling"),
     workers: int = workers_option(Tupac16Config),
     allow_group_leak: bool = allow_group_leak_option(Tupac16Config, "case"),
+    allow_no_annotations: bool = allow_no_annotations_option(Tupac16Config,
+                                                             "mitosis annotation"),
 ) -> None:
     """TUPAC16 mitosis: hematoxylin channel, mitosis vs tissue patches, case-level split."""
     from capsmed.data.sources.tupac16 import preprocess_tupac16
@@ -78,6 +81,7 @@ def preprocess_tupac16(
         positives_per_mitosis=positives_per_mitosis, negatives_per_image=negatives_per_image,
         min_tissue=min_tissue, mitosis_radius=mitosis_radius, h_max=h_max, seed=seed,
         workers=workers, fractions=split_fractions(Tupac16Config, train, val, test),
-        split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak))
+        split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
+        allow_no_annotations=allow_no_annotations))
     path = preprocess_tupac16(raw_dir, output, config)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")

@@ -19,6 +19,8 @@ import tifffile
 from PIL import Image, UnidentifiedImageError
 
 from capsmed.data.configs.diaretdb1 import LESION_TYPES
+from capsmed.data.files import FolderWalk, find_in_folder
+from capsmed.data.images import check_image_file
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
@@ -69,16 +71,18 @@ def locate_resources(raw_dir: Path) -> Path:
 def discover(raw_dir: Path) -> tuple[Path, list[ImageRecord]]:
     """Find the fundus images and their ground-truth maps; returns ``(resources, records)``."""
     resources = locate_resources(raw_dir)
-    pngs = sorted(p for p in (resources / IMAGES_DIR).glob("*.png")
-                  if _IMAGE_NAME.match(p.stem))
+    pngs = [p for p in FolderWalk().files(resources / IMAGES_DIR, (".png",), recursive=False)
+            if _IMAGE_NAME.match(p.stem)]
     if not pngs:
         raise CapsmedError(f"{resources / IMAGES_DIR}: no imageNNN.png fundus images found")
     for kind in LESION_TYPES:
         if not (resources / GROUND_TRUTH_DIR / kind).is_dir():
             raise CapsmedError(f"{resources / GROUND_TRUTH_DIR / kind}: no such folder "
                                "(expected the fused ground-truth maps of every lesion type)")
-    return resources, [ImageRecord(p.stem, p, {k: resources / GROUND_TRUTH_DIR / k / p.name
-                                               for k in LESION_TYPES}) for p in pngs]
+    maps = {k: resources / GROUND_TRUTH_DIR / k for k in LESION_TYPES}
+    return resources, [ImageRecord(p.stem, p, {
+        k: find_in_folder(folder, p.stem, ".png") or folder / p.name
+        for k, folder in maps.items()}) for p in pngs]
 
 
 def read_split_list(path: Path) -> list[str]:
@@ -105,6 +109,8 @@ def read_split_list(path: Path) -> list[str]:
 
 
 def _read_png(path: Path, what: str, first_channel: bool = False) -> np.ndarray:
+    if path.exists() or path.is_symlink():
+        check_image_file(path, what)
     try:
         with Image.open(path) as image:
             image.load()
@@ -115,7 +121,8 @@ def _read_png(path: Path, what: str, first_channel: bool = False) -> np.ndarray:
             return np.asarray(image)
     except FileNotFoundError:
         raise CapsmedError(f"{path}: missing {what}") from None
-    except (OSError, UnidentifiedImageError, ValueError) as exc:  # truncated, not a PNG
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError
+            ) as exc:  # truncated, not a PNG, too large
         raise CapsmedError(f"{path}: cannot read {what} ({exc})") from exc
 
 
@@ -140,6 +147,8 @@ def read_confidence_map(path: Path, shape: tuple[int, int], image_name: str) -> 
 
 def read_fundus_mask(path: Path) -> np.ndarray:
     """The field-of-view mask (``fmask.tif``) as (H, W) bool: its bright pixels."""
+    if path.exists() or path.is_symlink():
+        check_image_file(path, "fundus mask")
     try:
         mask = tifffile.imread(path)
     except FileNotFoundError:

@@ -25,6 +25,7 @@ import numpy as np
 
 from capsmed.data.configs.folder import FolderConfig
 from capsmed.data.contract import DatasetWriter
+from capsmed.data.files import FolderWalk, check_file, check_name
 from capsmed.data.images import convert_channels, read_image, resize_image, to_uint8
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.splits import assign_splits as assign_group_splits
@@ -52,7 +53,12 @@ def discover(root: Path, classes: tuple[str, ...] | None = None
     root = Path(root)
     if not root.is_dir():
         raise CapsmedError(f"{root}: no such folder (expected ROOT/<class>/<images>)")
-    present = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    for path in entries:
+        check_name(path)
+        if path.is_symlink() and not path.exists() and not path.suffix:
+            check_file(path, "class folder")  # a broken link or a loop: say so
+    present = [p.name for p in entries if p.is_dir()]
     if not present:
         raise CapsmedError(f"{root}: no class folders (expected ROOT/<class>/<images>)")
     names = list(classes) if classes else present
@@ -65,16 +71,13 @@ def discover(root: Path, classes: tuple[str, ...] | None = None
     if classes and set(present) - set(names):
         log.info("class folders left out: %s", ", ".join(sorted(set(present) - set(names))))
     files: list[ImageFile] = []
+    walk = FolderWalk()  # one walk: a folder linked into two classes is an error
     for label, name in enumerate(names):
-        found = []
-        for dirpath, dirnames, filenames in os.walk(root / name):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]  # prune hidden
-            found += [Path(dirpath, f) for f in filenames if not f.startswith(".")
-                      and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
+        found = walk.files(root / name, IMAGE_EXTENSIONS)
         if not found:
             raise CapsmedError(f"{root / name}: class folder holds no images "
                                f"({', '.join(e[1:] for e in IMAGE_EXTENSIONS)})")
-        files += [ImageFile(p, p.relative_to(root).as_posix(), label) for p in sorted(found)]
+        files += [ImageFile(p, p.relative_to(root).as_posix(), label) for p in found]
     return names, files
 
 

@@ -7,7 +7,10 @@ Accepted layouts under ``raw_dir``:
 * flattened: ``<CC>/<NN>.tif`` with ``<NN>.csv`` beside it (at any depth).
 
 A CSV has no header and one mitosis per line as integer ``row,col``; an image without
-a CSV has no mitoses. Each image becomes: hematoxylin channel (colour deconvolution) ->
+a CSV has no mitoses, but a set without any mitosis is refused (a missing or misplaced
+``mitoses_ground_truth/`` looks exactly like that) unless ``allow_no_annotations``.
+Extensions match in any case and linked case folders are followed
+(:mod:`capsmed.data.files`). Each image becomes: hematoxylin channel (colour deconvolution) ->
 positives (patches centred on each mitosis plus jittered copies) and negatives (tissue
 patches with no mitosis) -> resize. Cases are split, never patches.
 """
@@ -24,6 +27,8 @@ import tifffile
 
 from capsmed.data.configs.tupac16 import Tupac16Config
 from capsmed.data.contract import DatasetWriter
+from capsmed.data.files import FolderWalk, check_file, find_in_folder
+from capsmed.data.images import check_image_file
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
@@ -35,6 +40,7 @@ log = logging.getLogger(__name__)
 
 CLASS_NAMES = ("non-mitosis", "mitosis")
 GROUND_TRUTH_DIR = "mitoses_ground_truth"
+TIFF_SUFFIXES = (".tif", ".tiff")
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,16 @@ class ImageRecord:
     tif: Path
     csv: Path | None
     mitoses: np.ndarray
+
+
+MAX_COORDINATE = 1 << 31  # far beyond any image; keeps int64 arithmetic exact
+
+
+def _coordinate(text: str) -> int:
+    value = float(text)  # ValueError for text; "1e400" is inf
+    if not math.isfinite(value) or abs(value) >= MAX_COORDINATE:
+        raise ValueError
+    return int(value)
 
 
 def read_mitosis_csv(path: Path) -> np.ndarray:
@@ -62,10 +78,10 @@ def read_mitosis_csv(path: Path) -> np.ndarray:
         try:
             if len(parts) != 2:
                 raise ValueError
-            rows.append((int(float(parts[0])), int(float(parts[1]))))
+            rows.append((_coordinate(parts[0]), _coordinate(parts[1])))
         except ValueError:
-            raise CapsmedError(f"{path}: line {number}: expected 'row,col' integers, "
-                               f"got {line.strip()!r}") from None
+            raise CapsmedError(f"{path}: line {number}: expected 'row,col' integers "
+                               f"(pixel coordinates), got {line.strip()[:60]!r}") from None
     return np.array(rows, dtype=np.int64).reshape(-1, 2)
 
 
@@ -75,27 +91,41 @@ def discover(raw_dir: Path) -> list[ImageRecord]:
     if not raw_dir.is_dir():
         raise CapsmedError(f"{raw_dir}: no such folder (expected the unpacked TUPAC16 "
                            "mitosis data)")
-    tifs = sorted(p for p in raw_dir.rglob("*.tif") if GROUND_TRUTH_DIR not in p.parts)
-    tifs += sorted(p for p in raw_dir.rglob("*.tiff") if GROUND_TRUTH_DIR not in p.parts)
+    tifs = FolderWalk().files(raw_dir, TIFF_SUFFIXES, skip=(GROUND_TRUTH_DIR,))
     if not tifs:
         raise CapsmedError(f"{raw_dir}: no TUPAC16 images found (expected "
                            "mitoses_image_data_part_N/<CC>/<NN>.tif or <CC>/<NN>.tif)")
     records: dict[tuple[str, str], ImageRecord] = {}
     for tif in tifs:
         case, image = tif.parent.name, tif.stem
-        candidates = [raw_dir / GROUND_TRUTH_DIR / case / f"{image}.csv",
-                      tif.with_suffix(".csv")]
-        csv = next((c for c in candidates if c.is_file()), None)
+        csv = (find_in_folder(raw_dir / GROUND_TRUTH_DIR / case, image, ".csv")
+               or find_in_folder(tif.parent, image, ".csv"))
         if (case, image) in records:
             raise CapsmedError(f"{tif}: case {case} image {image} also found at "
                                f"{records[(case, image)].tif}")
-        mitoses = read_mitosis_csv(csv) if csv else np.empty((0, 2), dtype=np.int64)
+        mitoses = (read_mitosis_csv(check_file(csv, "ground-truth CSV", allow_empty=True))
+                   if csv else np.empty((0, 2), dtype=np.int64))
         records[(case, image)] = ImageRecord(case, image, tif, csv, mitoses)
     return [records[k] for k in sorted(records)]
 
 
+def check_annotations(raw_dir: Path, records: list[ImageRecord]) -> None:
+    """Refuse a set in which no image has a mitosis: a missing, renamed or misplaced
+    ground-truth folder gives exactly that, and a dataset of negatives only."""
+    if any(len(r.mitoses) for r in records):
+        return
+    folder = raw_dir / GROUND_TRUTH_DIR
+    found = sum(r.csv is not None for r in records)
+    state = (f"{found} ground-truth CSV(s) found, all empty" if found else
+             "no ground-truth CSV found" + ("" if folder.is_dir() else " (no such folder)"))
+    raise CapsmedError(f"{folder}: {state}; looked for <CC>/<NN>.csv there and <NN>.csv "
+                       "beside each image, so the dataset would hold no mitosis (pass "
+                       "--allow-no-annotations to write it anyway)")
+
+
 def read_rgb_tiff(path: Path) -> np.ndarray:
     """Read an RGB(A) TIFF as (H, W, 3) uint8, or fail naming the file."""
+    check_image_file(path)
     try:
         image = tifffile.imread(path)
     except Exception as exc:  # tifffile raises many types for corrupt/truncated files
@@ -160,6 +190,10 @@ def process_image(job: _Job) -> _Result:
     cfg, rec = job.config, job.record
     rgb = read_rgb_tiff(rec.tif)
     h, w = rgb.shape[:2]
+    if h < cfg.patch_size or w < cfg.patch_size:
+        raise CapsmedError(f"{rec.tif}: image is {w}x{h} px, too small for one "
+                           f"{cfg.patch_size}x{cfg.patch_size} patch (TUPAC16 images are "
+                           "2000x2000; a truncated export?)")
     for number, (r, c) in enumerate(rec.mitoses, start=1):
         if not (0 <= r < h and 0 <= c < w):
             raise CapsmedError(f"{rec.csv}: line {number}: mitosis at row {r}, col {c} is "
@@ -217,6 +251,8 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
     cfg = config or Tupac16Config()
     raw_dir, output = Path(raw_dir), Path(output)
     records = discover(raw_dir)
+    if not cfg.allow_no_annotations:
+        check_annotations(raw_dir, records)
     split_of = _assign_splits(records, cfg)
     records = [r for r in records if r.case in split_of]
     negatives = _negatives_per_image(records, split_of, cfg)

@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 import tifffile
 
-from capsmed.data.sources.aml import (
+from capsmed.data.sources.aml_layout import (
     ANNOTATIONS,
     CLASS_NAMES,
     IMAGE_DIR,
