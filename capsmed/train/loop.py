@@ -24,7 +24,7 @@ from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.curves import plot_training_curves
 from capsmed.train.run import Run
-from capsmed.train.state import RESUME_FILE, Progress, StopRequest, restore_rng, save_state
+from capsmed.train.state import RESUME_FILE, Progress, StopRequest, restore_rng
 from capsmed.train.step import coupling_entropy, forward, loss_and_correct
 
 log = logging.getLogger(__name__)
@@ -90,10 +90,7 @@ def _truncate_metrics(path: Path, epoch: int) -> None:
 
 def _save(run: Run, progress: Progress, sampler_state: torch.Tensor) -> None:
     if run.ctx.is_main:
-        save_state(run.run_dir, model=run.model, optimizer=run.optimizer,
-                   schedule=run.schedule, scaler=run.step.scaler,
-                   sampler_state=sampler_state, augment_rng=run.settings.augment_rng,
-                   progress=progress)
+        run.save_state(progress, sampler_state)
 
 
 def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | None) -> Path:

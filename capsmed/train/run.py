@@ -28,7 +28,7 @@ from capsmed import __version__
 from capsmed.data.contract import DatasetInfo
 from capsmed.device import device_name, seed_everything
 from capsmed.errors import CapsmedError
-from capsmed.io import atomic_path, ensure_writable_dir, write_text_atomic
+from capsmed.io import atomic_dir, atomic_path, write_text_atomic
 from capsmed.models import count_parameters
 from capsmed.train import distributed
 from capsmed.train.augment import get_recipe
@@ -45,6 +45,7 @@ from capsmed.train.run_data import (
     select_rows,
 )
 from capsmed.train.sampling import BatchSampler
+from capsmed.train.state import Progress, save_state
 from capsmed.train.step import StepSettings, TrainStep, prepare_model, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -73,13 +74,11 @@ def _default_run_dir(cfg: TrainConfig, info: DatasetInfo) -> Path:
     return Path("runs") / f"{info.dataset}-{cfg.arch}{fold}-s{cfg.seed}-{stamp}"
 
 
-def _prepare_run_dir(path: Path) -> Path:
+def _check_new_run_dir(path: Path) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise CapsmedError(f"{path}: run directory already exists and is not empty; "
                            "choose another --out, remove it, or continue it with "
                            f"capsmed train --resume {path}")
-    ensure_writable_dir(path)
-    return path
 
 
 def _save_rows(run_dir: Path, rows: RunRows) -> None:
@@ -169,11 +168,8 @@ class Run:
         if new:
             path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
             path = Path(ctx.broadcast_text(str(path)))
-            check_free_space(path, self.model)  # before anything is written
-            if ctx.is_main:
-                _prepare_run_dir(path)
-                _save_rows(path, self.rows)
-            ctx.barrier()
+            _check_new_run_dir(path)
+            check_free_space(path, self.model)
             run_dir = path
         self.run_dir = run_dir
         self.train_data = make_loader(info, self.rows.train_split, self.rows.train_rows, cfg,
@@ -220,14 +216,35 @@ class Run:
                             "parameters": count_parameters(self.model),
                             "precision": str(self.settings.autocast_dtype or "float32"),
                             "world_size": ctx.world}
-        if new and ctx.is_main:
-            self._write_config()
+        if new:
+            if ctx.is_main:
+                self._create_folder()
+            ctx.barrier()
 
-    def _write_config(self) -> None:
+    def _create_folder(self) -> None:
+        """Write the new run's folder whole or not at all: its rows, ``config.yaml`` and
+        a resumable state before the first step, gathered in a temporary folder beside
+        it and renamed into place. A run refused at start leaves nothing (the same
+        command runs again), and one killed at any later moment, even in its first
+        epoch, continues with ``--resume``."""
+        with atomic_dir(self.run_dir) as staging:
+            _save_rows(staging, self.rows)
+            self._write_config(staging)
+            self.save_state(Progress(), self.sampler.generator.get_state(), staging)
+
+    def save_state(self, progress: Progress, sampler_state: torch.Tensor,
+                   folder: Path | None = None) -> None:
+        """Write ``resume.pt`` (into ``folder``, default the run directory)."""
+        save_state(folder or self.run_dir, model=self.model, optimizer=self.optimizer,
+                   schedule=self.schedule, scaler=self.step.scaler,
+                   sampler_state=sampler_state, augment_rng=self.settings.augment_rng,
+                   progress=progress)
+
+    def _write_config(self, folder: Path) -> None:
         cfg, info = self.cfg, self.info
         resolved = {**cfg.to_dict(), "data": str(info.path.resolve()),
                     "out": str(self.run_dir)}
-        write_text_atomic(self.run_dir / "config.yaml", yaml.safe_dump(
+        write_text_atomic(folder / "config.yaml", yaml.safe_dump(
             {"train": resolved, "model_kwargs": self.model_kwargs,
              "environment": self.environment,
              "dataset": {"name": info.dataset, "class_names": list(info.class_names),

@@ -68,8 +68,10 @@ def load_state(run_dir: Path) -> dict[str, Any]:
     """Read ``resume.pt`` (weights-only unpickler)."""
     path = Path(run_dir) / RESUME_FILE
     if not path.is_file():
-        raise CapsmedError(f"{path}: no resumable state; the run finished (nothing to resume) "
-                           "or was stopped before its first epoch ended")
+        finished = (Path(run_dir) / "summary.json").is_file()
+        raise CapsmedError(f"{path}: no resumable state; " + (
+            "the run finished (nothing to resume)" if finished else
+            "it was removed (a run keeps one from its start until it finishes)"))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt or foreign file
