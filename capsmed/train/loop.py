@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -198,8 +199,14 @@ def _check_finite(run: Run, bad_step: torch.Tensor, p: Progress) -> None:
     bad = int(run.ctx.max(bad_step.clone()).item())
     if bad >= 0:
         raise CapsmedError(f"{run.run_dir}: the loss became NaN/inf at step {bad} (epoch "
-                           f"{p.epoch}); the last good checkpoint is kept (try a lower --lr "
-                           "or --precision fp32)")
+                           f"{p.epoch}); {_kept(p)} (try a lower --lr or --precision fp32)")
+
+
+def _kept(p: Progress) -> str:
+    """What a run stopped by a non-finite loss leaves to evaluate, in words."""
+    if p.best_epoch == 0:
+        return "no checkpoint was written: no epoch ended with a finite loss"
+    return f"the checkpoint of epoch {p.best_epoch} (selection loss {p.best:.4g}) is kept"
 
 
 def _finish_epoch(run: Run, p: Progress, sums: torch.Tensor, started: float
@@ -219,6 +226,10 @@ def _finish_epoch(run: Run, p: Progress, sums: torch.Tensor, started: float
         record.update(evaluate_loss(run, run.val_data))
     record["seconds"] = round(time.perf_counter() - started + p.epoch_seconds, 3)
     selection = record.get("val_loss", train_loss)
+    if not math.isfinite(selection):  # NaN < best is False: it would never be kept
+        raise CapsmedError(f"{run.run_dir}: the {'validation' if run.val_data else 'training'}"
+                           f" loss of epoch {p.epoch} is NaN/inf (the model diverged); "
+                           f"{_kept(p)} (try a lower --lr or --precision fp32)")
     record["best"] = selection < p.best
     if record["best"] or run.val_data is None:
         p.best, p.best_epoch = min(p.best, selection), p.epoch

@@ -1,0 +1,68 @@
+"""Training that goes wrong stops with one line saying exactly what it kept: a
+non-finite loss in training or validation, a full disk, a read-only disk, an empty
+training split."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.faults.common import assert_refused, invoke, lenet_args
+
+
+def _poison_validation(monkeypatch, epochs):
+    import capsmed.train.loop as loop
+
+    real, seen = loop.evaluate_loss, {"n": 0}
+
+    def evaluate_loss(run, data):
+        seen["n"] += 1
+        result = real(run, data)
+        return {**result, "val_loss": math.nan} if seen["n"] in epochs else result
+
+    monkeypatch.setattr(loop, "evaluate_loss", evaluate_loss)
+
+
+def _poison_training(monkeypatch, step):
+    import capsmed.train.step as step_module
+
+    real, seen = step_module.training_loss, {"n": 0}
+
+    def training_loss(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        if torch.is_grad_enabled():
+            seen["n"] += 1
+            if seen["n"] == step:
+                return loss * math.inf
+        return loss
+
+    monkeypatch.setattr(step_module, "training_loss", training_loss)
+
+
+# id: (poison, text of the error line, checkpoint epoch kept or None)
+NON_FINITE = {
+    "first-validation-nan": (lambda m: _poison_validation(m, {1}),
+                             "validation loss of epoch 1 is NaN/inf", None),
+    "second-validation-nan": (lambda m: _poison_validation(m, {2}),
+                              "validation loss of epoch 2 is NaN/inf", 1),
+    "first-step-inf": (lambda m: _poison_training(m, 1), "NaN/inf at step 1 (epoch 1)", None),
+    "fourth-step-inf": (lambda m: _poison_training(m, 4), "NaN/inf at step 4 (epoch 2)", 1),
+}
+
+
+@pytest.mark.parametrize("case", NON_FINITE, ids=list(NON_FINITE))
+def test_a_non_finite_loss_stops_and_says_what_was_kept(toy_h5, tmp_path, monkeypatch, case):
+    poison, text, kept = NON_FINITE[case]
+    poison(monkeypatch)
+    run = tmp_path / "run"
+    line = assert_refused(invoke(lenet_args(toy_h5, run, "--epochs", "3")), run, text=text)
+    assert "run saved" not in line
+    if kept is None:
+        assert "no checkpoint was written" in line
+        assert not (run / "checkpoint.json").exists()
+    else:
+        assert f"the checkpoint of epoch {kept} (selection loss" in line
+        assert (run / "checkpoint.json").is_file()
+    assert not (run / "summary.json").exists()  # not a finished run
