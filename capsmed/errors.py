@@ -21,3 +21,10 @@ class Interrupted(CapsmedError):
     """Stopped on request (Ctrl-C, SIGTERM), not by bad input: exit code 130."""
 
     exit_code = 130
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, for a one-line error naming a library's
+    reason (torch's and h5py's run to several lines; ``KeyError`` quotes its text)."""
+    text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -17,7 +17,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
 
 FORMAT_VERSION = 1
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")
@@ -72,7 +72,7 @@ def open_dataset(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as exc:
-        raise CapsmedError(f"{path}: cannot open HDF5 file ({_first_line(exc)})") from exc
+        raise CapsmedError(f"{path}: cannot open HDF5 file ({first_line(exc)})") from exc
 
 
 @contextlib.contextmanager
@@ -84,14 +84,9 @@ def reading(path: Path) -> Iterator[h5py.File]:
         try:
             yield f
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
-            raise CapsmedError(f"{path}: cannot read ({_first_line(exc)}); the file is "
+            raise CapsmedError(f"{path}: cannot read ({first_line(exc)}); the file is "
                                "damaged or truncated: write it again") from exc
 
-
-def _first_line(exc: BaseException) -> str:
-    # KeyError's str() quotes its message; h5py puts the reason in it
-    text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def split_names(f: h5py.File) -> list[str]:

@@ -27,6 +27,7 @@ from capsmed.evaluate.metrics import (
 from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.run_report import write_report
 from capsmed.train.checkpoint import load_checkpoint
+from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 from capsmed.train.run_data import load_run_split
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     model, meta = load_checkpoint(run_dir, dev)
     data_path = Path(data) if data is not None else Path(meta["data"])
     info = read_info(data_path)
+    if data is None and (run_dir / CONFIG).is_file():  # the run's own data, as it was?
+        check_dataset_unchanged(read_run_config(run_dir), run_dir, data_path)
     if list(info.class_names) != list(meta["class_names"]):
         raise CapsmedError(f"{data_path}: classes {list(info.class_names)} do not match the "
                            f"checkpoint's {meta['class_names']}")

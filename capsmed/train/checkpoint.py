@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, write_text_atomic
 from capsmed.models import create_model
 
@@ -38,19 +38,46 @@ def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
     if not meta_path.is_file() or not weights_path.is_file():
         raise CapsmedError(f"{run_dir}: no checkpoint ({META} + {WEIGHTS}); did training "
                            "finish at least one epoch?")
+    meta = _read_meta(meta_path)
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
         model = create_model(meta["arch"], **meta["model_kwargs"])
+    except CapsmedError as exc:
+        raise CapsmedError(f"{meta_path}: {exc}") from None
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise CapsmedError(f"{meta_path}: the model cannot be rebuilt from its arguments "
+                           f"({first_line(exc)})") from None
+    try:
         state = load_file(str(weights_path), device="cpu")
-    except (json.JSONDecodeError, KeyError) as exc:
-        raise CapsmedError(f"{meta_path}: malformed checkpoint metadata ({exc})") from exc
     except Exception as exc:  # safetensors raises its own error types on corrupt files
-        if isinstance(exc, CapsmedError):
-            raise
-        raise CapsmedError(f"{weights_path}: cannot read weights ({exc})") from exc
+        raise CapsmedError(f"{weights_path}: cannot read weights ({first_line(exc)})"
+                           ) from None
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
         raise CapsmedError(f"{weights_path}: weights do not fit architecture "
-                           f"'{meta['arch']}' ({str(exc).splitlines()[0]})") from exc
+                           f"'{meta['arch']}' ({first_line(exc)})") from None
     return model.to(device).eval(), meta
+
+
+# What evaluate and the analyses read from checkpoint.json, and the JSON type of each.
+META_FIELDS = {"arch": str, "model_kwargs": dict, "epoch": int, "data": str,
+               "class_names": list}
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """``checkpoint.json``, checked to be the object :func:`save_checkpoint` writes."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CapsmedError(f"{path}: malformed checkpoint metadata ({first_line(exc)})"
+                           ) from None
+    if not isinstance(meta, dict):
+        raise CapsmedError(f"{path}: malformed checkpoint metadata: a JSON "
+                           f"{type(meta).__name__}, expected an object with "
+                           f"{', '.join(META_FIELDS)}")
+    wrong = [k for k, kind in META_FIELDS.items() if not isinstance(meta.get(k), kind)
+             or isinstance(meta.get(k), bool)]
+    if wrong:
+        raise CapsmedError(f"{path}: malformed checkpoint metadata: {', '.join(wrong)} "
+                           "missing or of the wrong type")
+    return meta

@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import yaml
-
 from capsmed.data.contract import read_info
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
@@ -23,6 +21,7 @@ from capsmed.train import distributed
 from capsmed.train.config import TrainConfig
 from capsmed.train.loop import run_loop
 from capsmed.train.run import Run
+from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 from capsmed.train.state import load_state
 
 log = logging.getLogger(__name__)
@@ -59,13 +58,12 @@ def resume(run_dir: Path, disable_progress: bool | None = None,
         CapsmedError: if the run has no resumable state or its dataset file changed.
     """
     run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise CapsmedError(f"{run_dir}: not a run directory (no config.yaml)")
-    saved = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    saved = read_run_config(run_dir)
+    config_path = run_dir / CONFIG
     state = load_state(run_dir)
     cfg = TrainConfig.from_dict(saved["train"], origin=str(config_path))
     info = read_info(Path(cfg.data))
+    check_dataset_unchanged(saved, run_dir, info.path)
     if saved["dataset"].get("created") not in (None, info.created):
         raise CapsmedError(f"{info.path}: the dataset file was rewritten since this run "
                            f"started ({saved['dataset']['created']} -> {info.created}); "

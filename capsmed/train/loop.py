@@ -19,7 +19,7 @@ import torch
 from rich.progress import TextColumn
 
 from capsmed.data.loader import sequential_batches
-from capsmed.errors import CapsmedError, Interrupted
+from capsmed.errors import CapsmedError, Interrupted, first_line
 from capsmed.io import write_text_atomic
 from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
@@ -69,13 +69,17 @@ def evaluate_loss(run: Run, data: Any) -> dict[str, float]:
 def _start(run: Run, state: dict[str, Any] | None) -> Progress:
     if state is None:
         return Progress()
-    run.model.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.schedule.load_state_dict(state["schedule"])
-    run.step.scaler.load_state_dict(state["scaler"])
-    run.sampler.generator.set_state(state["sampler"])
-    restore_rng(state, run.settings.augment_rng)
-    progress = Progress(**state["progress"])
+    try:
+        run.model.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.schedule.load_state_dict(state["schedule"])
+        run.step.scaler.load_state_dict(state["scaler"])
+        run.sampler.generator.set_state(state["sampler"])
+        restore_rng(state, run.settings.augment_rng)
+        progress = Progress(**state["progress"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise CapsmedError(f"{run.run_dir / RESUME_FILE}: does not fit this run's model "
+                           f"and options ({first_line(exc)})") from None
     _truncate_metrics(run.run_dir / "metrics.jsonl", progress.epoch)
     return progress
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
 from capsmed.models import create_model
 from capsmed.models.registry import get_model_entry
 
@@ -82,7 +82,7 @@ def build_model(arch: str, kwargs: dict[str, Any], image_shape: tuple[int, int, 
         raise
     except (TypeError, ValueError, RuntimeError, IndexError, ZeroDivisionError) as exc:
         raise CapsmedError(f"{arch} cannot be built with these options ({shown or 'none'})"
-                           f": {_first_line(exc)}") from None
+                           f": {first_line(exc)}") from None
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         was_training = model.training
         try:
@@ -92,12 +92,7 @@ def build_model(arch: str, kwargs: dict[str, Any], image_shape: tuple[int, int, 
         except (TypeError, ValueError, RuntimeError, IndexError, ZeroDivisionError) as exc:
             raise CapsmedError(f"{arch} with these options ({shown or 'none'}) cannot "
                                f"classify {'x'.join(map(str, image_shape))} images: "
-                               f"{_first_line(exc)}") from None
+                               f"{first_line(exc)}") from None
         finally:
             model.train(was_training)
     return model
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

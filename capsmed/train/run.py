@@ -26,6 +26,7 @@ import yaml
 
 from capsmed import __version__
 from capsmed.data.contract import DatasetInfo
+from capsmed.data.digest import file_digest
 from capsmed.device import device_name, seed_everything
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_dir, atomic_path, write_text_atomic
@@ -135,6 +136,8 @@ class Run:
         self.cfg, self.info, self.ctx, self.device = cfg, info, ctx, device
         # None defers to the global setting (capsmed -q); other ranks never show bars
         self.disable_progress = disable_progress if ctx.is_main else True
+        # what config.yaml records and --resume / evaluate compare (one digest for all)
+        self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
         self.two_labels = is_two_label(info, self.rows.train_split)
         if self.two_labels:
@@ -249,6 +252,7 @@ class Run:
              "environment": self.environment,
              "dataset": {"name": info.dataset, "class_names": list(info.class_names),
                          "splits": info.split_sizes, "created": info.created,
+                         "digest": self.data_digest,
                          "train_split": self.rows.train_split,
                          "val_split": self.rows.val_split,
                          "test_split": self.rows.test_split}}, sort_keys=False))

@@ -33,7 +33,7 @@ from capsmed.data.contract import (
 )
 from capsmed.data.loader import DeviceSplit, StreamingSplit, should_stream, split_nbytes
 from capsmed.data.protocols import cv_partition, select_training_indices
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
 from capsmed.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,31 @@ def load_run_split(run_dir: Path, data: Path, split: str) -> SplitData:
     test_rows = Path(run_dir) / "test_indices.npy"
     if split == "test" and test_rows.is_file():
         whole = load_split(data, CV_SPLIT)
-        rows = np.load(test_rows, allow_pickle=False)
+        rows = read_rows(test_rows, len(whole), f"{data}'s split '{CV_SPLIT}'")
         return SplitData(whole.images[rows], whole.labels[rows], whole.groups[rows])
     return load_split(data, split)
+
+
+def read_rows(path: Path, size: int, of: str) -> np.ndarray:
+    """Row numbers saved by a run (``test_indices.npy``), checked to be what training
+    wrote: a 1-D array of distinct integers within ``0..size-1``.
+
+    Raises:
+        CapsmedError: naming the file, if it is unreadable, pickled or out of range.
+    """
+    try:
+        rows = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise CapsmedError(f"{path}: cannot read the saved rows ({first_line(exc)})"
+                           ) from None
+    if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu":
+        shape = getattr(rows, "shape", "?")
+        raise CapsmedError(f"{path}: expected a 1-D array of row numbers, got "
+                           f"{getattr(rows, 'dtype', type(rows).__name__)} {shape}")
+    if len(rows) == 0 or rows.min() < 0 or rows.max() >= size \
+            or len(np.unique(rows)) != len(rows):
+        raise CapsmedError(f"{path}: expected distinct row numbers within 0..{size - 1} "
+                           f"of {of}; it holds {len(rows)} rows within "
+                           f"{rows.min() if len(rows) else '-'}.."
+                           f"{rows.max() if len(rows) else '-'}")
+    return rows.astype(np.int64)

@@ -12,14 +12,15 @@ containers only, nothing is unpickled.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path
 
 RESUME_FILE = "resume.pt"
@@ -74,12 +75,33 @@ def load_state(run_dir: Path) -> dict[str, Any]:
             "it was removed (a run keeps one from its start until it finishes)"))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # corrupt or foreign file
-        raise CapsmedError(f"{path}: cannot read resumable state ({exc})") from exc
-    if state.get("version") != STATE_VERSION:
-        raise CapsmedError(f"{path}: state version {state.get('version')} is not "
-                           f"{STATE_VERSION}; resume with the capsmed that wrote it")
+    except pickle.UnpicklingError:  # torch's text runs to lines of advice to unpickle it
+        raise CapsmedError(f"{path}: not a capsmed resumable state: it holds pickled Python "
+                           "objects, which capsmed does not load") from None
+    except Exception as exc:  # corrupt, truncated or foreign
+        raise CapsmedError(f"{path}: cannot read resumable state ({first_line(exc)})"
+                           ) from None
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        found = state.get("version") if isinstance(state, dict) else type(state).__name__
+        raise CapsmedError(f"{path}: state version {found} is not {STATE_VERSION}; resume "
+                           "with the capsmed that wrote it")
+    wrong = [k for k, kind in STATE_FIELDS.items() if not isinstance(state.get(k), kind)]
+    if not wrong and not state["model"]:
+        wrong = ["model (empty)"]
+    if not wrong and set(state["progress"]) - {f.name for f in fields(Progress)}:
+        wrong = ["progress"]
+    if wrong:
+        raise CapsmedError(f"{path}: not a complete resumable state ({', '.join(wrong)} "
+                           "missing or of the wrong type)")
     return state
+
+
+# Each entry of resume.pt and its type (augment is None without augmentation).
+STATE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "model": dict, "optimizer": dict, "schedule": dict, "scaler": dict,
+    "sampler": torch.Tensor, "augment": (torch.Tensor, type(None)),
+    "torch_rng": torch.Tensor, "cuda_rng": list, "progress": dict}
+
 
 
 def restore_rng(state: dict[str, Any], augment_rng: torch.Generator | None) -> None:

@@ -1,0 +1,64 @@
+"""A run's ``config.yaml``: read and checked, and the dataset digest it records.
+
+``capsmed train`` records the content digest of its dataset file
+(:func:`capsmed.data.digest.file_digest`, the one digest every command uses) in the
+``dataset`` section; ``--resume`` and ``capsmed evaluate RUN_DIR`` compare it with
+the file as it is now, so a dataset edited in place is never silently taken for the
+one the run was trained on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from capsmed.data.digest import file_digest
+from capsmed.errors import CapsmedError, first_line
+
+CONFIG = "config.yaml"
+SECTIONS = ("train", "model_kwargs", "dataset")
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved options (``train``), model arguments and dataset summary.
+
+    Raises:
+        CapsmedError: when the folder holds no ``config.yaml``, or one that is not
+            YAML or lacks the sections ``capsmed train`` writes.
+    """
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise CapsmedError(f"{run_dir}: not a run directory (no {CONFIG})")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise CapsmedError(f"{path}: cannot read the run's options ({first_line(exc)})"
+                           ) from None
+    broken = [k for k in SECTIONS if not isinstance(values, dict)
+              or not isinstance(values.get(k), dict)]
+    if broken:
+        raise CapsmedError(f"{path}: not a run's options: section(s) {', '.join(broken)} "
+                           "missing or not a mapping")
+    return values
+
+
+def check_dataset_unchanged(config: dict[str, Any], run_dir: Path, data: Path) -> None:
+    """Refuse ``data`` if its content differs from the digest the run recorded.
+
+    Runs written before digests were recorded are not checked here.
+    """
+    saved = config["dataset"].get("digest")
+    if saved is None:
+        return
+    now = file_digest(Path(data))
+    if now != saved:
+        raise CapsmedError(f"{data}: the dataset file changed since {run_dir} was trained "
+                           f"(content digest {_short(saved)}, now {_short(now)}); restore "
+                           "it, or train a new run on it")
+
+
+def _short(digest: str) -> str:
+    kind, _, hexdigest = str(digest).partition(":")
+    return f"{kind}:{hexdigest[:12]}"
