@@ -167,7 +167,8 @@ def test_labels_agree_with_the_ground_truth(raw, h5):
 
 def test_confidence_threshold_and_lesion_types_change_the_lesion_class(raw, tmp_path):
     def candidates(**kw):
-        out = preprocess_diaretdb1(raw, tmp_path / "c.h5", _cfg(balance=False, **kw))
+        out = preprocess_diaretdb1(raw, tmp_path / "c.h5", _cfg(balance=False, **kw),
+                                   overwrite=True)
         info = read_info(out)
         return np.sum(list(info.preprocessing["candidates"].values()), axis=0), _splits(out)
 

@@ -4,18 +4,31 @@ Every source reader follows the same shape: a picklable job per raw file, a
 module-level function that turns a job into arrays, and one :class:`DatasetWriter` in
 the parent that appends results as they arrive (in job order, so output is
 deterministic for a seed whatever the number of workers).
+
+Workers never outlive the run: each asks the kernel for SIGTERM when its parent dies
+(``PR_SET_PDEATHSIG``; elsewhere a thread watches ``os.getppid()``), so a ``kill -9``
+of the main process takes them along, and a run that stops early (bad input, Ctrl-C)
+terminates them instead of waiting for their current job. Workers ignore SIGINT: a
+Ctrl-C to the terminal's process group is the main process's to handle, with one
+``error: interrupted`` line, not one traceback per worker.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Any, TypeVar
 
+from capsmed.data.output import raise_if_interrupted
 from capsmed.data.resume import ResultCache
 from capsmed.progress import track
 
@@ -26,6 +39,8 @@ R = TypeVar("R")
 
 MAX_DEFAULT_WORKERS = 8
 AHEAD_PER_WORKER = 4  # jobs in flight per worker: keeps workers busy, bounds memory
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def default_workers(requested: int | None = None) -> int:
@@ -33,6 +48,54 @@ def default_workers(requested: int | None = None) -> int:
     if requested:
         return max(1, int(requested))
     return min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _worker_init(parent: int) -> None:
+    """Runs first in every worker: die with the parent, leave Ctrl-C to it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    else:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    # the signals were blocked while the parent started us (see _submit); unblocking
+    # delivers a pending SIGTERM now, and a pending SIGINT is ignored
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _submit(pool: ProcessPoolExecutor, fn: Callable[[J], R], job: J) -> Future[R]:
+    """``pool.submit`` with SIGINT and SIGTERM blocked: a submit may start a worker,
+    which inherits the mask, so a Ctrl-C during its start-up waits for _worker_init
+    (and is ignored there) instead of printing a traceback from the worker. In this
+    process the signal is only delayed until the mask is restored."""
+    if threading.current_thread() is not threading.main_thread():
+        return pool.submit(fn, job)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return pool.submit(fn, job)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel what is queued and terminate the workers now (the run is not finishing)."""
+    if hasattr(pool, "terminate_workers"):  # Python 3.14+
+        pool.terminate_workers()
+        return
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # pid -> Process
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.join(timeout=5)
 
 
 def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | None = None,
@@ -43,9 +106,11 @@ def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | No
 
     ``fn`` must be a module-level function and jobs picklable. With one worker or one
     job the work runs inline (no process start-up cost). A rich progress bar counts
-    jobs; the pool is shut down (pending jobs cancelled) if the consumer stops early
-    or raises. At most ``AHEAD_PER_WORKER`` jobs per worker are in flight, so finished
-    results never pile up in memory when the writer is the slower side.
+    jobs. If the consumer stops early or raises (bad input, Ctrl-C), queued jobs are
+    cancelled and the workers terminated at once. At most ``AHEAD_PER_WORKER`` jobs per
+    worker are in flight, so finished results never pile up in memory when the writer
+    is the slower side. An interrupt that a destructor swallowed is raised again after
+    the next result (:func:`capsmed.data.output.raise_if_interrupted`).
 
     With a :class:`~capsmed.data.resume.ResultCache` (plus ``key`` naming each job and
     the ``result_type`` dataclass), finished results are stored as they arrive and a
@@ -58,22 +123,29 @@ def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | No
                            description=description, disable_progress=disable_progress)
         return
     n = min(default_workers(workers), len(jobs))
-    pool = ProcessPoolExecutor(n, mp_context=get_context("spawn")) if n > 1 else None
+    pool = ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=_worker_init,
+                               initargs=(os.getpid(),)) if n > 1 else None
+    finished = False
     try:
         results = _bounded_map(pool, fn, jobs, n * AHEAD_PER_WORKER) if pool \
             else map(fn, jobs)
-        yield from track(zip(jobs, results, strict=True), description, total=len(jobs),
-                         disable=disable_progress)
+        for item in track(zip(jobs, results, strict=True), description, total=len(jobs),
+                          disable=disable_progress):
+            raise_if_interrupted()
+            yield item
+        finished = True
     finally:
-        if pool:
-            pool.shutdown(cancel_futures=True)
+        if pool and finished:
+            pool.shutdown()
+        elif pool:
+            _stop(pool)
 
 
 def _bounded_map(pool: ProcessPoolExecutor, fn: Callable[[J], R], jobs: list[J],
                  ahead: int) -> Iterator[R]:
     pending: deque[Future[R]] = deque()
     for job in jobs:
-        pending.append(pool.submit(fn, job))
+        pending.append(_submit(pool, fn, job))
         if len(pending) >= ahead:
             yield pending.popleft().result()
     while pending:
@@ -88,8 +160,11 @@ def _cached(fn: Callable[[J], R], jobs: list[J], cache: ResultCache, key: Callab
         log.info("resuming: %d of %d jobs were finished by an earlier run (%s)",
                  len(jobs) - len(todo), len(jobs), cache.dir)
     fresh = map_in_workers(fn, todo, **options)
-    for job, res in zip(jobs, stored, strict=True):
-        if res is None:
-            _, res = next(fresh)
-            cache.put(key(job), res)
-        yield job, res
+    try:
+        for job, res in zip(jobs, stored, strict=True):
+            if res is None:
+                _, res = next(fresh)
+                cache.put(key(job), res)
+            yield job, res
+    finally:
+        fresh.close()  # stops its workers now when the consumer stops early

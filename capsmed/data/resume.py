@@ -100,9 +100,13 @@ class ResultCache:
                  tb: object) -> None:
         """Keep the results only when the run was interrupted or crashed: after success
         nothing is left to resume, and bad input (a :class:`CapsmedError`) needs a changed
-        command anyway, so no hidden folder is left behind."""
+        command anyway, so no hidden folder is left behind. An interruption's message
+        then says where the results are (the CLI prints it as its one error line)."""
         if exc is None or isinstance(exc, CapsmedError):
             self.clear()
         elif self.dir.is_dir():
-            log.warning("interrupted: finished results kept in %s; rerun the same command "
-                        "to continue", self.dir)
+            kept = f"finished results kept in {self.dir}; rerun the same command to continue"
+            if isinstance(exc, KeyboardInterrupt):  # said on the one 'error:' line
+                reason = f"{exc.args[0]}; " if exc.args else ""
+                raise KeyboardInterrupt(f"{reason}{kept}") from None
+            log.warning("stopped by %s: %s", type(exc).__name__, kept)

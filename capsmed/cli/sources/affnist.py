@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, only_set
-from capsmed.cli.options import OUTPUT, option, synth_seed_option
+from capsmed.cli.options import OUTPUT, option, overwrite_option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.configs.digits import AffnistConfig
@@ -41,6 +41,7 @@ def preprocess_affnist(
     path: Path = typer.Argument(..., help="affNIST test.mat, or a folder of batches such as "
                                 "test_batches/ (1.mat, 2.mat, ...)."),
     output: Path = OUTPUT,
+    overwrite: bool = overwrite_option(),
     split: str = option(AffnistConfig, "split", "Split to store the images under"),
     max_images: int = option(AffnistConfig, "max_images", "Keep only the first N images",
                              meaning="all"),
@@ -49,5 +50,6 @@ def preprocess_affnist(
     on `preprocess mnist --placement random40`."""
     from capsmed.data.sources.affnist import preprocess_affnist as run
 
-    out = run(path, output, AffnistConfig(**only_set(split=split, max_images=max_images)))
+    out = run(path, output, AffnistConfig(**only_set(split=split, max_images=max_images)),
+              overwrite=overwrite)
     typer.echo(f"wrote {out}; inspect it with: capsmed data info {out}")

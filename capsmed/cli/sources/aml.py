@@ -7,7 +7,15 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, only_set
-from capsmed.cli.options import OUTPUT, flag, option, seed_option, synth_seed_option, workers_option
+from capsmed.cli.options import (
+    OUTPUT,
+    flag,
+    option,
+    overwrite_option,
+    seed_option,
+    synth_seed_option,
+    workers_option,
+)
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.configs.aml import AmlConfig
@@ -40,6 +48,7 @@ def preprocess_aml(
                                    "annotations.dat, or AML-Cytomorphology/ itself "
                                    "(annotations.dat inside or beside it)."),
     output: Path = OUTPUT,
+    overwrite: bool = overwrite_option(),
     size: int = option(AmlConfig, "size", "Output side in pixels, INTER_AREA"),
     grey: bool = flag(AmlConfig, "grey", "One luma channel instead of RGB", off="colour"),
     labels: str = option(AmlConfig, "labels", "original: every image, original label; "
@@ -55,5 +64,6 @@ def preprocess_aml(
 
     config = AmlConfig(**only_set(size=size, grey=grey, labels=labels, folds=folds, seed=seed,
                                   workers=workers))
-    path = preprocess_aml(raw_dir, output, config, annotations=annotations)
+    path = preprocess_aml(raw_dir, output, config, annotations=annotations,
+                          overwrite=overwrite)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")

@@ -13,6 +13,7 @@ from capsmed.cli.options import (
     allow_group_leak_option,
     flag,
     option,
+    overwrite_option,
     seed_option,
     split_file_option,
     synth_seed_option,
@@ -59,6 +60,7 @@ def preprocess_diaretdb1(
     raw_dir: Path = typer.Argument(..., help="Unpacked DIARETDB1 v1.1: the folder holding "
                                    "resources/ (or the folder holding that one)."),
     output: Path = OUTPUT,
+    overwrite: bool = overwrite_option(),
     patch_size: int = option(Diaretdb1Config, "patch_size", "Patch side at source resolution"),
     output_size: int = option(Diaretdb1Config, "output_size", "Side after INTER_AREA resizing"),
     stride: int = option(Diaretdb1Config, "stride", "Step of the grid of candidate patches, px"),
@@ -101,5 +103,5 @@ def preprocess_diaretdb1(
         balance=balance, clip_limit=clip_limit, tile_grid=_pair(tile_grid, "--tile-grid"),
         val_fraction=val_fraction, seed=seed, workers=workers,
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak))
-    path = preprocess_diaretdb1(raw_dir, output, config)
+    path = preprocess_diaretdb1(raw_dir, output, config, overwrite=overwrite)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")

@@ -13,6 +13,7 @@ from capsmed.cli.options import (
     flag,
     fraction_option,
     option,
+    overwrite_option,
     seed_option,
     split_file_option,
     split_fractions,
@@ -51,6 +52,7 @@ def preprocess_folder(
     root: Path = typer.Argument(..., help="Folder of class subfolders: ROOT/<class>/<images> "
                                 "(png, jpg, jpeg, tif, tiff, bmp; nested folders allowed)."),
     output: Path = OUTPUT,
+    overwrite: bool = overwrite_option(),
     classes: str = option(FolderConfig, "classes", "Comma-separated class folders to use, in "
                           "label order", meaning="every subfolder, sorted"),
     channels: int = option(FolderConfig, "channels", "1 (grey) or 3 (RGB)",
@@ -92,6 +94,6 @@ def preprocess_folder(
         group_pattern=group_pattern, groups_csv=str(groups_csv) if groups_csv else None,
         fractions=fractions, split_files=files, folds=folds, seed=seed, name=name,
         workers=workers, allow_group_leak=allow_group_leak))
-    path = preprocess_folder(root, output, config)
+    path = preprocess_folder(root, output, config, overwrite=overwrite)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path} "
                f"(or: capsmed data preview {path} -o preview.png)")

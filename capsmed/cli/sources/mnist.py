@@ -8,7 +8,7 @@ import typer
 
 from capsmed.cli.common import handles_errors, only_set
 from capsmed.cli.fetch import app as fetch_app
-from capsmed.cli.options import OUTPUT, option, seed_option, synth_seed_option
+from capsmed.cli.options import OUTPUT, option, overwrite_option, seed_option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.configs.digits import MnistConfig
@@ -64,6 +64,7 @@ def _register(dataset: str) -> None:
                                        "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte"
                                        "[.gz], t10k-labels-idx1-ubyte[.gz]."),
         output: Path = OUTPUT,
+        overwrite: bool = overwrite_option(),
         val: float = option(MnistConfig, "val", "Validation images taken from the training "
                             "file: a count (>= 1) or a fraction (< 1); 0 for none"),
         placement: str = option(MnistConfig, "placement", "none (28x28), center40 (padded to "
@@ -74,7 +75,7 @@ def _register(dataset: str) -> None:
 
         config = MnistConfig(dataset=dataset,
                              **only_set(val=val, placement=placement, seed=seed))
-        path = preprocess_mnist(raw_dir, output, config)
+        path = preprocess_mnist(raw_dir, output, config, overwrite=overwrite)
         typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, only_set
-from capsmed.cli.options import OUTPUT, flag, option, seed_option
+from capsmed.cli.options import OUTPUT, flag, option, overwrite_option, seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.data.configs.digits import MultiMnistConfig
 
@@ -18,6 +18,7 @@ def preprocess_multimnist(
     mnist_dir: Path = typer.Argument(..., help="Folder with the four MNIST IDX files "
                                      "(.gz or plain)."),
     output: Path = OUTPUT,
+    overwrite: bool = overwrite_option(),
     pairs: int = option(MultiMnistConfig, "pairs", "Samples per training image (Sabour et "
                         "al.: 1000)"),
     eval_pairs: int = option(MultiMnistConfig, "eval_pairs", "Samples per val/test image",
@@ -35,5 +36,5 @@ def preprocess_multimnist(
 
     config = MultiMnistConfig(**only_set(pairs=pairs, eval_pairs=eval_pairs, shift=shift,
                                          val=val, store_sources=store_sources, seed=seed))
-    out = run(mnist_dir, output, config)
+    out = run(mnist_dir, output, config, overwrite=overwrite)
     typer.echo(f"wrote {out}; inspect it with: capsmed data info {out}")

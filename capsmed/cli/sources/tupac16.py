@@ -13,6 +13,7 @@ from capsmed.cli.options import (
     allow_no_annotations_option,
     fraction_option,
     option,
+    overwrite_option,
     seed_option,
     split_file_option,
     split_fractions,
@@ -51,6 +52,7 @@ def preprocess_tupac16(
                                    "mitoses_image_data_part_N/ + mitoses_ground_truth/, or "
                                    "<CC>/<NN>.tif with <NN>.csv beside)."),
     output: Path = OUTPUT,
+    overwrite: bool = overwrite_option(),
     patch_size: int = option(Tupac16Config, "patch_size", "Patch side at source resolution"),
     output_size: int = option(Tupac16Config, "output_size", "Side after resizing"),
     jitter: int = option(Tupac16Config, "jitter", "Max translation of jittered positives, px"),
@@ -83,5 +85,5 @@ def preprocess_tupac16(
         workers=workers, fractions=split_fractions(Tupac16Config, train, val, test),
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
-    path = preprocess_tupac16(raw_dir, output, config)
+    path = preprocess_tupac16(raw_dir, output, config, overwrite=overwrite)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")

@@ -12,6 +12,7 @@ from capsmed.cli.options import (
     allow_group_leak_option,
     fraction_option,
     option,
+    overwrite_option,
     seed_option,
     split_file_option,
     split_fractions,
@@ -55,6 +56,7 @@ def preprocess_wsi(
     slides: list[Path] = typer.Argument(..., help="Slide files (svs, ndpi, mrxs, tiff, "
                                         "png, ...) and/or folders of them."),
     output: Path = OUTPUT,
+    overwrite: bool = overwrite_option(),
     level: int = option(WsiConfig, "level", "Pyramid level to tile at",
                         meaning="0, unless --mpp is given"),
     mpp: float = typer.Option(None, help="Microns per pixel to tile at (reads the nearest "
@@ -108,5 +110,5 @@ def preprocess_wsi(
         stain=stain, h_max=h_max, seed=seed, workers=workers, tiles_per_job=tiles_per_job,
         fractions=split_fractions(WsiConfig, train, val, test),
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak))
-    path = run(slides, output, config)
+    path = run(slides, output, config, overwrite=overwrite)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")

@@ -29,6 +29,7 @@ import numpy as np
 
 from capsmed.data.configs.digits import AffnistConfig
 from capsmed.data.contract import DatasetWriter
+from capsmed.data.output import claims_output
 from capsmed.data.sources.mnist import MNIST_CLASSES
 from capsmed.errors import CapsmedError
 from capsmed.progress import track
@@ -125,8 +126,10 @@ def read_affnist_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return _check(path, np.asarray(struct["image"][0, 0]), struct["label_int"][0, 0])
 
 
+@claims_output
 def preprocess_affnist(path: Path, output: Path, config: AffnistConfig | None = None,
-                       disable_progress: bool | None = None) -> Path:
+                       disable_progress: bool | None = None, overwrite: bool = False
+                       ) -> Path:
     """Turn affNIST ``.mat`` file(s) into one HDF5 dataset file (atomically).
 
     Args:
@@ -134,6 +137,7 @@ def preprocess_affnist(path: Path, output: Path, config: AffnistConfig | None = 
         output: The ``.h5`` file to write.
         config: Split name and an optional image limit.
         disable_progress: Hide the progress bar.
+        overwrite: Replace ``output`` if it exists (otherwise that is an error).
 
     Returns:
         ``output``.

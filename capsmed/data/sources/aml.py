@@ -34,6 +34,7 @@ import tifffile
 from capsmed.data.configs.aml import AmlConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.images import check_image_file
+from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
 from capsmed.data.sources.aml_layout import (
@@ -152,9 +153,10 @@ def _size_summary(shapes: np.ndarray) -> dict[str, object]:
             "non_square": int((shapes[:, 0] != shapes[:, 1]).sum())}
 
 
+@claims_output
 def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
                    annotations: Path | None = None,
-                   disable_progress: bool | None = None) -> Path:
+                   disable_progress: bool | None = None, overwrite: bool = False) -> Path:
     """Turn the AML-Cytomorphology_LMU release into one HDF5 dataset file (atomically).
 
     Args:
@@ -163,6 +165,7 @@ def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
         config: Processing parameters (defaults: 28x28 RGB, original labels, 5 folds).
         annotations: ``annotations.dat`` if not in one of the searched places.
         disable_progress: Hide the progress bar.
+        overwrite: Replace ``output`` if it exists (otherwise that is an error).
 
     Returns:
         ``output``.

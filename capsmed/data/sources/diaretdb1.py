@@ -27,6 +27,7 @@ import numpy as np
 from capsmed.data.configs.diaretdb1 import Diaretdb1Config
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.enhance import clahe_green
+from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.sources.diaretdb1_layout import (
     CLASS_NAMES,
@@ -207,8 +208,10 @@ def _balanced(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.sort(np.concatenate(chosen))
 
 
+@claims_output
 def preprocess_diaretdb1(raw_dir: Path, output: Path, config: Diaretdb1Config | None = None,
-                         disable_progress: bool | None = None) -> Path:
+                         disable_progress: bool | None = None, overwrite: bool = False
+                         ) -> Path:
     """Turn a DIARETDB1 v1.1 folder into one HDF5 dataset file (atomically).
 
     Args:
@@ -216,6 +219,7 @@ def preprocess_diaretdb1(raw_dir: Path, output: Path, config: Diaretdb1Config | 
         output: The ``.h5`` file to write.
         config: Processing parameters (defaults: paper 000 and the toolkit's 0.75).
         disable_progress: Hide the progress bar.
+        overwrite: Replace ``output`` if it exists (otherwise that is an error).
 
     Returns:
         ``output``.

@@ -27,6 +27,7 @@ from capsmed.data.configs.folder import FolderConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, check_name
 from capsmed.data.images import convert_channels, read_image, resize_image, to_uint8
+from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.splits import assign_splits as assign_group_splits
 from capsmed.errors import CapsmedError
@@ -212,8 +213,10 @@ def assign_splits(root: Path, labels: np.ndarray, groups: list[str], cfg: Folder
     return [split_of.get(g) for g in groups], None
 
 
+@claims_output
 def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = None,
-                      disable_progress: bool | None = None) -> Path:
+                      disable_progress: bool | None = None, overwrite: bool = False
+                      ) -> Path:
     """Turn ``root/<class>/<images>`` into one HDF5 dataset file (atomically).
 
     Args:
@@ -221,6 +224,7 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
         output: The ``.h5`` file to write.
         config: Processing parameters.
         disable_progress: Hide the progress bar.
+        overwrite: Replace ``output`` if it exists (otherwise that is an error).
 
     Returns:
         ``output``.

@@ -27,6 +27,7 @@ import numpy as np
 from capsmed.data.configs.digits import MnistConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.fetch import RemoteDataset, file_md5
+from capsmed.data.output import claims_output
 from capsmed.data.sources.idx import read_idx_images, read_idx_labels
 from capsmed.errors import CapsmedError
 from capsmed.progress import track
@@ -222,8 +223,10 @@ def _offsets(cfg: MnistConfig, split: str, n: int, size: tuple[int, int]) -> np.
     return rng.integers(0, room + 1, size=(n, 2))  # every top-left corner equally likely
 
 
+@claims_output
 def preprocess_mnist(raw_dir: Path, output: Path, config: MnistConfig | None = None,
-                     disable_progress: bool | None = None) -> Path:
+                     disable_progress: bool | None = None, overwrite: bool = False
+                     ) -> Path:
     """Turn MNIST or Fashion-MNIST IDX files into one HDF5 dataset file (atomically).
 
     Args:
@@ -231,6 +234,7 @@ def preprocess_mnist(raw_dir: Path, output: Path, config: MnistConfig | None = N
         output: The ``.h5`` file to write.
         config: Dataset, validation size, placement and seed.
         disable_progress: Hide the progress bar.
+        overwrite: Replace ``output`` if it exists (otherwise that is an error).
 
     Returns:
         ``output``.

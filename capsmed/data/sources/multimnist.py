@@ -30,6 +30,7 @@ import numpy as np
 
 from capsmed.data.configs.digits import MultiMnistConfig
 from capsmed.data.contract import DatasetWriter
+from capsmed.data.output import claims_output
 from capsmed.data.sources.mnist import (
     MNIST_CLASSES,
     SPLIT_CODES,
@@ -82,8 +83,10 @@ def make_chunk(images: np.ndarray, labels: np.ndarray, first: np.ndarray,
             "shift_a": shifts[0].astype(np.int8), "shift_b": shifts[1].astype(np.int8)}
 
 
+@claims_output
 def preprocess_multimnist(raw_dir: Path, output: Path, config: MultiMnistConfig | None = None,
-                          disable_progress: bool | None = None) -> Path:
+                          disable_progress: bool | None = None, overwrite: bool = False
+                          ) -> Path:
     """Generate MultiMNIST from MNIST IDX files into one HDF5 dataset file (atomically).
 
     Args:
@@ -91,6 +94,7 @@ def preprocess_multimnist(raw_dir: Path, output: Path, config: MultiMnistConfig 
         output: The ``.h5`` file to write.
         config: Pairs per source image, shift, validation size, seed.
         disable_progress: Hide the progress bar.
+        overwrite: Replace ``output`` if it exists (otherwise that is an error).
 
     Returns:
         ``output``.

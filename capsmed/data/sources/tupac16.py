@@ -29,6 +29,7 @@ from capsmed.data.configs.tupac16 import Tupac16Config
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, find_in_folder
 from capsmed.data.images import check_image_file
+from capsmed.data.output import claims_output
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
@@ -235,8 +236,10 @@ def _negatives_per_image(records: list[ImageRecord], split_of: dict[str, str],
     return out
 
 
+@claims_output
 def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None = None,
-                       disable_progress: bool | None = None) -> Path:
+                       disable_progress: bool | None = None, overwrite: bool = False
+                       ) -> Path:
     """Turn raw TUPAC16 files into one HDF5 dataset file (atomically).
 
     Args:
@@ -244,6 +247,7 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
         output: The ``.h5`` file to write.
         config: Processing parameters (defaults: paper 000).
         disable_progress: Hide the progress bar.
+        overwrite: Replace ``output`` if it exists (otherwise that is an error).
 
     Returns:
         ``output``.

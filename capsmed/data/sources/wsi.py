@@ -25,6 +25,7 @@ import numpy as np
 
 from capsmed.data.configs.wsi import WsiConfig
 from capsmed.data.contract import DatasetWriter
+from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
 from capsmed.data.slides import (
@@ -198,8 +199,9 @@ def _assign_splits(slide_ids: list[str], cfg: WsiConfig) -> dict[str, str]:
     return assign_splits(slide_ids, cfg.split_files, cfg.fractions, cfg.seed, unit="slide")
 
 
+@claims_output
 def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
-                   disable_progress: bool | None = None) -> Path:
+                   disable_progress: bool | None = None, overwrite: bool = False) -> Path:
     """Tile whole-slide images into one HDF5 dataset file (atomically).
 
     Args:
@@ -207,6 +209,7 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
         output: The ``.h5`` file to write.
         config: Tiling, labelling and split parameters (a label source is required).
         disable_progress: Hide the progress bar.
+        overwrite: Replace ``output`` if it exists (otherwise that is an error).
 
     Returns:
         ``output``.
