@@ -15,6 +15,7 @@ import datetime as dt
 import importlib
 import logging
 import math
+import os
 import platform
 import shutil
 from pathlib import Path
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 
 
 def check_free_space(run_dir: Path, model: torch.nn.Module) -> None:
-    """Fail now, not after hours, if the run directory cannot hold the run's files.
+    """Fail now, not after hours, if the run directory cannot be written or cannot hold
+    the run's files.
 
     A checkpoint is written beside the previous one before replacing it, hence two;
     the resumable state holds the weights and up to two optimiser moments; plus a
@@ -62,6 +64,13 @@ def check_free_space(run_dir: Path, model: torch.nn.Module) -> None:
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     need = 2 * weights + 2 * 3 * weights + 32 * 2**20
     existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
+    # a read-only mount reports little or no free space: say what is really wrong
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise CapsmedError(f"{run_dir}: cannot write there: {existing} is on a read-only "
+                           "file system; choose another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CapsmedError(f"{run_dir}: cannot write there: {existing} is not writable; "
+                           "choose another --out")
     free = shutil.disk_usage(existing).free
     if free < need:
         raise CapsmedError(f"{run_dir}: only {free / 2**20:,.0f} MiB free, a run of this "

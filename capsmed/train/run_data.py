@@ -75,6 +75,7 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
             raise CapsmedError(f"{info.path}: has no 'train' split{hint}")
         labels, _ = read_labels(info.path, "train")
         rows = select_training_indices(labels, info.class_names, protocol, cfg.seed)
+        _check_not_empty(info, "train", len(labels), rows)
         return RunRows("train", rows, len(labels),
                        "val" if info.split_sizes.get("val") else None, "test", None)
     if CV_SPLIT not in info.folds:
@@ -89,7 +90,18 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
                                          cfg.seed)
     rest = dataclasses.replace(protocol, per_class_limit=None)  # already applied
     chosen = select_training_indices(labels[train_rows], info.class_names, rest, cfg.seed)
+    _check_not_empty(info, f"{CV_SPLIT}' without fold {cfg.fold} '", len(train_rows), chosen)
     return RunRows(CV_SPLIT, train_rows[chosen], len(train_rows), None, CV_SPLIT, test_rows)
+
+
+def _check_not_empty(info: DatasetInfo, split: str, available: int, chosen: np.ndarray
+                     ) -> None:
+    if not available:
+        raise CapsmedError(f"{info.path}: the training split '{split}' is empty")
+    if not len(chosen):
+        raise CapsmedError(f"{info.path}: the protocol (--fraction, --imbalance, "
+                           f"--per-class-limit) leaves none of the {available} training "
+                           f"samples of '{split}'")
 
 
 def load_train_images(info: DatasetInfo, rows: RunRows) -> np.ndarray:

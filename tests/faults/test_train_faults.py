@@ -66,3 +66,59 @@ def test_a_non_finite_loss_stops_and_says_what_was_kept(toy_h5, tmp_path, monkey
         assert f"the checkpoint of epoch {kept} (selection loss" in line
         assert (run / "checkpoint.json").is_file()
     assert not (run / "summary.json").exists()  # not a finished run
+
+
+def _read_only(monkeypatch):
+    import os
+    import shutil
+
+    import capsmed.train.run as run_module
+
+    real = os.statvfs
+
+    def statvfs(path):
+        values = list(real(path))
+        values[8] |= os.ST_RDONLY  # f_flag: of every mount, typer does not ask
+        return os.statvfs_result(values)
+
+    monkeypatch.setattr(run_module.os, "statvfs", statvfs)
+    # what a read-only mount may report as free: the old message blamed the space
+    monkeypatch.setattr(run_module.shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(2**30, 2**30 - 2**20, 2**20))
+
+
+def _not_writable(monkeypatch, folder):
+    import os
+    from pathlib import Path
+
+    real = os.access  # only the run's parent folder (typer checks --data with it too)
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != folder
+                        and real(path, mode))
+
+
+def _empty_train_split(monkeypatch, data):
+    import h5py
+
+    with h5py.File(data, "r+") as f:
+        for name in ("images", "labels", "groups"):
+            f[f"train/{name}"].resize(0, axis=0)
+
+
+START_FAULTS = {  # id: (set-up, what the line names: "run" or "data", its text)
+    "read-only-disk": (lambda m, d: _read_only(m), "run", "is on a read-only file system"),
+    "unwritable-folder": (lambda m, d: _not_writable(m, d.parent.parent), "run",
+                          "is not writable"),
+    "empty-training-split": (_empty_train_split, "data",
+                             "the training split 'train' is empty"),
+}
+
+
+@pytest.mark.parametrize("case", START_FAULTS, ids=list(START_FAULTS))
+def test_a_run_that_cannot_start_says_why_and_names_the_file(toy_copy, tmp_path,
+                                                            monkeypatch, case):
+    set_up, named, text = START_FAULTS[case]
+    set_up(monkeypatch, toy_copy)
+    run = tmp_path / "run"
+    line = assert_refused(invoke(lenet_args(toy_copy, run)),
+                          run if named == "run" else toy_copy, text=text, absent=[run])
+    assert "MiB free" not in line
