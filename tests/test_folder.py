@@ -205,6 +205,9 @@ def test_cli_synth_and_preprocess(tmp_path):
     info = read_info(tmp_path / "d.h5")
     assert (info.dataset, info.channels, info.image_size) == ("demo", 1, (12, 12))
     assert info.split_sizes == {"all": 8} and info.folds == {"all": 2}
+    # issue 12 item 24: `data info` showed "source: ?" (the root was recorded as "root")
+    result = runner.invoke(app, ["data", "info", str(tmp_path / "d.h5")])
+    assert f"source: {(tmp_path / 'raw').resolve()} (8 files" in " ".join(result.output.split())
 
 
 # ---- bad input through the real CLI -----------------------------------------------

@@ -79,3 +79,49 @@ def test_cache_is_keyed_by_every_parameter(tmp_path):
     a = ResultCache(tmp_path / "x.h5", {"patch": 100})
     b = ResultCache(tmp_path / "x.h5", {"patch": 101})
     assert a.dir != b.dir and a.dir == ResultCache(tmp_path / "x.h5", {"patch": 100}).dir
+
+
+def test_a_changed_ground_truth_csv_is_recomputed_not_reused(tiny_raw, tmp_path,
+                                                             monkeypatch):
+    """Issue 12 item 1: the cache was keyed on the TIFF sizes only, so a corrected CSV
+    (same size) was served from the cache with the old mitoses."""
+    import shutil
+
+    raw = tmp_path / "raw"
+    shutil.copytree(tiny_raw, raw)
+    cfg = tupac16.Tupac16Config(positives_per_mitosis=4, workers=1, seed=0,
+                                fractions={"train": 0.6, "val": 0.2, "test": 0.2})
+    _failing_after(tupac16, "process_image", monkeypatch, good=6)
+    with pytest.raises(KeyboardInterrupt):
+        tupac16.preprocess_tupac16(raw, tmp_path / "t.h5", cfg)
+    monkeypatch.undo()
+    finished = tupac16.discover(raw)[:6]
+    csv = next(r.csv for r in finished if r.csv is not None and len(r.mitoses))
+    rows = csv.read_text().splitlines()
+    r, c = rows[0].split(",")
+    rows[0] = f"{c},{r}"  # the same bytes, another mitosis
+    csv.write_text("\n".join(rows) + "\n")
+    calls = _failing_after(tupac16, "process_image", monkeypatch, good=10**6)
+    tupac16.preprocess_tupac16(raw, tmp_path / "t.h5", cfg)
+    assert calls["n"] == 4 + 1  # the unfinished images and the one whose CSV changed
+    monkeypatch.undo()
+    fresh = tupac16.preprocess_tupac16(raw, tmp_path / "fresh.h5", cfg)
+    _same_file(tmp_path / "t.h5", fresh)
+
+
+def test_changed_point_labels_are_recomputed_not_reused(tmp_path, monkeypatch):
+    """The same for a slide's annotations: a band's labels depend on them."""
+    for i in range(2):
+        _slide(tmp_path / f"s{i}.svs", size=768, seed=i)
+    rows = ["slide,x,y,label", "s0,300,300,a", "s0,550,450,b", "s1,300,300,b",
+            "s1,550,450,a"]
+    csv = _labels_csv(tmp_path / "points.csv", rows)
+    cfg = _cfg(points_csv=str(csv), tiles_per_job=2)  # a band is one row of 6 tiles
+    _failing_after(wsi, "process_band", monkeypatch, good=4)  # s0's rows with points
+    with pytest.raises(KeyboardInterrupt):
+        wsi.preprocess_wsi([tmp_path], tmp_path / "cut.h5", cfg)
+    monkeypatch.undo()
+    _labels_csv(csv, [rows[0], "s0,300,300,b", "s0,550,450,a", *rows[3:]])  # same size
+    wsi.preprocess_wsi([tmp_path], tmp_path / "cut.h5", cfg)
+    fresh = wsi.preprocess_wsi([tmp_path], tmp_path / "fresh.h5", cfg)
+    _same_file(tmp_path / "cut.h5", fresh)

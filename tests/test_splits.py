@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from capsmed.data.splits import read_split_files, split_groups
+from capsmed.data.splits import (
+    assign_splits,
+    read_split_files,
+    split_groups,
+    warn_missing_classes,
+)
 from capsmed.errors import CapsmedError
 
 FRACTIONS = {"train": 0.7, "val": 0.15, "test": 0.15}
@@ -32,11 +39,33 @@ def test_small_sets_still_fill_each_split():
 def test_split_files(tmp_path):
     (tmp_path / "train.txt").write_text("01\n02  # comment\n\n")
     (tmp_path / "test.txt").write_text("03\n")
-    assignment = read_split_files({"train": tmp_path / "train.txt",
-                                   "test": tmp_path / "test.txt"})
+    assignment, origin = read_split_files({"train": tmp_path / "train.txt",
+                                           "test": tmp_path / "test.txt"})
     assert assignment == {"01": "train", "02": "train", "03": "test"}
+    assert origin["03"] == tmp_path / "test.txt"
     (tmp_path / "val.txt").write_text("02\n")
     with pytest.raises(CapsmedError, match="'02' is also listed"):
         read_split_files({"train": tmp_path / "train.txt", "val": tmp_path / "val.txt"})
     with pytest.raises(CapsmedError, match="split file not found"):
         read_split_files({"train": tmp_path / "nope.txt"})
+
+
+def test_an_unknown_id_is_reported_against_the_file_that_lists_it(tmp_path):
+    (tmp_path / "train.txt").write_text("01\n02\n")
+    (tmp_path / "test.txt").write_text("\ufeff03\n99\n")  # a BOM is not part of an id
+    files = {"train": str(tmp_path / "train.txt"), "test": str(tmp_path / "test.txt")}
+    with pytest.raises(CapsmedError) as err:
+        assign_splits(["01", "02", "03"], files, FRACTIONS, seed=0, unit="case")
+    assert str(err.value) == f"{tmp_path / 'test.txt'}: lists case(s) not in the data: 99"
+
+
+def test_splits_missing_a_class_are_named(caplog):
+    logger = logging.getLogger("capsmed")  # the CLI's set-up stops its propagation
+    logger.addHandler(caplog.handler)
+    try:
+        absent = warn_missing_classes({"train": [0, 1, 2], "val": [0, 0], "test": [2]},
+                                      ["a", "b", "c"])
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert absent == ["val (b, c)", "test (a, b)"]
+    assert "split(s) missing a class: val (b, c); test (a, b)" in caplog.text

@@ -16,6 +16,7 @@ Ctrl-C to the terminal's process group is the main process's to handle, with one
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -23,13 +24,13 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Any, TypeVar
 
 from capsmed.data.output import raise_if_interrupted
-from capsmed.data.resume import ResultCache
+from capsmed.data.resume import ResultCache, input_digests
 from capsmed.progress import track
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,9 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | None = None,
                    description: str = "files", disable_progress: bool | None = None,
                    cache: ResultCache | None = None, key: Callable[[J], str] | None = None,
-                   result_type: type | None = None) -> Iterator[tuple[J, R]]:
+                   result_type: type | None = None,
+                   inputs: Callable[[J], Sequence[Any]] | None = None
+                   ) -> Iterator[tuple[J, R]]:
     """Yield ``(job, fn(job))`` in job order, computed in ``workers`` spawned processes.
 
     ``fn`` must be a module-level function and jobs picklable. With one worker or one
@@ -113,13 +116,15 @@ def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | No
     the next result (:func:`capsmed.data.output.raise_if_interrupted`).
 
     With a :class:`~capsmed.data.resume.ResultCache` (plus ``key`` naming each job and
-    the ``result_type`` dataclass), finished results are stored as they arrive and a
-    rerun computes only the jobs that are missing.
+    what it carries, and the ``result_type`` dataclass), finished results are stored as
+    they arrive and a rerun computes only the jobs that are missing. ``inputs`` (a
+    module-level function) lists the files a job reads; a stored result is reused only
+    while their contents are those it was computed from.
     """
     jobs = list(jobs)
     if cache is not None:
         assert key is not None and result_type is not None
-        yield from _cached(fn, jobs, cache, key, result_type, workers=workers,
+        yield from _cached(fn, jobs, cache, key, result_type, inputs, workers=workers,
                            description=description, disable_progress=disable_progress)
         return
     n = min(default_workers(workers), len(jobs))
@@ -152,19 +157,32 @@ def _bounded_map(pool: ProcessPoolExecutor, fn: Callable[[J], R], jobs: list[J],
         yield pending.popleft().result()
 
 
+def _no_inputs(job: Any) -> list[Any]:
+    return []
+
+
+def _read_and_run(fn: Callable[[J], R], inputs: Callable[[J], Sequence[Any]], job: J
+                  ) -> tuple[dict[str, str], R]:
+    """The digests of the job's input files, taken before it reads them, and its result
+    (runs in a worker, where the files are read anyway)."""
+    return input_digests(inputs(job)), fn(job)
+
+
 def _cached(fn: Callable[[J], R], jobs: list[J], cache: ResultCache, key: Callable[[J], str],
-            result_type: type, **options: Any) -> Iterator[tuple[J, R]]:
-    stored = [cache.get(key(job), result_type) for job in jobs]
+            result_type: type, inputs: Callable[[J], Sequence[Any]] | None,
+            **options: Any) -> Iterator[tuple[J, R]]:
+    inputs = inputs or _no_inputs
+    stored = [cache.get(key(job), result_type, inputs(job)) for job in jobs]
     todo = [job for job, res in zip(jobs, stored, strict=True) if res is None]
     if len(todo) < len(jobs):
         log.info("resuming: %d of %d jobs were finished by an earlier run (%s)",
                  len(jobs) - len(todo), len(jobs), cache.dir)
-    fresh = map_in_workers(fn, todo, **options)
+    fresh = map_in_workers(functools.partial(_read_and_run, fn, inputs), todo, **options)
     try:
         for job, res in zip(jobs, stored, strict=True):
             if res is None:
-                _, res = next(fresh)
-                cache.put(key(job), res)
+                _, (digests, res) = next(fresh)
+                cache.put(key(job), res, digests)
             yield job, res
     finally:
         fresh.close()  # stops its workers now when the consumer stops early

@@ -7,6 +7,12 @@ the digest covers every preprocessing parameter and the list of raw files: a rer
 the same command reuses them, any other command starts afresh. The folder is removed
 once the dataset file is in place, and after bad input (which needs another command).
 
+Each result is also keyed on the content of what its job read: the job's key (which
+holds whatever the job carries, such as a slide's annotations) and the SHA-256 of
+every input file (an image and its ground-truth CSV), taken when the job ran and
+compared when it is reused. A result whose image, CSV, mask or annotations changed
+since, even to the same size, is computed again instead of reused.
+
 Results are dataclasses of numpy arrays and plain values; they are stored with
 ``np.savez`` (arrays) plus JSON (the rest) and read back with ``allow_pickle=False``:
 nothing is unpickled.
@@ -19,17 +25,25 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path
 
 log = logging.getLogger(__name__)
 
 _JSON_KEY = "__fields_json__"
+_INPUTS_KEY = "__inputs_json__"
+
+
+def input_digests(paths: Sequence[Path]) -> dict[str, str]:
+    """``{path: sha256}`` of the files a job reads (what its cached result depends on)."""
+    return {str(p): file_digest(Path(p)) for p in paths}
 
 
 def _plain(value: Any) -> Any:
@@ -60,24 +74,33 @@ class ResultCache:
         safe = hashlib.sha256(key.encode()).hexdigest()[:24]
         return self.dir / f"{safe}.npz"
 
-    def get(self, key: str, result_type: type) -> Any | None:
-        """The stored result for ``key``, or None (also for an unreadable entry)."""
+    def get(self, key: str, result_type: type, inputs: Sequence[Path] = ()) -> Any | None:
+        """The stored result for ``key``, or None: none stored, unreadable, or one of
+        ``inputs`` differs from what the job read (its SHA-256 changed)."""
         path = self._path(key)
         if not path.is_file():
             return None
         try:
             with np.load(path, allow_pickle=False) as data:
                 values = json.loads(str(data[_JSON_KEY]))
-                values.update({k: data[k] for k in data.files if k != _JSON_KEY})
+                read = json.loads(str(data[_INPUTS_KEY])) if _INPUTS_KEY in data.files else {}
+                values.update({k: data[k] for k in data.files
+                               if k not in (_JSON_KEY, _INPUTS_KEY)})
             result = result_type(**values)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("%s: unreadable cached result, recomputing (%s)", path, exc)
             return None
+        now = input_digests(inputs)
+        if read != now:
+            changed = sorted(p for p in now.keys() | read.keys() if now.get(p) != read.get(p))
+            log.info("%s: changed since the earlier run; recomputing", ", ".join(changed))
+            return None
         self.reused += 1
         return result
 
-    def put(self, key: str, result: Any) -> None:
-        """Store a dataclass result (atomically)."""
+    def put(self, key: str, result: Any, inputs: dict[str, str] | None = None) -> None:
+        """Store a dataclass result (atomically) with the digests of the files it was
+        computed from (:func:`input_digests`, taken when the job read them)."""
         arrays, plain = {}, {}
         for f in dataclasses.fields(result):
             value = getattr(result, f.name)
@@ -87,7 +110,8 @@ class ResultCache:
                 plain[f.name] = value
         self.dir.mkdir(parents=True, exist_ok=True)
         with atomic_path(self._path(key), suffix=".npz") as tmp, tmp.open("wb") as fh:
-            np.savez(fh, **arrays, **{_JSON_KEY: np.array(json.dumps(plain, default=_plain))})
+            np.savez(fh, **arrays, **{_JSON_KEY: np.array(json.dumps(plain, default=_plain)),
+                                      _INPUTS_KEY: np.array(json.dumps(inputs or {}))})
 
     def clear(self) -> None:
         """Remove the cache (the output is complete)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -49,8 +49,11 @@ def split_groups(groups: Iterable[str], fractions: Mapping[str, float],
     return assignment
 
 
-def read_split_files(files: Mapping[str, Path]) -> dict[str, str]:
+def read_split_files(files: Mapping[str, Path]) -> tuple[dict[str, str], dict[str, Path]]:
     """Read user split lists (``{split: path}``; one group id per line, ``#`` comments).
+
+    Returns:
+        ``{group: split}`` and ``{group: the file that lists it}``.
 
     Raises:
         CapsmedError: if a file is missing or a group is listed in two splits.
@@ -61,7 +64,11 @@ def read_split_files(files: Mapping[str, Path]) -> dict[str, str]:
         path = Path(path)
         if not path.is_file():
             raise CapsmedError(f"{path}: split file not found")
-        for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CapsmedError(f"{path}: cannot read split file ({exc})") from exc
+        for line in text.splitlines():
             group = line.split("#", 1)[0].strip()
             if not group:
                 continue
@@ -71,7 +78,7 @@ def read_split_files(files: Mapping[str, Path]) -> dict[str, str]:
                                    "disjoint")
             assignment[group] = split
             origin[group] = path
-    return assignment
+    return assignment, origin
 
 
 def assign_splits(groups: Iterable[str], split_files: Mapping[str, str] | None,
@@ -80,18 +87,35 @@ def assign_splits(groups: Iterable[str], split_files: Mapping[str, str] | None,
     """``{group: split}`` from the user's split files when given, else seeded fractions.
 
     Groups named in a split file but absent from the data are an error (naming the
-    file); groups in no split file are left out, with a warning.
+    file that lists them); groups in no split file are left out, with a warning.
     """
     present = sorted(set(groups))
     if not split_files:
         return split_groups(present, fractions, seed)
-    assignment = read_split_files({s: Path(p) for s, p in split_files.items()})
+    assignment, origin = read_split_files({s: Path(p) for s, p in split_files.items()})
     unknown = sorted(set(assignment) - set(present))
     if unknown:
-        raise CapsmedError(f"{next(iter(split_files.values()))}: split files list {unit}(s) "
-                           f"not in the data: {', '.join(unknown[:5])}")
+        path = origin[unknown[0]]
+        named = [g for g in unknown if origin[g] == path]
+        raise CapsmedError(f"{path}: lists {unit}(s) not in the data: {', '.join(named[:5])}"
+                           + (f" (and {len(named) - 5} more)" if len(named) > 5 else ""))
     left_out = sorted(set(present) - set(assignment))
     if left_out:
         log.warning("%d %s(s) in no split file are left out: %s", len(left_out), unit,
                     ", ".join(left_out[:10]))
     return assignment
+
+
+def warn_missing_classes(labels: Mapping[str, Iterable[int]], class_names: Sequence[str]
+                         ) -> list[str]:
+    """Warn, naming them, about splits that hold no sample of some class: a model cannot
+    be validated or tested on a class its split lacks. Returns ``["val (b, c)", ...]``."""
+    absent = []
+    for split, values in labels.items():
+        present = {int(v) for v in values}
+        missing = [name for c, name in enumerate(class_names) if c not in present]
+        if missing:
+            absent.append(f"{split} ({', '.join(missing)})")
+    if absent:
+        log.warning("split(s) missing a class: %s", "; ".join(absent))
+    return absent

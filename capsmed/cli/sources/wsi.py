@@ -10,6 +10,7 @@ from capsmed.cli.common import handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
+    allow_no_annotations_option,
     fraction_option,
     option,
     overwrite_option,
@@ -96,6 +97,8 @@ def preprocess_wsi(
     workers: int = workers_option(WsiConfig),
     tiles_per_job: int = option(WsiConfig, "tiles_per_job", "Tiles per worker job"),
     allow_group_leak: bool = allow_group_leak_option(WsiConfig, "slide"),
+    allow_no_annotations: bool = allow_no_annotations_option(WsiConfig,
+                                                             "classified polygon"),
 ) -> None:
     """Whole-slide images: tissue mask, grid tiles at a level or mpp, labels, slide split."""
     from capsmed.data.sources.wsi import preprocess_wsi as run
@@ -109,6 +112,7 @@ def preprocess_wsi(
         min_overlap=min_overlap, unlabelled=unlabelled, background_class=background_class,
         stain=stain, h_max=h_max, seed=seed, workers=workers, tiles_per_job=tiles_per_job,
         fractions=split_fractions(WsiConfig, train, val, test),
-        split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak))
+        split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
+        allow_no_annotations=allow_no_annotations))
     path = run(slides, output, config, overwrite=overwrite)
     typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")

@@ -143,6 +143,11 @@ def process_chunk(chunk: _Chunk) -> _ChunkResult:
                         np.asarray(translucent, dtype=bool))
 
 
+def _chunk_inputs(chunk: _Chunk) -> list[Path]:
+    """The images a chunk reads: its cached result is reused only while they are unchanged."""
+    return [chunk.root / rel for rel in chunk.relpaths]
+
+
 def _size_summary(shapes: np.ndarray) -> dict[str, object]:
     counts = Counter(f"{h}x{w}" for h, w in shapes.tolist())
     common = dict(counts.most_common(_SHOWN))
@@ -217,7 +222,7 @@ def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
                                          description="AML images",
                                          disable_progress=disable_progress, cache=cache,
                                          key=lambda c: "|".join(c.relpaths),
-                                         result_type=_ChunkResult):
+                                         inputs=_chunk_inputs, result_type=_ChunkResult):
             batch = kept[start:start + len(chunk.relpaths)]
             end = start + len(batch)
             writer.append("all", res.images, labels[start:end], [r.image_id for r in batch],

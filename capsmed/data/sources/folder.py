@@ -30,6 +30,7 @@ from capsmed.data.images import convert_channels, read_image, resize_image, to_u
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.splits import assign_splits as assign_group_splits
+from capsmed.data.splits import warn_missing_classes
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
@@ -251,12 +252,8 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
              len(class_names), ", ".join(f"{n}={c}" for n, c in zip(class_names, counts,
                                                                      strict=True)),
              len(set(groups)), min(workers, len(jobs)))
-    present = {(splits[i], int(labels[i])) for i in keep}
-    absent = [f"{s} ({', '.join(n for c, n in enumerate(class_names) if (s, c) not in present)})"
-              for s in sorted({splits[i] for i in keep})
-              if any((s, c) not in present for c in range(len(class_names)))]
-    if absent:
-        log.warning("split(s) missing a class: %s", "; ".join(absent))
+    warn_missing_classes({s: [labels[i] for i in keep if splits[i] == s]
+                          for s in sorted({splits[i] for i in keep})}, class_names)
 
     parameters = {k: v for k, v in asdict(cfg).items() if k != "workers"}
     parameters.update(
@@ -267,7 +264,7 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
         grouping="groups_csv" if cfg.groups_csv else
         "group_pattern" if cfg.group_pattern else "per-image",
         split_unit="group")
-    source = {"root": str(root.resolve()),
+    source = {"raw_dir": str(root.resolve()),
               "files": {files[i].rel: files[i].path.stat().st_size for i in keep}}
     converted = low_range = 0
     writer = DatasetWriter(output, dataset=cfg.name or root.resolve().name,

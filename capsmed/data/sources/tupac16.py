@@ -218,6 +218,12 @@ def process_image(job: _Job) -> _Result:
                    negatives_short=job.negatives - len(neg))
 
 
+def _inputs(job: _Job) -> list[Path]:
+    """The files a job's result depends on: its image and its ground-truth CSV (whose
+    mitoses the job carries); a cached result is reused only while both are unchanged."""
+    return [job.record.tif, *([job.record.csv] if job.record.csv else [])]
+
+
 def _assign_splits(records: list[ImageRecord], cfg: Tupac16Config) -> dict[str, str]:
     return assign_splits((r.case for r in records), cfg.split_files, cfg.fractions, cfg.seed,
                          unit="case")
@@ -283,7 +289,7 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
                                        description="TUPAC16 images",
                                        disable_progress=disable_progress, cache=cache,
                                        key=lambda j: f"{j.index}:{j.record.tif}:{j.negatives}",
-                                       result_type=_Result):
+                                       inputs=_inputs, result_type=_Result):
             rec = job.record
             n = len(res.labels)
             writer.append(split_of[rec.case], res.images, res.labels, [rec.case] * n,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 
 from capsmed.data.configs.wsi import WsiConfig
 from capsmed.data.contract import DatasetWriter
+from capsmed.data.digest import file_digest
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
@@ -37,8 +39,8 @@ from capsmed.data.slides import (
     read_tile,
     tissue_fractions,
 )
-from capsmed.data.sources import annotations as ann
-from capsmed.data.splits import assign_splits
+from capsmed.data.sources import tile_labels
+from capsmed.data.splits import assign_splits, warn_missing_classes
 from capsmed.data.stains import hematoxylin_channel
 from capsmed.errors import CapsmedError
 
@@ -136,7 +138,7 @@ class _Band:
     info: SlideInfo
     res: Resolution
     cfg: WsiConfig
-    labels: ann.SlideLabels
+    labels: tile_labels.SlideLabels
     rows: tuple[int, int]
 
 
@@ -222,16 +224,19 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                                f"also used by {by_id[info.slide_id].path}")
         by_id[info.slide_id] = info
     resolutions = {s: choose_resolution(i, cfg) for s, i in by_id.items()}
-    labelling = ann.load_labels(cfg, {s: i.dimensions for s, i in by_id.items()},
+    labelling = tile_labels.load_labels(cfg, {s: i.dimensions for s, i in by_id.items()},
                                 {Path(i.path).name: s for s, i in by_id.items()})
     split_of = _assign_splits(sorted(by_id), cfg)
     ids = [s for s in sorted(by_id) if s in split_of]
-    jobs = []
+    jobs, too_small = [], set()
     for s in ids:
         info, res = by_id[s], resolutions[s]
         n_rows, n_cols = (len(grid_edges(d, res, cfg)) for d in info.dimensions[::-1])
         if not n_rows or not n_cols:
-            log.warning("%s: smaller than one tile at level %d; skipped", info.path, res.level)
+            w, h = info.level_dimensions[res.level]
+            log.warning("%s: the slide is %dx%d px at level %d, smaller than one %d px tile; "
+                        "skipped", info.path, w, h, res.level, res.read_size)
+            too_small.add(s)
             continue
         per_job = max(1, cfg.tiles_per_job // n_cols)  # whole grid rows per job
         jobs += [_Band(info, res, cfg, labelling.per_slide[s], (r, min(r + per_job, n_rows)))
@@ -246,6 +251,7 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
         "annotations": labelling.per_slide[s].count}
         for s in ids}
     hits: dict[str, np.ndarray] = {}
+    labels_of: dict[str, list[np.ndarray]] = {}
     parameters = {k: v for k, v in asdict(cfg).items() if k not in ("workers", "tiles_per_job")}
     parameters.update(
         stride_used=cfg.step, output_size_used=cfg.out_size, label_source=labelling.source,
@@ -255,8 +261,16 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                     "composited on white", resize="cv2.INTER_AREA", split_unit="slide",
         splits=split_of, channel="hematoxylin, 255*(1-clip(H/h_max,0,1))"
         if cfg.stain == "hematoxylin" else "RGB")
-    source = {"slides": {s: {**asdict(by_id[s]), "path": str(Path(by_id[s].path).resolve())}
-                         for s in ids}, "annotations": labelling.files}
+    paths = {s: Path(by_id[s].path).resolve() for s in ids}
+    raw_dir = Path(os.path.commonpath([p.parent for p in paths.values()])) if paths else Path()
+    source = {"raw_dir": str(raw_dir), "slides": {s: {**asdict(by_id[s]), "path": str(paths[s])}
+                                                 for s in ids},
+              "annotations": labelling.files,
+              "files": {**{str(p.relative_to(raw_dir)): by_id[s].file_size
+                           for s, p in paths.items()}, **labelling.files}}
+    # the key of a band's cached result: its slide's content and everything its labels
+    # come from (a changed annotation or class list recomputes it)
+    digests = {s: f"{file_digest(paths[s])}:{labelling.per_slide[s].digest()}" for s in ids}
     channels = 1 if cfg.stain == "hematoxylin" else 3
     writer = DatasetWriter(output, dataset="wsi", class_names=labelling.class_names,
                            image_shape=(channels, cfg.out_size, cfg.out_size),
@@ -269,7 +283,8 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
         for job, band in map_in_workers(process_band, jobs, workers=workers,
                                         description="WSI bands",
                                         disable_progress=disable_progress, cache=cache,
-                                        key=lambda j: f"{j.info.slide_id}:{j.rows}",
+                                        key=lambda j: (f"{j.info.slide_id}:{j.rows}:"
+                                                       f"{digests[j.info.slide_id]}"),
                                         result_type=BandResult):
             s, n = job.info.slide_id, len(band.labels)
             stats = per_slide[s]
@@ -279,6 +294,7 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                 stats[key] = stats.get(key, 0) + value
             if band.points_hit is not None:
                 hits[s] = hits.get(s, band.points_hit) | band.points_hit
+            labels_of.setdefault(split_of[s], []).append(band.labels)
             if n:
                 writer.append(split_of[s], band.images, band.labels, [s] * n, meta={
                     "slide": np.array([s] * n), "x": band.coords[:, 0],
@@ -287,8 +303,10 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
         for s, hit in hits.items():
             per_slide[s]["points_on_no_tile"] = int((~hit).sum())
         for s in ids:
-            if not per_slide[s]["tiles"]:
+            if not per_slide[s]["tiles"] and s not in too_small:
                 log.warning("%s: no tiles kept (tissue share %.3f)", by_id[s].path,
                             per_slide[s].get("tissue_share", 0.0))
+        warn_missing_classes({split: np.concatenate(parts) for split, parts
+                              in sorted(labels_of.items())}, labelling.class_names)
         writer.update_preprocessing(per_slide=per_slide)  # known only now
     return output
