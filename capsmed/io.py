@@ -1,18 +1,53 @@
 """Atomic file output: write to a temporary name in the same folder, then rename.
 
-A crash or an error mid-write never leaves a half-written file under the final name.
+A crash or an error mid-write never leaves a half-written file under the final name,
+and a write that fails (a full disk, a read-only mount) is one :class:`WriteError`
+line naming the file, not a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
+
+# Plain words for the errors a full or locked-down disk gives.
+_REASONS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EROFS: "read-only file system", errno.EACCES: "permission denied"}
+
+
+class WriteError(CapsmedError):
+    """A file could not be written; ``path`` is the file the user knows (never a
+    temporary name)."""
+
+    def __init__(self, path: Path, reason: str, advice: str = "") -> None:
+        super().__init__(f"{path}: cannot write ({reason})" + (f"; {advice}" if advice else ""))
+        self.path, self.reason, self.advice = Path(path), reason, advice
+
+
+def write_failure(path: Path, exc: BaseException) -> WriteError:
+    """``exc`` (raised while writing ``path``) as a :class:`WriteError`."""
+    code = getattr(exc, "errno", None)
+    reason = _REASONS.get(code) or getattr(exc, "strerror", None) or first_line(exc)
+    return WriteError(path, reason)
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an ``OSError`` in the block into a :class:`WriteError` naming ``path``.
+
+    Wrap writes only: an error reading something else would be blamed on ``path``.
+    """
+    try:
+        yield
+    except OSError as exc:
+        raise write_failure(path, exc) from None
 
 
 def ensure_writable_dir(path: Path) -> None:
@@ -33,15 +68,17 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
     """
     final = Path(final)
     ensure_writable_dir(final.parent)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f"{suffix}.tmp",
-                                    dir=final.parent)
+    with writing(final):
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f"{suffix}.tmp",
+                                        dir=final.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         yield tmp
-        if tmp.exists():  # mkstemp makes files 0600; give them the usual umask mode
-            os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, final)
+        with writing(final):
+            if tmp.exists():  # mkstemp makes files 0600; give them the usual umask mode
+                os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -63,13 +100,64 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     if final.exists() and (not final.is_dir() or any(final.iterdir())):
         raise CapsmedError(f"{final}: already exists and is not empty; choose another folder")
     ensure_writable_dir(final.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    with writing(final):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial",
+                                    dir=final.parent))
     try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes folders 0700
-        if final.exists():
-            final.rmdir()
-        os.replace(tmp, final)
+        with _naming_final(tmp, final):
+            yield tmp
+        with writing(final):
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes folders 0700
+            if final.exists():
+                final.rmdir()
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def _naming_final(tmp: Path, final: Path) -> Iterator[None]:
+    """A :class:`WriteError` about a file in the temporary folder ``tmp`` names its
+    place in ``final`` instead: the user never sees the temporary name."""
+    try:
+        yield
+    except WriteError as exc:
+        if not exc.path.is_relative_to(tmp):
+            raise
+        raise WriteError(final / exc.path.relative_to(tmp), exc.reason, exc.advice) from None
+
+
+@contextlib.contextmanager
+def replace_dir(final: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``final``; once the block succeeds, it replaces
+    ``final`` (an earlier version is removed only then). On any error the temporary
+    folder is removed, ``final`` is left as it was, and an ``OSError`` becomes a
+    :class:`WriteError` naming ``final``."""
+    final = Path(final)
+    if final.exists() and not final.is_dir():
+        raise CapsmedError(f"{final}: exists and is not a folder")
+    ensure_writable_dir(final.parent)
+    with writing(final):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial",
+                                    dir=final.parent))
+    try:
+        with _naming_final(tmp, final):
+            yield tmp
+        with writing(final):
+            os.chmod(tmp, 0o777 & ~_umask())
+            if not final.exists():
+                os.replace(tmp, final)
+                return
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old",
+                                        dir=final.parent))
+            os.replace(final, old)  # a folder may only replace an empty one
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                os.replace(old, final)
+                raise
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -77,5 +165,15 @@ def atomic_dir(final: Path) -> Iterator[Path]:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
-    with atomic_path(Path(path)) as tmp:
+    with atomic_path(Path(path)) as tmp, writing(path):
         tmp.write_text(text, encoding="utf-8")
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` and a newline to ``path`` (a log such as ``metrics.jsonl``).
+
+    The line goes out in one ``write`` call; after a failed write (a full disk) a reader
+    may find a partial last line, which it must skip.
+    """
+    with writing(path), Path(path).open("a", encoding="utf-8") as fh:
+        fh.write(line + "\n")

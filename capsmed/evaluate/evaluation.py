@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,11 +14,7 @@ from capsmed.data.contract import SplitData, read_info
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
-from capsmed.evaluate.capsule_grids import (
-    capsule_grids,
-    remove_capsule_grids,
-    write_capsule_grids,
-)
+from capsmed.evaluate.capsule_grids import capsule_grids, write_capsule_grids
 from capsmed.evaluate.html import write_html
 from capsmed.evaluate.metrics import (
     ClassificationReport,
@@ -26,6 +23,7 @@ from capsmed.evaluate.metrics import (
 )
 from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.run_report import write_report
+from capsmed.io import replace_dir, writing
 from capsmed.train.checkpoint import load_checkpoint
 from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 from capsmed.train.run_data import load_run_split
@@ -86,8 +84,9 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
             for an evaluation on other data (e.g. ``report-affnist``).
 
     Returns:
-        The evaluation; everything is computed before the first file is written, so a
-        failure leaves an earlier report untouched.
+        The evaluation. Its files are written into a temporary folder beside
+        ``run_dir/report_name`` that replaces it only when complete, so a failure (a
+        full disk) leaves an earlier report untouched and no partial one.
     """
     if batch_size < 1:
         raise CapsmedError(f"batch size must be >= 1, got {batch_size}")
@@ -132,29 +131,39 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     context = {"run_dir": str(run_dir), "arch": meta["arch"], "dataset": info.dataset,
                "data": str(data_path), "split": split, "checkpoint_epoch": meta["epoch"],
                "samples": len(split_data), "auc_scores": score_kind}
-    write_report(report, report_dir, title, context, agr)
-    plot_confusion_matrix(report.confusion, info.class_names,
-                          report_dir / "confusion_matrix.png", title=meta["arch"])
-    figures = [("Confusion matrix", "counts (left) and row-normalised: sensitivity on the "
-                "diagonal (right)", report_dir / "confusion_matrix.png"),
-               ("Training curves", "loss and accuracy per epoch; dashed: kept checkpoint",
-                run_dir / "curves.png")]
-    if capsules is None:
-        remove_capsule_grids(report_dir)
-    else:
-        recon, perturbations = capsules
-        paths = write_capsule_grids(recon, perturbations, info.class_names, report_dir)
-        figures.append(("Reconstructions", "test inputs and their reconstructions from "
-                        "the predicted class capsule (paper 000 Fig. 3)", paths[0]))
-        figures += [("Capsule dimension perturbations", f"'{info.class_names[g.class_index]}'"
-                     ": each row shifts one dimension by -0.25..+0.25", p)
-                    for g, p in zip(perturbations, paths[1:], strict=True)]
-    write_html(report_dir / "report.html", report, title, context, agr, figures)
+    # written beside report_dir and renamed over it only when complete: a full disk or
+    # an error leaves the earlier report as it was, and no partial one
+    with replace_dir(report_dir) as staging, writing(report_dir):
+        _write_files(staging, run_dir, report, title, context, agr, capsules,
+                     info.class_names, meta["arch"])
+        files = sorted(p.name for p in staging.iterdir() if not p.name.startswith("."))
     for note in report.notes[:MAX_LOGGED_NOTES]:
         log.warning(note)
     if len(report.notes) > MAX_LOGGED_NOTES:  # many-class sets: the rest are in the report
         log.warning("... and %d more notes on undefined values in %s",
                     len(report.notes) - MAX_LOGGED_NOTES, report_dir / "report.md")
-    files = sorted(p.name for p in report_dir.iterdir() if not p.name.startswith("."))
     return Evaluation(report=report, report_dir=report_dir, title=title, agreement=agr,
                       files=tuple(files))
+
+
+def _write_files(out: Path, run_dir: Path, report: ClassificationReport, title: str,
+                 context: dict[str, Any], agr: AgreementResult | None,
+                 capsules: tuple[Any, Any] | None, class_names: tuple[str, ...],
+                 arch: str) -> None:
+    """The report's files (tables, figures, report.html) in the empty folder ``out``."""
+    write_report(report, out, title, context, agr)
+    plot_confusion_matrix(report.confusion, class_names, out / "confusion_matrix.png",
+                          title=arch)
+    figures = [("Confusion matrix", "counts (left) and row-normalised: sensitivity on the "
+                "diagonal (right)", out / "confusion_matrix.png"),
+               ("Training curves", "loss and accuracy per epoch; dashed: kept checkpoint",
+                run_dir / "curves.png")]
+    if capsules is not None:
+        recon, perturbations = capsules
+        paths = write_capsule_grids(recon, perturbations, class_names, out)
+        figures.append(("Reconstructions", "test inputs and their reconstructions from "
+                        "the predicted class capsule (paper 000 Fig. 3)", paths[0]))
+        figures += [("Capsule dimension perturbations", f"'{class_names[g.class_index]}'"
+                     ": each row shifts one dimension by -0.25..+0.25", p)
+                    for g, p in zip(perturbations, paths[1:], strict=True)]
+    write_html(out / "report.html", report, title, context, agr, figures)

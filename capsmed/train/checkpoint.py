@@ -14,18 +14,29 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from capsmed.errors import CapsmedError, first_line
-from capsmed.io import atomic_path, write_text_atomic
+from capsmed.io import atomic_path, write_failure, writing
 from capsmed.models import create_model
 
 WEIGHTS, META = "checkpoint.safetensors", "checkpoint.json"
 
 
 def save_checkpoint(run_dir: Path, model: nn.Module, meta: dict[str, Any]) -> None:
-    """Write weights and metadata atomically (metadata last: it marks a complete pair)."""
+    """Write weights and metadata atomically (metadata last: it marks a complete pair).
+
+    Both are written in full before either is renamed into place, so a failed write
+    (a full disk) leaves the previous pair as it was.
+    """
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(Path(run_dir) / WEIGHTS) as tmp:
-        save_file(state, str(tmp))
-    write_text_atomic(Path(run_dir) / META, json.dumps(meta, indent=2, sort_keys=True))
+    weights, meta_path = Path(run_dir) / WEIGHTS, Path(run_dir) / META
+    # the inner block renames first: the weights, then the metadata
+    with atomic_path(meta_path) as meta_tmp, atomic_path(weights) as weights_tmp:
+        try:
+            save_file(state, str(weights_tmp))
+        except Exception as exc:  # safetensors' own error types, or OSError
+            raise write_failure(weights, exc) from None
+        with writing(meta_path):
+            meta_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True),
+                                encoding="utf-8")
 
 
 def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"

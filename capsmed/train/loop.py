@@ -20,7 +20,7 @@ from rich.progress import TextColumn
 
 from capsmed.data.loader import sequential_batches
 from capsmed.errors import CapsmedError, Interrupted, first_line
-from capsmed.io import write_text_atomic
+from capsmed.io import WriteError, append_line, write_text_atomic, writing
 from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.curves import plot_training_curves
@@ -85,12 +85,26 @@ def _start(run: Run, state: dict[str, Any] | None) -> Progress:
 
 
 def _truncate_metrics(path: Path, epoch: int) -> None:
-    """Keep the lines of finished epochs (a crash may have left the next one's)."""
+    """Keep the lines of finished epochs (a crash may have left the next one's, or part
+    of a line when the disk filled up)."""
     if not path.is_file():
         return
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
-             if line.strip() and json.loads(line)["epoch"] < epoch]
-    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    records = [r for r in _records(path.read_text(encoding="utf-8").splitlines())
+               if r["epoch"] < epoch]
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def _records(lines: list[str]) -> list[dict[str, Any]]:
+    """The epoch records of ``metrics.jsonl`` lines; a partial line is skipped."""
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int):
+            records.append(record)
+    return records
 
 
 def _save(run: Run, progress: Progress, sampler_state: torch.Tensor) -> None:
@@ -105,15 +119,16 @@ def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | Non
         TrainingInterrupted: stopped on request (Ctrl-C, SIGTERM, ``stop_after_steps``)
             after saving the state, or at once by a second Ctrl-C; exit code 130.
     """
+    saved = "continue from the last saved state with: capsmed train --resume"
     try:
         return _train_epochs(run, state, stop_after_steps)
     except KeyboardInterrupt:  # the second Ctrl-C: no save, the last saved state stays
-        saved = (run.run_dir / RESUME_FILE).is_file()
-        raise TrainingInterrupted(
-            f"{run.run_dir}: interrupted at once; " + (
-                f"continue from the last saved state with: capsmed train --resume "
-                f"{run.run_dir}" if saved else "no state was saved yet: start it again")
-        ) from None
+        raise TrainingInterrupted(f"{run.run_dir}: interrupted at once; {saved} "
+                                  f"{run.run_dir}") from None
+    except WriteError as exc:  # a full disk: every file is written atomically, so the
+        # last saved state and checkpoint are whole
+        raise WriteError(exc.path, exc.reason, f"once there is room, {saved} "
+                         f"{run.run_dir}") from None
 
 
 def _train_epochs(run: Run, state: dict[str, Any] | None, stop_after_steps: int | None
@@ -128,8 +143,6 @@ def _train_epochs(run: Run, state: dict[str, Any] | None, stop_after_steps: int 
     with contextlib.ExitStack() as stack:
         stop = stack.enter_context(StopRequest(stop_after_steps))
         bars = stack.enter_context(make_progress(status, disable=run.disable_progress))
-        metrics_file = (stack.enter_context(metrics_path.open("a", encoding="utf-8"))
-                        if ctx.is_main else None)
         epochs_task = bars.add_task(f"{cfg.arch} epochs", total=cfg.epochs,
                                     completed=p.epoch - 1, status="")
         while p.epoch <= cfg.epochs:
@@ -162,9 +175,8 @@ def _train_epochs(run: Run, state: dict[str, Any] | None, stop_after_steps: int 
             bars.remove_task(batch_task)
             record = _finish_epoch(run, p, sums, started)
             summary = record.pop("summary")
-            if metrics_file is not None:
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
+            if ctx.is_main:
+                append_line(metrics_path, json.dumps(record))
                 if tensorboard is not None:
                     for key, value in record.items():
                         if isinstance(value, int | float) and key != "epoch":
@@ -251,15 +263,18 @@ def _finish_epoch(run: Run, p: Progress, sums: torch.Tensor, started: float
 
 
 def _finish_run(run: Run, p: Progress, stopped_early: bool) -> None:
+    """Curves, then ``summary.json``, then no ``resume.pt``: a failure before the end
+    leaves a run that ``--resume`` finishes."""
     epochs_run = p.epoch - 1
+    lines = (run.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    with writing(run.run_dir / "curves.png"):
+        plot_training_curves(_records(lines), run.run_dir / "curves.png")
     write_text_atomic(run.run_dir / "summary.json", json.dumps({
         "best_epoch": p.best_epoch, "best_selection_loss": p.best, "epochs_run": epochs_run,
         "stopped_early": stopped_early, "train_samples": len(run.train_data),
         "train_samples_full": run.rows.full_train_size,
         "steps_per_epoch": len(run.sampler), "world_size": run.ctx.world}, indent=2))
     (run.run_dir / RESUME_FILE).unlink(missing_ok=True)  # finished: nothing to resume
-    lines = (run.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    plot_training_curves([json.loads(line) for line in lines if line], run.run_dir / "curves.png")
 
 
 def _tensorboard(run: Run) -> Any:

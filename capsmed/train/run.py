@@ -30,7 +30,7 @@ from capsmed.data.contract import DatasetInfo
 from capsmed.data.digest import file_digest
 from capsmed.device import device_name, seed_everything
 from capsmed.errors import CapsmedError
-from capsmed.io import atomic_dir, atomic_path, write_text_atomic
+from capsmed.io import atomic_dir, atomic_path, write_text_atomic, writing
 from capsmed.models import count_parameters
 from capsmed.train import distributed
 from capsmed.train.augment import get_recipe
@@ -95,7 +95,8 @@ def _save_rows(run_dir: Path, rows: RunRows) -> None:
     for name, values in (("train_indices.npy", rows.train_rows),
                          ("test_indices.npy", rows.test_rows)):
         if values is not None:
-            with atomic_path(run_dir / name) as tmp, tmp.open("wb") as fh:
+            with atomic_path(run_dir / name) as tmp, writing(run_dir / name), \
+                    tmp.open("wb") as fh:
                 np.save(fh, values)
 
 

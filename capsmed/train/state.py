@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from capsmed.errors import CapsmedError, first_line
-from capsmed.io import atomic_path
+from capsmed.io import atomic_path, write_failure
 
 RESUME_FILE = "resume.pt"
 STATE_VERSION = 1
@@ -61,7 +61,10 @@ def save_state(run_dir: Path, *, model: torch.nn.Module, optimizer: torch.optim.
     }
     path = Path(run_dir) / RESUME_FILE
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+        except (OSError, RuntimeError) as exc:  # a full disk is a RuntimeError in torch
+            raise write_failure(path, exc) from None
     return path
 
 
