@@ -162,3 +162,29 @@ def test_data_info_shows_folds(tmp_path):
     console.print(describe_dataset(path))
     text = console.export_text()
     assert "CV folds of 'all'" in text and "fold" in text
+
+
+def test_data_info_reads_whole_at_80_columns_with_15_classes(tmp_path, monkeypatch):
+    """One column per class cut every AML class name to '…' at 80 columns; the wide
+    tables are turned on their side there (classes as rows)."""
+    from typer.testing import CliRunner
+
+    from capsmed.cli import app
+
+    names = ["BAS", "EBO", "EOS", "KSC", "LYA", "LYT", "MMZ", "MOB", "MON", "MYB", "MYO",
+             "NGB", "NGS", "PMB", "PMO"]
+    path = tmp_path / "aml.h5"
+    n = 90
+    with DatasetWriter(path, dataset="aml", class_names=names, image_shape=(3, 4, 4),
+                       preprocessing={}, source={}) as w:
+        w.append("all", np.zeros((n, 3, 4, 4), np.uint8), np.arange(n) % 15,
+                 [f"p{i // 3}" for i in range(n)], folds=np.array([(i // 3) % 5
+                                                                    for i in range(n)]))
+    monkeypatch.chdir(tmp_path)  # a short path: the file's name is shown whole too
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["data", "info", "aml.h5"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in result.output
+    for name in names:  # a row of the split table and one of the fold table
+        assert sum(line.split()[:2] == ["│", name] for line in lines) == 2, name

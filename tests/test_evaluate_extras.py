@@ -244,3 +244,33 @@ def test_report_name_keeps_an_evaluation_on_other_data_apart(lenet_run, tiny_h5,
     assert (run / "report" / "report.json").read_text() == own
     result = runner.invoke(app, ["-q", "evaluate", str(run), "--report-name", "../x"])
     assert_clean_failure(result, "--report-name must be a plain folder name", tmp_path / "x")
+
+
+AML_CLASSES = ("BAS", "EBO", "EOS", "KSC", "LYA", "LYT", "MMZ", "MOB", "MON", "MYB", "MYO",
+               "NGB", "NGS", "PMB", "PMO")
+
+
+@pytest.mark.parametrize("names", [("non-mitosis", "mitosis"), AML_CLASSES,
+                                   ("a class name far too long for its column", "b")],
+                         ids=["tupac16", "aml-15-classes", "long-class-name"])
+def test_the_per_class_table_reads_whole_at_80_columns(names):
+    """CI logs and pipes are 80 columns: rich's boxed table cut 'sensitiv…'."""
+    from rich.console import Console
+
+    from capsmed.evaluate.metrics import classification_report
+    from capsmed.evaluate.run_report import HEADERS, rich_table
+
+    k = len(names)
+    labels = np.arange(10 * k) % k
+    predicted = (labels + (np.arange(10 * k) % 3 == 0)) % k
+    report = classification_report(labels, predicted, names, scores=np.eye(k)[predicted])
+    console = Console(width=80, record=True, color_system=None)
+    console.print(rich_table(report, "parallel-dr on aml / test (epoch 700)"))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if line.lstrip().startswith("class"))
+    assert header.split() == list(HEADERS)  # every header whole, none cut to '…'
+    assert "…" not in "\n".join(lines)
+    text = "\n".join(lines)
+    for words in ("Total (macro)", "balanced accuracy", "macro F1", "weighted F1", "AUC"):
+        assert words in text

@@ -74,6 +74,40 @@ def _sigterm_interrupts(enabled: bool) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def fit_to_width(renderable: Any, width: int) -> Any:
+    """``renderable`` with every table too wide for ``width`` columns turned on its side.
+
+    A table of one column per class (15 AML classes, ``capsmed data info``) cut every
+    class name to '…' at 80 columns; transposed, the classes are rows and the few
+    splits or folds are columns, so every name is readable.
+    """
+    from rich.console import Console, Group
+    from rich.table import Table
+
+    if isinstance(renderable, Group):
+        return Group(*(fit_to_width(r, width) for r in renderable.renderables))
+    if not isinstance(renderable, Table) or len(renderable.columns) < 3:
+        return renderable
+    # below its minimum (the longest word of each column) rich cuts words to '…';
+    # measured unconstrained, as rich clamps a measurement to the console's width
+    if Console(width=10_000).measure(renderable).minimum <= width:
+        return renderable
+    return _transposed(renderable)
+
+
+def _transposed(table: Any) -> Any:
+    from rich.table import Table
+
+    columns = table.columns
+    out = Table(title=table.title, caption=table.caption)
+    out.add_column(str(columns[0].header), no_wrap=True)  # what the new columns are
+    for label in columns[0].cells:
+        out.add_column(str(label), justify="right", no_wrap=True)
+    for column in columns[1:]:
+        out.add_row(str(column.header), *(str(cell) for cell in column.cells))
+    return out
+
+
 def setup_logging(level: int) -> None:
     """Route library logs through rich on stderr (stdout stays for tables and results)."""
     from rich.logging import RichHandler

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors
+from capsmed.cli.common import fit_to_width, handles_errors
 
 app = typer.Typer(help="Inspect HDF5 dataset files.", no_args_is_help=True)
 
@@ -19,7 +19,8 @@ def info(file: Path = typer.Argument(..., help="A dataset .h5 written by capsmed
 
     from capsmed.data.describe import describe_dataset
 
-    Console().print(describe_dataset(file))
+    console = Console()
+    console.print(fit_to_width(describe_dataset(file), console.width))
 
 
 @app.command("preview")

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from capsmed.evaluate.agreement import AgreementResult
@@ -52,20 +53,26 @@ def summary_rows(report: ClassificationReport,
 
 def rich_table(report: ClassificationReport, title: str,
                agreement: AgreementResult | None = None) -> Table:
-    """The per-class table as a rich Table, with the overall metrics in the caption."""
-    caption = [f"accuracy {fmt(report.accuracy)}",
-               f"balanced accuracy {fmt(report.balanced_accuracy)}",
-               f"macro F1 {fmt(report.macro_f1)}", f"weighted F1 {fmt(report.weighted_f1)}"]
+    """The per-class table as a rich Table, with the overall metrics in the caption.
+
+    Laid out for 80 columns (CI logs, pipes, ``| tee``), where rich's boxed table cut
+    'sensitivity' and 'specificity' to 'sensitiv…': no vertical rules or outer
+    padding, numeric columns never narrower than their header, and long class names
+    wrapped rather than the headers cut. The metrics run over short caption lines.
+    """
+    first = [f"accuracy {fmt(report.accuracy)}",
+             f"balanced accuracy {fmt(report.balanced_accuracy)}"]
+    second = [f"macro F1 {fmt(report.macro_f1)}", f"weighted F1 {fmt(report.weighted_f1)}"]
     if report.auc_method is not None:
-        caption.append(f"AUC {fmt(report.auc)}")
+        first.append(f"AUC {fmt(report.auc)}")
     if agreement is not None:
-        caption.append(f"Agr {fmt(agreement.agreement)}")
-    table = Table(title=title, caption=" | ".join(caption))
-    # class names never wrap ("Total (macro)" stays one cell on an 80-column terminal);
-    # long numeric headers are shortened with an ellipsis there instead
-    table.add_column(HEADERS[0], no_wrap=True)
+        second.append(f"Agr {fmt(agreement.agreement)}")
+    table = Table(title=title, caption="\n".join(" | ".join(line) for line in (first, second)),
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    # the widest layout: 13 ("Total (macro)") + the headers + 2 per gap = 79 columns
+    table.add_column(HEADERS[0], overflow="fold", min_width=len("Total (macro)"))
     for header in HEADERS[1:]:
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", no_wrap=True, min_width=len(header))
     rows = table_rows(report)
     for i, row in enumerate(rows):
         table.add_row(*row, style="bold" if i == len(rows) - 1 else None,
