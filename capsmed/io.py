@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,3 +178,17 @@ def append_line(path: Path, line: str) -> None:
     """
     with writing(path), Path(path).open("a", encoding="utf-8") as fh:
         fh.write(line + "\n")
+
+
+def user_data_dir() -> Path:
+    """capsmed's folder for the user's own data (benchmark results): the platform's
+    place, never the current folder. ``$XDG_DATA_HOME/capsmed`` (``~/.local/share``
+    by default) on Linux, ``~/Library/Application Support/capsmed`` on macOS,
+    ``%LOCALAPPDATA%\\capsmed`` on Windows."""
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "capsmed"

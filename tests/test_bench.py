@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -23,3 +24,35 @@ def test_bench_train_appends_a_result_per_architecture(tmp_path):
     assert line["device"].startswith("cpu") and line["precision"] == "float32"
     assert line["train_images_per_s"] > 0 and line["eval_images_per_s"] > 0
     assert line["peak_memory_mib"] > 0 and line["steps"] == 2
+
+
+def test_bench_train_writes_to_the_user_data_folder_not_the_current_one(tmp_path,
+                                                                        monkeypatch):
+    """In a checkout, benchmarks/results/train.jsonl relative to the current folder was
+    a tracked file; the default is now the user's data folder, and the command says
+    where it wrote."""
+    import sys
+
+    import capsmed.cli.bench as bench_cli
+    from capsmed.io import user_data_dir
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data-home"))
+    assert user_data_dir() == tmp_path / "data-home" / "capsmed"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert user_data_dir() == Path.home() / ".local" / "share" / "capsmed"
+    assert bench_cli.DEFAULT_RESULTS.parts[-3:] == ("capsmed", "bench", "train.jsonl")
+    assert "capsmed/bench/train.jsonl" in bench_cli.RESULTS_HELP
+
+    # the command itself, with the data folder moved into tmp_path
+    expected = tmp_path / "data-home" / "capsmed" / "bench" / "train.jsonl"
+    monkeypatch.setattr(bench_cli, "DEFAULT_RESULTS", expected)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bench", "train", "--arch", "lenet", "--batch-size",
+                                      "4", "--steps", "1", "--warmup", "1", "--device",
+                                      "cpu", "--model-arg", "widths=[3,4]", "--model-arg",
+                                      "hidden=[8]"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(expected.read_text())["arch"] == "lenet"
+    assert f"appended to {expected}" in result.output
+    assert not (tmp_path / "benchmarks").exists()

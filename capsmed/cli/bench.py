@@ -7,6 +7,22 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, parse_key_values
+from capsmed.io import user_data_dir
+
+
+def _shown(path: Path) -> str:
+    """``path`` with the home folder as ``~``, as help texts show it."""
+    try:
+        return str(Path("~") / path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)
+
+
+# Results go to the user's data folder unless --results says otherwise: the current
+# folder's benchmarks/results/train.jsonl was a tracked file when run in a checkout.
+DEFAULT_RESULTS = user_data_dir() / "bench" / "train.jsonl"
+RESULTS_HELP = ("JSON-lines file the results are appended to [the user's data folder: "
+                f"{_shown(DEFAULT_RESULTS)}].")
 
 app = typer.Typer(help="Measure training and evaluation throughput.", no_args_is_help=True)
 
@@ -31,8 +47,7 @@ def train(
     channels: int = typer.Option(None, help="Input channels [the paper's]."),
     num_classes: int = typer.Option(None, help="Classes [the paper's]."),
     model_arg: list[str] = typer.Option(None, help="Architecture option key=value."),
-    results: Path = typer.Option(Path("benchmarks/results/train.jsonl"),
-                                 help="JSON-lines file the results are appended to."),
+    results: Path = typer.Option(None, help=RESULTS_HELP),
 ) -> None:
     """Training and evaluation images/s, step time and peak memory per architecture."""
     from rich.console import Console
@@ -46,6 +61,7 @@ def train(
         table.add_column(column, justify="left" if column in ("arch", "input", "precision")
                          else "right")
     kwargs = parse_key_values(model_arg, "--model-arg")
+    results = results or DEFAULT_RESULTS
     for name in arch:
         r = bench_train(name, batch_size=batch_size, device=device, steps=steps,
                         warmup=warmup, precision=precision, channels_last=channels_last,

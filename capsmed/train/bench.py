@@ -24,6 +24,7 @@ import torch
 from capsmed import __version__
 from capsmed.device import device_name, select_device
 from capsmed.errors import CapsmedError
+from capsmed.io import append_line, ensure_writable_dir
 from capsmed.models import count_parameters, create_model
 from capsmed.train.optim import build_optimizer
 from capsmed.train.step import (
@@ -162,6 +163,5 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
 def append_result(result: BenchResult, path: Path) -> None:
     """Append one JSON line (with the host name) to ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps({**asdict(result), "host": platform.node()}) + "\n")
+    ensure_writable_dir(path.parent)
+    append_line(path, json.dumps({**asdict(result), "host": platform.node()}))
