@@ -138,6 +138,10 @@ def _two_label_loader(info: DatasetInfo, split: str, rows: np.ndarray | None,
                            "--data-loading memory")
     names = meta_names(info.path, split)
     second = read_meta(info.path, split, SECOND_LABEL, rows)
+    if second.ndim != 1 or second.dtype.kind not in "iu" or (len(second) and (
+            second.min() < 0 or second.max() >= info.num_classes)):
+        raise CapsmedError(f"{info.path}: '{split}/meta/{SECOND_LABEL}' must hold labels "
+                           f"within 0..{info.num_classes - 1}, like '{split}/labels'")
     sources = None
     if {"image_a", "image_b"} <= set(names):
         sources = np.stack([read_meta(info.path, split, n, rows)

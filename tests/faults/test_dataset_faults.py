@@ -115,3 +115,24 @@ def test_a_damaged_image_is_refused_when_read(toy_copy, toy_run, tmp_path, fault
     ok = invoke(["evaluate", toy_run, "--data", toy_copy, "--report-name", "other",
                  "--no-grids"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_second_label_outside_the_classes_is_refused(tmp_path):
+    """Two-object sets (MultiMNIST) carry a second label per image in meta/label2."""
+    from capsmed.data.contract import DatasetWriter
+
+    data = tmp_path / "two.h5"
+    rng = np.random.default_rng(0)
+    with DatasetWriter(data, dataset="toy-two", class_names=["a", "b", "c"],
+                       image_shape=(1, 28, 28), preprocessing={}, source={}) as writer:
+        for split, n in (("train", 24), ("val", 8)):
+            labels = np.arange(n) % 3
+            second = (labels + 1) % 3
+            if split == "train":
+                second[5] = 7
+            writer.append(split, rng.integers(0, 255, (n, 1, 28, 28), dtype=np.uint8),
+                          labels, [f"{split}{i}" for i in range(n)],
+                          meta={"label2": second})
+    run = tmp_path / "run"
+    assert_refused(invoke(lenet_args(data, run)), data, absent=[run],
+                   text="'train/meta/label2' must hold labels within 0..2")
