@@ -24,16 +24,18 @@ from capsmed.data.contract import load_split, read_info
 from capsmed.data.files import shown
 from tests.faults.common import assert_refused, invoke
 
-SOURCES = ("tupac16", "folder", "aml")
+SOURCES = ("tupac16", "folder", "aml", "diaretdb1")
 FAST = {"tupac16": ["--positives-per-mitosis", "2", "--workers", "1"],
         "folder": ["--workers", "1", "--group-pattern", r"^(P\d+)_"],
-        "aml": ["--folds", "2", "--workers", "1"]}
+        "aml": ["--folds", "2", "--workers", "1"],
+        "diaretdb1": ["--workers", "1", "--patch-size", "64", "--stride", "64"]}
 
 
 @pytest.fixture(scope="session")
 def synth_raw(tmp_path_factory) -> dict[str, Path]:
     """Small synthetic raw data of each source, written once per session."""
     from capsmed.data.synth.aml import write_aml
+    from capsmed.data.synth.diaretdb1 import write_diaretdb1
     from capsmed.data.synth.folder import write_class_folders
     from capsmed.data.synth.tupac16 import write_tupac16
 
@@ -41,6 +43,7 @@ def synth_raw(tmp_path_factory) -> dict[str, Path]:
     write_tupac16(root / "tupac16", cases=4, images_per_case=2, size=256, seed=3)
     write_class_folders(root / "folder", classes=2, images_per_class=6, patients=3, size=32)
     write_aml(root / "aml", per_class_scale=0.0005, size=48, min_per_class=2)
+    write_diaretdb1(root / "diaretdb1", images=6, size=(320, 256))
     return {name: root / name for name in SOURCES}
 
 
@@ -134,6 +137,12 @@ REFUSED: list[tuple[str, str, Breaker, list[str]]] = [
         "claims 200000x200000 pixels"), []),
     ("aml-zero-byte-tiff", "aml", lambda raw: (
         _write(_first(raw, "*.tiff"), ""), "empty image (0 bytes)"), []),
+    ("diaretdb1-zero-byte-fundus-image", "diaretdb1", lambda raw: (
+        _write(_first(raw, "ddb1_fundusimages/*.png"), ""), "empty fundus image (0 bytes)"),
+     []),
+    ("diaretdb1-map-claims-200000x200000", "diaretdb1", lambda raw: (
+        _png_header(p := _first(raw, "hemorrhages/*.png"), 200_000, 200_000) or p,
+        "claims 200000x200000 pixels"), []),
     # item 11: image symlink loops and broken links
     ("tupac16-broken-link-tif", "tupac16", lambda raw: (
         _symlink(_first(raw, "*.tif"), "nowhere.tif"), "broken symbolic link"), []),
@@ -206,6 +215,7 @@ ACCEPTED: list[tuple[str, str, Callable[[Path], object]]] = [
     # item 3: extensions in any case, and their CSVs with them
     ("tupac16-upper-case-extensions", "tupac16", _upper_case_extensions),
     ("folder-upper-case-extensions", "folder", _upper_case_extensions),
+    ("diaretdb1-upper-case-extensions", "diaretdb1", _upper_case_extensions),
     ("aml-upper-case-folder-scan", "aml", lambda raw: [
         p.rename(p.with_suffix(".TIFF")) for p in raw.rglob("NGS_0001.tiff")] and
         _write(raw / "annotations.dat", (raw / "annotations.dat").read_text().replace(

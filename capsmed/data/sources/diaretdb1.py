@@ -31,13 +31,13 @@ from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.sources.diaretdb1_layout import (
     CLASS_NAMES,
-    FUNDUS_MASK,
     LESION_TYPES,
     SPLITS,
     TEST_LIST,
     TRAIN_LIST,
     ImageRecord,
     discover,
+    fundus_mask_path,
     read_confidence_map,
     read_fundus_mask,
     read_rgb_png,
@@ -227,7 +227,7 @@ def preprocess_diaretdb1(raw_dir: Path, output: Path, config: Diaretdb1Config | 
     cfg = config or Diaretdb1Config()
     raw_dir, output = Path(raw_dir), Path(output)
     resources, records = discover(raw_dir)
-    mask_path = resources / FUNDUS_MASK
+    mask_path = fundus_mask_path(resources)
     _fundus(mask_path)  # fail early, in this process, on a missing or empty mask
     split_of = assign_splits(records, resources, cfg)
     records = [r for r in records if r.image_id in split_of]

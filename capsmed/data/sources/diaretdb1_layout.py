@@ -85,6 +85,13 @@ def discover(raw_dir: Path) -> tuple[Path, list[ImageRecord]]:
         for k, folder in maps.items()}) for p in pngs]
 
 
+def fundus_mask_path(resources: Path) -> Path:
+    """``fmask.tif`` of a v1.1 tree (its extension in any case); the expected path when
+    it is missing, so that the read names it."""
+    mask = resources / FUNDUS_MASK
+    return find_in_folder(mask.parent, mask.stem, mask.suffix) or mask
+
+
 def read_split_list(path: Path) -> list[str]:
     """Image ids (``imageNNN``) of a split list, in order; blank lines and ``#`` skipped."""
     path = Path(path)
