@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -159,3 +160,23 @@ def test_a_second_runner_on_the_same_folder_is_refused(tmp_path):
     finally:
         sleeper.kill()
     shutil.rmtree(tmp_path / "out")
+
+
+def test_a_data_stage_whose_commands_changed_is_made_again(tmp_path):
+    from capsmed.pipeline.execute import execute_stage, stage_done
+    from capsmed.pipeline.state import PipelineState
+
+    pipeline = load_pipeline(_pipeline(tmp_path))
+    state, stage = PipelineState(pipeline.out), pipeline.stages["tupac16"]
+    assert execute_stage(state, stage, {}) is None and stage_done(state, stage)
+    first = stage.output.stat().st_mtime_ns
+    changed = dataclasses.replace(stage, commands=tuple(
+        (*c, "--jitter", "10") if c[0] == "preprocess" else c for c in stage.commands))
+    assert not stage_done(state, changed)
+    assert execute_stage(state, changed, {}) is None and stage_done(state, changed)
+    assert stage.output.stat().st_mtime_ns != first
+    assert not list(stage.output.parent.glob("*.previous"))
+    broken = dataclasses.replace(changed, commands=(("preprocess", "tupac16", "/nowhere",
+                                                     "-o", str(stage.output)),))
+    assert "failed" in execute_stage(state, broken, {})
+    assert stage.output.is_file()  # the last good file is put back

@@ -77,14 +77,27 @@ def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) ->
     log = state.out / "logs" / f"data-{stage.name}.log"
     for path in stage.scratch:  # a half-made raw folder from an interrupted attempt
         shutil.rmtree(path, ignore_errors=True)
+    # Here with an existing output only when this stage made it with other commands:
+    # set it aside (preprocess refuses to overwrite), and put it back if the new fail.
+    previous = stage.output.with_name(stage.output.name + ".previous")
+    if stage.output.is_file():
+        os.replace(stage.output, previous)
     for argv in stage.commands:
         if run_logged(capsmed_argv(*argv), log, env) != 0:
+            _restore(previous, stage.output)
             return f"'capsmed {' '.join(argv[:2])}' failed; see {log}"
     if not stage.output.is_file():
+        _restore(previous, stage.output)
         return f"its commands did not write {stage.output}; see {log}"
+    previous.unlink(missing_ok=True)
     write_text_atomic(_stage_record(state, stage.name),
                       json.dumps({"commands": command_hash(stage.commands)}))
     return None
+
+
+def _restore(previous: Path, output: Path) -> None:
+    if previous.is_file() and not output.exists():
+        os.replace(previous, output)
 
 
 def execute_run(state: PipelineState, run: RunSpec, run_id: str,
