@@ -224,8 +224,10 @@ def check_option(name: str, value: Any) -> None:
     if name in _RULES and not _RULES[name][0](value):
         raise CapsmedError(f"{name} must be {_RULES[name][1]}, got {value!r}")
     if name in _CHOICES and value not in _CHOICES[name]:
-        raise CapsmedError(f"{name} must be one of {', '.join(_CHOICES[name])}, got "
-                           f"{value!r}")
+        choices = _CHOICES[name]
+        what = (f"'{choices[0]}'" if len(choices) == 1 else f"one of {', '.join(choices)}"
+                ) + (" or unset" if _allows_none(hint) else "")
+        raise CapsmedError(f"{name} must be {what}, got {value!r}")
     if name == "augment_recipe":
         get_recipe(value)
 
