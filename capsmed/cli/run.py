@@ -15,7 +15,7 @@ EPILOG = ("Examples: capsmed run pipelines/smoke.yaml | capsmed run --dry-run "
           "--executor slurm --slurm-partition gpu --set data_root=/data")
 
 
-@handles_errors
+@handles_errors(sigterm=False)  # SIGTERM kills the runner; its trainings then save
 def run(
     args: list[str] = typer.Argument(..., metavar="[status] PIPELINE",
                                      help="A pipeline YAML (see pipelines/); 'status "

@@ -1,8 +1,9 @@
 """Rough run times for ``capsmed run --dry-run``, from measured throughput.
 
-Sources, in the repository's ``benchmarks/results/``: ``gpu_check-*.jsonl`` (GPU
-training img/s per architecture and batch, eager bf16 as ``capsmed train`` runs by
-default) and ``train.jsonl`` (``capsmed bench train`` lines, CPU or GPU). A run's
+Sources: the repository's ``benchmarks/results/`` (``gpu_check-*.jsonl``: GPU training
+img/s per architecture and batch, eager bf16 as ``capsmed train`` runs by default;
+``train.jsonl``: ``capsmed bench train`` lines) and your own ``capsmed bench train``
+results in the user data folder (``capsmed.io.user_data_dir() / "bench"``). A run's
 estimate is epochs x training images / img/s at the closest measured batch size:
 training only, at the paper input size the figure was measured at, so an estimate,
 not a promise. Architectures never measured get none.
@@ -15,15 +16,20 @@ import math
 from pathlib import Path
 from typing import Any
 
+from capsmed.io import user_data_dir
 from capsmed.pipeline.spec import RunSpec
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
+def _result_files(folders: list[Path]) -> list[Path]:
+    return [p for folder in folders if folder.is_dir() for p in sorted(folder.glob("*.jsonl"))]
+
+
 def load_throughput(gpu: bool, results: Path = RESULTS) -> dict[str, list[tuple[int, float, str]]]:
     """arch -> [(batch size, training img/s, device)] for a GPU or a CPU machine."""
     table: dict[str, list[tuple[int, float, str]]] = {}
-    for path in sorted(results.glob("*.jsonl")) if results.is_dir() else []:
+    for path in _result_files([results, user_data_dir() / "bench"]):
         device = ""
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
