@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 import torch
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,12 @@ class _H5Batches(torch.utils.data.Dataset):
         # h5py fancy indexing wants increasing unique rows; batches may repeat samples
         unique, inverse = np.unique(rows, return_inverse=True)
         grp = self._file[self.split]
-        images = grp["images"][unique][inverse]
-        labels = grp["labels"][unique][inverse]
+        try:
+            images = grp["images"][unique][inverse]
+            labels = grp["labels"][unique][inverse]
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            raise CapsmedError(f"{self.path}: cannot read ({first_line(exc)}); the file is "
+                               "damaged or truncated: write it again") from exc
         return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
 
 
@@ -140,9 +144,23 @@ class StreamingSplit:
             self.dataset, sampler=list(index_batches), batch_size=None,
             num_workers=self.workers, pin_memory=self.device.type == "cuda",
             persistent_workers=False, prefetch_factor=4 if self.workers else None)
-        for images, labels in loader:
+        batches = iter(loader)
+        while True:
+            try:
+                images, labels = next(batches)
+            except StopIteration:
+                return
+            except CapsmedError as exc:  # from a reader process: its traceback is folded
+                raise CapsmedError(_worker_message(str(exc))) from None
             yield (images.to(self.device, non_blocking=True).float().div_(255.0),
                    labels.to(self.device, non_blocking=True))
+
+
+def _worker_message(text: str) -> str:
+    """The original message of an error a DataLoader worker raised (torch wraps it in
+    'Caught ... in DataLoader worker process N' and the worker's traceback)."""
+    last = text.strip().splitlines()[-1] if text.strip() else text
+    return last.split("CapsmedError: ", 1)[-1]
 
 
 def should_stream(loading: str, nbytes: int, device: torch.device) -> bool:

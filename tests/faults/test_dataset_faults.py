@@ -115,6 +115,14 @@ def test_a_damaged_image_is_refused_when_read(toy_copy, toy_run, tmp_path, fault
     ok = invoke(["evaluate", toy_run, "--data", toy_copy, "--report-name", "other",
                  "--no-grids"])
     assert ok.exit_code == 0, ok.output
+    preview = tmp_path / "grid.png"
+    assert_refused(invoke(["data", "preview", toy_copy, "-o", preview, "--split", "train"]),
+                   toy_copy, text=text, absent=[preview])
+    for workers in ("0", "1"):  # streamed from the file, in the process or a reader
+        out = tmp_path / f"streamed{workers}"
+        args = [*lenet_args(toy_copy, out), "--data-loading", "stream",
+                "--loader-workers", workers]
+        assert_refused(invoke(args), toy_copy, text=text, absent=[out])
 
 
 def test_a_second_label_outside_the_classes_is_refused(tmp_path):
