@@ -95,8 +95,13 @@ def test_an_interrupt_a_destructor_swallows_still_stops_the_run(shapes, tmp_path
         return real(job)
 
     monkeypatch.setattr(folder, "process_chunk", chunk_then_interrupt)
+    # as in a terminal, even when the suite was started with SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     out = tmp_path / "data.h5"
-    result = invoke(_folder_args(shapes, out))
+    try:
+        result = invoke(_folder_args(shapes, out))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert_refused(result, "error: interrupted", code=130, absent=[out])
     assert "Exception ignored" not in capfd.readouterr().err
 
@@ -133,12 +138,18 @@ def tupac_raw(tmp_path_factory) -> Path:
     return root
 
 
+def _sigint_default() -> None:
+    # A shell starts background jobs with SIGINT ignored, and children inherit that (CI
+    # may run the suite so): give the run the SIGINT a terminal's Ctrl-C would reach.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(raw: Path, out: Path) -> subprocess.Popen:
     """preprocess tupac16 with 3 workers in its own session; returns once it writes."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "capsmed", "-q", "preprocess", "tupac16", str(raw), "-o",
          str(out), "--workers", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_sigint_default)
     deadline = time.monotonic() + 60
     while not list(out.parent.glob(f".{out.name}.*.tmp")) and proc.poll() is None:
         assert time.monotonic() < deadline
