@@ -180,6 +180,7 @@ def test_rgba_to_rgb_on_hand_made_pixels(tmp_path):
     assert rgb.tolist() == [[[200, 100, 50]] * 3] and not translucent
 
 
+@pytest.mark.slow
 def test_workers_give_identical_output(raw, h5, tmp_path):
     cfg = AmlConfig(workers=2, chunk_size=16)
     out = preprocess_aml(raw, tmp_path / "pool.h5", cfg, disable_progress=True)

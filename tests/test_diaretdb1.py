@@ -210,6 +210,7 @@ def test_threshold_is_value_over_255_at_least_confidence(raw, tmp_path):
     assert lesion_pixels(0.76).max() == 0
 
 
+@pytest.mark.slow
 def test_same_output_for_a_seed_and_any_number_of_workers(raw, h5, tmp_path):
     again = preprocess_diaretdb1(raw, tmp_path / "again.h5", _cfg())
     pooled = preprocess_diaretdb1(raw, tmp_path / "pool.h5", _cfg(workers=2))

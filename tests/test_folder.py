@@ -172,6 +172,7 @@ def test_folds_are_stratified_and_keep_patients_together(tmp_path):
     assert (per_fold == 4).all()
 
 
+@pytest.mark.slow
 def test_deterministic_and_workers_agree(raw, tmp_path, monkeypatch):
     cfg = FolderConfig(group_pattern=PATIENT, size=16, seed=7, workers=1)
     a = _splits(preprocess_folder(raw, tmp_path / "a.h5", cfg))

@@ -162,6 +162,7 @@ def test_a_second_runner_on_the_same_folder_is_refused(tmp_path):
     shutil.rmtree(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_data_stage_whose_commands_changed_is_made_again(tmp_path):
     from capsmed.pipeline.execute import execute_stage, stage_done
     from capsmed.pipeline.state import PipelineState

@@ -115,6 +115,7 @@ def test_flattened_layout_gives_the_same_dataset(tiny_raw, tiny_h5, tmp_path):
         np.testing.assert_array_equal(a[split].labels, b[split].labels)
 
 
+@pytest.mark.slow
 def test_worker_processes_give_identical_output(tiny_raw, tiny_h5, tmp_path):
     cfg = Tupac16Config(positives_per_mitosis=4, workers=2, seed=0,
                         fractions={"train": 0.6, "val": 0.2, "test": 0.2})

@@ -11,6 +11,8 @@ from capsmed.cli import app
 from capsmed.models import list_models
 from tests.helpers import TINY
 
+pytestmark = pytest.mark.slow  # every model trained and evaluated end to end
+
 runner = CliRunner()
 
 

@@ -309,6 +309,7 @@ def test_polygon_overlap_share_and_qupath_class_forms():
     assert ann._class_name("Stroma") == "Stroma" and ann._class_name(None) is None
 
 
+@pytest.mark.slow
 def test_slide_labels_split_by_slide_and_workers_give_identical_files(tmp_path):
     for i in range(5):
         _slide(tmp_path / f"s{i}.svs", size=768, seed=i)
