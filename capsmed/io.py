@@ -100,21 +100,8 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     final = Path(final)
     if final.exists() and (not final.is_dir() or any(final.iterdir())):
         raise CapsmedError(f"{final}: already exists and is not empty; choose another folder")
-    ensure_writable_dir(final.parent)
-    with writing(final):
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial",
-                                    dir=final.parent))
-    try:
-        with _naming_final(tmp, final):
-            yield tmp
-        with writing(final):
-            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes folders 0700
-            if final.exists():
-                final.rmdir()
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with replace_dir(final) as tmp:  # replacing at most an empty folder
+        yield tmp
 
 
 @contextlib.contextmanager

@@ -181,3 +181,16 @@ def test_a_data_stage_whose_commands_changed_is_made_again(tmp_path):
                                                      "-o", str(stage.output)),))
     assert "failed" in execute_stage(state, broken, {})
     assert stage.output.is_file()  # the last good file is put back
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--executor", "slurm"], "no sbatch on PATH"),
+    (["--executor", "cloud"], "--executor must be one of local, slurm"),
+])
+def test_an_unusable_executor_is_refused_before_anything_runs(tmp_path, monkeypatch, extra,
+                                                             message):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch here
+    result = runner.invoke(app, ["run", str(_pipeline(tmp_path)), *extra])
+    assert result.exit_code == 1 and message in result.stderr, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and not (tmp_path / "out").exists()

@@ -133,6 +133,10 @@ def run_pipeline(pipeline: Pipeline, options: RunOptions) -> int:
     stages = needed_stages(pipeline, runs)
     check_inputs(pipeline, stages, state)
     kind, jobs, gpus = _executor_settings(pipeline, options)
+    if kind == "slurm":
+        from capsmed.pipeline.slurm import require_slurm
+
+        require_slurm(options.slurm)
     state.acquire_lock()
     started = time.monotonic()
     board = RunBoard(pipeline.name, len(runs))

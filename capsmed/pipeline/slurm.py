@@ -51,10 +51,10 @@ class RunJob:
         return submitit.helpers.DelayedSubmission(self)
 
 
-def make_executor(state: PipelineState, settings: Mapping[str, Any], name: str) -> Any:
-    """A submitit executor with the pipeline's Slurm settings."""
+def require_slurm(settings: Mapping[str, Any]) -> None:
+    """Refuse before anything runs: no submitit, no sbatch, or unknown settings."""
     try:
-        import submitit
+        import submitit  # noqa: F401
     except ImportError as exc:
         raise CapsmedError("--executor slurm needs submitit: pip install 'capsmed[slurm]'"
                            ) from exc
@@ -65,6 +65,13 @@ def make_executor(state: PipelineState, settings: Mapping[str, Any], name: str) 
     if unknown:
         raise CapsmedError(f"executor.slurm: unknown setting(s) {', '.join(unknown)} "
                            f"(known: {', '.join([*SETTINGS, 'account', 'additional'])})")
+
+
+def make_executor(state: PipelineState, settings: Mapping[str, Any], name: str) -> Any:
+    """A submitit executor with the pipeline's Slurm settings."""
+    import submitit
+
+    require_slurm(settings)
     folder = state.records / "slurm" / "%j"
     executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
     params: dict[str, Any] = {"name": f"capsmed-{name}", "timeout_min": 1440}
