@@ -15,6 +15,7 @@ from capsmed.cli import (
     evaluate,
     fetch,
     models,
+    predict,
     preprocess,
     report,
     run,
@@ -67,6 +68,7 @@ app.add_typer(data.app, name="data")
 app.command("models")(models.models)
 app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
+app.command("predict", epilog=predict.EPILOG)(predict.predict)
 app.command("report")(report.report)
 app.add_typer(analyze.app, name="analyze")
 app.add_typer(runs.app, name="runs")

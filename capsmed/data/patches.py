@@ -54,3 +54,14 @@ def window_fraction(mask: np.ndarray, centres: np.ndarray, size: int) -> np.ndar
     total = (integral[bottom, right] - integral[top, right]
              - integral[bottom, left] + integral[top, left])
     return total / float(size * size)
+
+
+def grid_centres(h: int, w: int, size: int, stride: int) -> np.ndarray:
+    """Centres (K, 2) as (row, col) of a regular grid of ``size`` windows with step
+    ``stride``, every window fully inside an ``h`` x ``w`` image and the margins left
+    over balanced on both sides (none when the image is smaller than one window)."""
+    half = size // 2
+    axes = [half + (n - size) % stride // 2 + np.arange(0, max(n - size + 1, 0), stride)
+            for n in (h, w)]
+    rr, cc = np.meshgrid(*axes, indexing="ij")
+    return np.stack([rr.ravel(), cc.ravel()], axis=1).astype(np.int64)

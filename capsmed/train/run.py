@@ -4,7 +4,8 @@
 :func:`capsmed.train.loop.run_loop` trains.
 
 A run directory describes itself: ``config.yaml`` (resolved options, model arguments,
-environment), ``train_indices.npy`` (+ ``test_indices.npy`` for a cross-validation
+environment), ``preprocessing.json`` (the dataset's preprocessing record, which
+``capsmed predict`` replays), ``train_indices.npy`` (+ ``test_indices.npy`` for a cross-validation
 fold), ``metrics.jsonl``, the checkpoint at minimum validation loss, ``resume.pt``
 while the run is unfinished, ``summary.json`` and ``curves.png`` at the end.
 """
@@ -28,6 +29,7 @@ import yaml
 from capsmed import __version__
 from capsmed.data.contract import DatasetInfo
 from capsmed.data.digest import file_digest
+from capsmed.data.record import write_record
 from capsmed.device import device_name, seed_everything
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_dir, atomic_path, write_text_atomic, writing
@@ -243,6 +245,7 @@ class Run:
         with atomic_dir(self.run_dir) as staging:
             _save_rows(staging, self.rows)
             self._write_config(staging)
+            write_record(staging, self.info)  # what capsmed predict replays
             self.save_state(Progress(), self.sampler.generator.get_state(), staging)
 
     def save_state(self, progress: Progress, sampler_state: torch.Tensor,

@@ -127,6 +127,15 @@ class _ChunkResult:
     translucent: np.ndarray  # bool [n]: the alpha channel changed some pixel
 
 
+def cell_image(rgb: np.ndarray, size: int, grey: bool) -> np.ndarray:
+    """(H, W, 3) uint8 -> (C, size, size): INTER_AREA resize (non-square stretched),
+    then luma (RGB2GRAY) when ``grey``."""
+    small = cv2.resize(rgb, (size, size), interpolation=cv2.INTER_AREA)
+    if grey:
+        return cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)[None]
+    return np.ascontiguousarray(small.transpose(2, 0, 1))
+
+
 def process_chunk(chunk: _Chunk) -> _ChunkResult:
     """Read, convert and resize a chunk of images (runs in a worker)."""
     images, shapes, translucent = [], [], []
@@ -134,11 +143,7 @@ def process_chunk(chunk: _Chunk) -> _ChunkResult:
         rgb, blended = read_rgba_as_rgb(chunk.root / rel)
         shapes.append(rgb.shape[:2])
         translucent.append(blended)
-        small = cv2.resize(rgb, (chunk.size, chunk.size), interpolation=cv2.INTER_AREA)
-        if chunk.grey:
-            images.append(cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)[None])
-        else:
-            images.append(np.ascontiguousarray(small.transpose(2, 0, 1)))
+        images.append(cell_image(rgb, chunk.size, chunk.grey))
     return _ChunkResult(np.stack(images), np.asarray(shapes, dtype=np.int32).reshape(-1, 2),
                         np.asarray(translucent, dtype=bool))
 

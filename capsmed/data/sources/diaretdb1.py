@@ -28,6 +28,7 @@ from capsmed.data.configs.diaretdb1 import Diaretdb1Config
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.enhance import clahe_green
 from capsmed.data.output import claims_output
+from capsmed.data.patches import grid_centres
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.sources.diaretdb1_layout import (
     CLASS_NAMES,
@@ -84,15 +85,6 @@ def _window_sums(integral: np.ndarray, centres: np.ndarray, size: int) -> np.nda
             - integral[bottom, left] + integral[top, left])
 
 
-def _grid_centres(h: int, w: int, cfg: Diaretdb1Config) -> np.ndarray:
-    """Centres of a regular grid of windows fully inside the image, margins balanced."""
-    size, half = cfg.patch_size, cfg.patch_size // 2
-    axes = [half + (n - size) % cfg.stride // 2 + np.arange(0, n - size + 1, cfg.stride)
-            for n in (h, w)]
-    rr, cc = np.meshgrid(*axes, indexing="ij")
-    return np.stack([rr.ravel(), cc.ravel()], axis=1).astype(np.int64)
-
-
 def _lesion_centres(lesion: np.ndarray, cfg: Diaretdb1Config,
                     rng: np.random.Generator) -> np.ndarray:
     """One centre per connected lesion component (its pixel nearest the centroid) + copies."""
@@ -112,6 +104,17 @@ def _lesion_centres(lesion: np.ndarray, cfg: Diaretdb1Config,
     offsets = rng.integers(-cfg.max_jitter, cfg.max_jitter + 1, size=(len(base), k, 2))
     offsets[:, 0] = 0  # the first copy is exactly centred on its component
     return (base[:, None, :] + offsets).reshape(-1, 2)
+
+
+def enhance_fundus(rgb: np.ndarray, mask: np.ndarray, box: tuple[slice, slice],
+                   clip_limit: float, tile_grid: tuple[int, int]) -> np.ndarray:
+    """Paper 000's fundus enhancement, (H, W) uint8: CLAHE green over the field of
+    view's bounding box ``box`` (paper 000 crops the black margin first, so the tiles
+    cover retina), then 0 outside the 0/1 ``mask``."""
+    green = np.zeros(rgb.shape[:2], dtype=np.uint8)
+    green[box] = clahe_green(rgb[box], clip_limit, tile_grid)
+    green *= mask.view(np.uint8) if mask.dtype == np.bool_ else mask
+    return green
 
 
 def process_image(job: _Job) -> _Result:
@@ -137,14 +140,11 @@ def process_image(job: _Job) -> _Result:
         if kind in cfg.lesions:
             lesion |= values >= threshold
 
-    # CLAHE over the fundus' bounding box (paper 000 crops the black margin first, so the
-    # tiles cover retina), then zero outside the field of view.
-    green = np.zeros((h, w), dtype=np.uint8)
-    green[box] = clahe_green(rgb[box], cfg.clip_limit, cfg.tile_grid)
-    green *= mask
+    green = enhance_fundus(rgb, mask, box, cfg.clip_limit, cfg.tile_grid)
 
     rng = np.random.default_rng([cfg.seed, job.index])
-    centres = np.concatenate([_grid_centres(h, w, cfg), _lesion_centres(lesion, cfg, rng)])
+    centres = np.concatenate([grid_centres(h, w, cfg.patch_size, cfg.stride),
+                              _lesion_centres(lesion, cfg, rng)])
     # keep every window inside the image (a lesion pixel stays inside its clipped window)
     centres = np.clip(centres, half, [h - size + half, w - size + half])
     _, first = np.unique(centres, axis=0, return_index=True)

@@ -1,0 +1,284 @@
+"""``capsmed predict``: a trained run applied to new images, folders and slides.
+
+Each input is read and cut into windows by its run's recipe (the training
+preprocessing, replayed), the windows are scored in batches of ``batch_size`` that run
+across inputs (so scores do not depend on how the windows were grouped into files),
+and per input a heatmap and a QuPath GeoJSON are written; ``predictions.csv`` and
+``summary.json`` follow. Everything goes into a temporary folder renamed into place at
+the end: an error leaves no partial output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from capsmed.data.record import DatasetRecord, run_record
+from capsmed.device import select_device
+from capsmed.errors import CapsmedError
+from capsmed.evaluate.evaluation import predict_scores
+from capsmed.evaluate.metrics import class_probabilities
+from capsmed.io import atomic_dir, replace_dir, write_text_atomic, writing
+from capsmed.predict.config import SHAPES, PredictOptions
+from capsmed.predict.inputs import InputFile, centres_for, gather_inputs, read_centres
+from capsmed.predict.outputs import (
+    InputResult,
+    geojson,
+    positives,
+    write_geojson,
+    write_heatmap,
+    write_predictions_csv,
+)
+from capsmed.predict.recipes import make_recipe
+from capsmed.predict.windows import Prepared
+from capsmed.progress import make_progress
+from capsmed.train.checkpoint import load_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prediction:
+    """A finished prediction: what was written and what failed."""
+
+    out_dir: Path
+    results: list[InputResult]
+    failed: list[dict[str, str]]
+    class_name: str
+    threshold: float
+    counts: dict[str, int]
+    positives: int = 0
+    per_input: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Open:
+    """An input whose windows are being scored."""
+
+    item: InputFile
+    prepared: Prepared
+    pushed: int = 0
+    closed: bool = False
+    error: str | None = None
+    scores: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def scored(self) -> int:
+        return sum(len(s) for s in self.scores)
+
+
+class _BatchScorer:
+    """Windows in, scores out, in order, in batches that run across inputs."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, batch_size: int) -> None:
+        self.model, self.device, self.batch_size = model, device, batch_size
+        self.buffer: list[np.ndarray] = []
+
+    def push(self, images: np.ndarray) -> list[np.ndarray]:
+        self.buffer.append(images)
+        return self._run(final=False)
+
+    def flush(self) -> list[np.ndarray]:
+        return self._run(final=True)
+
+    def _run(self, final: bool) -> list[np.ndarray]:
+        held = sum(len(b) for b in self.buffer)
+        if not held or (held < self.batch_size and not final):
+            return []
+        stack = np.concatenate(self.buffer)
+        cut = len(stack) if final else len(stack) // self.batch_size * self.batch_size
+        self.buffer = [stack[cut:]] if cut < len(stack) else []
+        return [predict_scores(self.model, stack[i:i + self.batch_size], self.device,
+                               self.batch_size) for i in range(0, cut, self.batch_size)]
+
+
+def _class_index(record: DatasetRecord, name: str | None) -> int:
+    names = list(record.class_names)
+    if name is None:
+        return 1 if len(names) > 1 else 0
+    if name not in names:
+        raise CapsmedError(f"--class '{name}' is not a class of this run (classes: "
+                           f"{', '.join(names)})")
+    return names.index(name)
+
+
+def _check_options(options: PredictOptions) -> None:
+    if options.batch_size < 1:
+        raise CapsmedError(f"--batch-size must be >= 1, got {options.batch_size}")
+    if not math.isfinite(options.threshold):
+        raise CapsmedError(f"--threshold must be a number, got {options.threshold}")
+    if options.shape not in SHAPES:
+        raise CapsmedError(f"--shape must be one of {', '.join(SHAPES)}, got {options.shape!r}")
+
+
+def _check_model(record: DatasetRecord, meta: dict[str, Any], run_dir: Path) -> None:
+    if list(record.class_names) != list(meta["class_names"]):
+        raise CapsmedError(f"{record.origin}: classes {list(record.class_names)} do not match "
+                           f"the checkpoint's {meta['class_names']} in {run_dir}")
+    kw = meta["model_kwargs"]
+    expected = (kw.get("in_channels"), *kw.get("input_size", ()))
+    if (record.channels, *record.image_size) != expected:
+        raise CapsmedError(f"{record.origin}: images are {record.channels}x"
+                           f"{record.image_size[0]}x{record.image_size[1]}, the model in "
+                           f"{run_dir} expects {'x'.join(map(str, expected))}")
+
+
+def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
+            options: PredictOptions | None = None) -> Prediction:
+    """Apply the checkpoint in ``run_dir`` to ``inputs``; write ``out_dir``.
+
+    Args:
+        run_dir: A run directory written by ``capsmed train``.
+        inputs: Image files, folders (searched recursively) and slides.
+        out_dir: New (or empty) folder for predictions.csv, summary.json, heatmaps/
+            and geojson/; with ``options.overwrite`` an existing one is replaced.
+        options: See :class:`PredictOptions`.
+
+    Returns:
+        The prediction. Unreadable inputs stop it with nothing written, unless
+        ``keep_going``: then they are listed in ``failed`` and summary.json.
+    """
+    opts = options or PredictOptions()
+    _check_options(opts)
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    device = select_device(opts.device)
+    model, meta = load_checkpoint(run_dir, device)
+    record = run_record(run_dir, opts.data or Path(meta["data"]))
+    _check_model(record, meta, run_dir)
+    recipe = make_recipe(record, opts.overrides)
+    class_index = _class_index(record, opts.class_name)
+    if opts.centres is not None and not recipe.windowed:
+        raise CapsmedError(f"--centres applies to patch and slide runs; a {record.dataset} "
+                           "run predicts one class per image")
+    centres = read_centres(opts.centres) if opts.centres is not None else {}
+    items = gather_inputs(inputs, slides=record.dataset == "wsi")
+    if centres:
+        unmatched = set(centres) - {k for i in items
+                                    for k in (i.name, i.path.as_posix(), i.path.name)}
+        if unmatched:
+            raise CapsmedError(f"{opts.centres}: names input(s) not given: "
+                               f"{', '.join(sorted(unmatched)[:3])}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CapsmedError(f"{out_dir}: exists and is not a folder")
+    staging_of = replace_dir if opts.overwrite else atomic_dir
+    with staging_of(out_dir) as staging, writing(out_dir):
+        done = _predict_all(model, meta, record, recipe, items, centres, class_index, opts,
+                            device, staging)
+        write_predictions_csv(staging / "predictions.csv", done.results, record.class_names)
+        write_text_atomic(staging / "summary.json", json.dumps(
+            _summary(run_dir, meta, record, done, opts, class_index), indent=2,
+            default=str) + "\n")
+    done.out_dir = out_dir
+    return done
+
+
+def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRecord,
+                 recipe: Any, items: list[InputFile], centres: dict[str, np.ndarray],
+                 class_index: int, opts: PredictOptions, device: torch.device,
+                 staging: Path) -> Prediction:
+    scorer = _BatchScorer(model, device, opts.batch_size)
+    queue: deque[_Open] = deque()
+    done = Prediction(staging, [], [], record.class_names[class_index], opts.threshold,
+                      {name: 0 for name in record.class_names})
+
+    def drain() -> None:
+        while queue and queue[0].closed and queue[0].scored == queue[0].pushed:
+            _finish(queue.popleft(), meta, record, class_index, opts, staging, done)
+
+    def deliver(batches: list[np.ndarray]) -> None:
+        for scores in batches:  # rows in push order: fill the inputs first in, first out
+            while len(scores):
+                head = queue[0]
+                take = head.pushed - head.scored
+                if take <= 0:
+                    raise RuntimeError("scores arrived for no pushed window")
+                head.scores.append(scores[:take])
+                scores = scores[take:]
+                drain()
+
+    with make_progress(disable=opts.disable_progress) as progress:
+        overall = progress.add_task("inputs", total=len(items))
+        windows = progress.add_task("windows", total=None)
+        for item in items:
+            entry = _Open(item, Prepared((0, 0), 0.0, np.empty((0, 2), np.int64), iter(())))
+            queue.append(entry)
+            try:
+                entry.prepared = recipe.prepare(item.path, centres_for(centres, item)
+                                                if centres else None)
+                progress.reset(windows, total=len(entry.prepared.centres),
+                               description=item.path.name[:30])
+                for chunk in entry.prepared.chunks:
+                    entry.pushed += len(chunk)
+                    deliver(scorer.push(chunk))
+                    progress.advance(windows, len(chunk))
+            except CapsmedError as exc:
+                if not opts.keep_going:
+                    raise
+                log.error("%s", exc)
+                entry.error = str(exc)
+            entry.closed = True
+            drain()
+            progress.advance(overall)
+        deliver(scorer.flush())
+        drain()
+    return done
+
+
+def _finish(entry: _Open, meta: dict[str, Any], record: DatasetRecord, class_index: int,
+            opts: PredictOptions, staging: Path, done: Prediction) -> None:
+    """An input whose windows are all scored: its heatmap, GeoJSON and counts."""
+    if entry.error is not None:
+        done.failed.append({"input": entry.item.name, "error": entry.error})
+        return
+    p = entry.prepared
+    raw = (np.concatenate(entry.scores) if entry.scores
+           else np.empty((0, len(record.class_names)), np.float32))
+    probabilities, _ = class_probabilities(raw, meta["loss_kind"])
+    result = InputResult(name=entry.item.name, size=p.size, x=p.centres[:, 0],
+                         y=p.centres[:, 1], footprint=p.footprint, scores=probabilities,
+                         thumbnail=p.thumbnail, windowed=p.windowed)
+    for k in result.predicted.tolist():
+        done.counts[record.class_names[k]] += 1
+    extra: dict[str, Any] = {"input": entry.item.name, "windows": len(raw), **p.notes}
+    if p.windowed:
+        hits = int(positives(result, class_index, opts.threshold).sum())
+        done.positives += hits
+        heatmap = Path("heatmaps") / f"{entry.item.stem}.png"
+        features = Path("geojson") / f"{entry.item.stem}.geojson"
+        for folder in ("heatmaps", "geojson"):
+            (staging / folder).mkdir(exist_ok=True)
+        write_geojson(staging / features, geojson(result, record.class_names, class_index,
+                                                  opts.threshold, opts.shape))
+        if len(raw):
+            write_heatmap(staging / heatmap, result, record.class_names, class_index,
+                          opts.threshold)
+        extra.update(positives=hits, geojson=str(features),
+                     heatmap=str(heatmap) if len(raw) else None)
+    result.thumbnail = None  # the CSV needs none; a folder of images must not pile them up
+    done.results.append(result)
+    done.per_input.append(extra)
+
+
+def _summary(run_dir: Path, meta: dict[str, Any], record: DatasetRecord, done: Prediction,
+             opts: PredictOptions, class_index: int) -> dict[str, Any]:
+    _, score_kind = class_probabilities(np.zeros((0, len(record.class_names))),
+                                        meta["loss_kind"])
+    return {
+        "run_dir": str(run_dir), "arch": meta["arch"], "checkpoint_epoch": meta["epoch"],
+        "dataset": record.dataset, "class_names": list(record.class_names),
+        "preprocessing_from": record.origin, "preprocessing": record.preprocessing,
+        "overrides": {k: v for k, v in asdict(opts.overrides).items() if v is not None},
+        "scores": score_kind, "class": done.class_name, "class_index": class_index,
+        "threshold": opts.threshold, "geojson_shape": opts.shape,
+        "inputs": len(done.results), "windows": sum(len(r.x) for r in done.results),
+        "predicted_counts": done.counts, "positives": done.positives,
+        "per_input": done.per_input, "failed": done.failed,
+    }

@@ -1,0 +1,36 @@
+"""What a recipe hands the scorer: one input's windows, cut chunk by chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import cv2
+import numpy as np
+
+CHUNK = 256  # windows cut at a time: bounds memory on big images and feeds progress bars
+THUMBNAIL_SIDE = 1024  # long side of the picture under a heatmap
+
+
+@dataclass
+class Prepared:
+    """One input, read: its size, window centres and their model inputs in chunks."""
+
+    size: tuple[int, int]  # (width, height), level-0 px
+    footprint: float  # window side, level-0 px
+    centres: np.ndarray  # int64 (N, 2) as (x, y), level-0 px
+    chunks: Iterator[np.ndarray]  # uint8 [n, C, H, W], in centre order
+    thumbnail: np.ndarray | None = None
+    windowed: bool = True
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def thumbnail(rgb: np.ndarray) -> np.ndarray:
+    """An RGB picture of ``rgb`` at most :data:`THUMBNAIL_SIDE` px on its long side."""
+    h, w = rgb.shape[:2]
+    scale = min(1.0, THUMBNAIL_SIDE / max(h, w))
+    if scale == 1.0:
+        return rgb
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    return cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)

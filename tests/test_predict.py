@@ -1,0 +1,161 @@
+"""capsmed predict: the training preprocessing replayed on raw files gives exactly the
+dataset's patches, so its scores are bit-equal to evaluate's on the same samples."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+from capsmed.data.configs.diaretdb1 import Diaretdb1Config
+from capsmed.data.contract import load_split
+from capsmed.data.sources.diaretdb1 import preprocess_diaretdb1
+from capsmed.data.synth.diaretdb1 import write_diaretdb1
+from capsmed.evaluate.evaluation import evaluated_split, predict_scores
+from capsmed.evaluate.metrics import class_probabilities
+from capsmed.predict.config import Overrides, PredictOptions
+from capsmed.predict.engine import predict
+from capsmed.train.checkpoint import load_checkpoint
+from capsmed.train.config import TrainConfig
+from capsmed.train.engine import train
+from tests.helpers import TINY_CAPSNET
+
+runner = CliRunner()
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tupac_runs(tiny_h5, tmp_path_factory):
+    """A LeNet (softmax scores) and a tiny CapsNet (capsule lengths) on ``tiny_h5``."""
+    root = tmp_path_factory.mktemp("predict-runs")
+    lenet = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                              seed=1, out=str(root / "lenet")), disable_progress=True)
+    capsnet = train(TrainConfig(data=str(tiny_h5), arch="capsnet", epochs=1, batch_size=16,
+                                seed=1, model_kwargs=dict(TINY_CAPSNET),
+                                out=str(root / "capsnet")), disable_progress=True)
+    return {"lenet": lenet, "capsnet": capsnet}
+
+
+def _evaluate_scores(run_dir: Path, data: Path, batch_size: int):
+    """What ``capsmed evaluate`` scores: its samples, through its scoring function."""
+    split = evaluated_split(run_dir, data, "test")
+    with_meta = load_split(data, "test", with_meta=True)  # the same rows, and where from
+    assert np.array_equal(split.images, with_meta.images)
+    model, meta = load_checkpoint(run_dir, CPU)
+    raw = predict_scores(model, split.images, CPU, batch_size)
+    return with_meta, class_probabilities(raw, meta["loss_kind"])[0]
+
+
+def _centres_csv(path: Path, raw_dir: Path, split) -> list[Path]:
+    """The split's window centres as predict's --centres CSV; the inputs in split order."""
+    sources = split.meta["source"]
+    with open(path, "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(["input", "x", "y"])
+        for source, row, col in zip(sources, split.meta["row"], split.meta["col"], strict=True):
+            out.writerow([str(raw_dir / source), int(col), int(row)])
+    return [raw_dir / s for s in dict.fromkeys(sources)]
+
+
+def _predicted(result) -> np.ndarray:
+    return np.concatenate([r.scores for r in result.results])
+
+
+@pytest.mark.parametrize("arch", ["lenet", "capsnet"])
+def test_tupac16_predict_on_raw_images_equals_evaluate_bit_for_bit(tupac_runs, tiny_raw,
+                                                                    tiny_h5, tmp_path, arch):
+    run_dir = tupac_runs[arch]
+    split, expected = _evaluate_scores(run_dir, tiny_h5, batch_size=6)
+    inputs = _centres_csv(tmp_path / "centres.csv", tiny_raw, split)
+    # several images, several batches, a batch spanning two images
+    assert len(inputs) >= 2 and len(split) > 6 and len(split) % 6
+    result = predict(run_dir, inputs, tmp_path / "out", PredictOptions(
+        centres=tmp_path / "centres.csv", batch_size=6, device="cpu"))
+    got = _predicted(result)
+    assert got.shape == expected.shape and np.ptp(expected[:, 1]) > 0
+    assert np.array_equal(got, expected)  # bit-equal, not close
+    xs = np.concatenate([r.x for r in result.results])
+    assert np.array_equal(xs, split.meta["col"])
+    # the CSV holds the same windows and scores
+    with open(tmp_path / "out" / "predictions.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(split)
+    assert np.allclose([float(r["score_mitosis"]) for r in rows], expected[:, 1], rtol=1e-5)
+
+
+def test_another_h_max_changes_the_scores(tupac_runs, tiny_raw, tiny_h5, tmp_path):
+    """The control: the equality above needs the recorded preprocessing."""
+    run_dir = tupac_runs["lenet"]
+    split, expected = _evaluate_scores(run_dir, tiny_h5, batch_size=16)
+    inputs = _centres_csv(tmp_path / "centres.csv", tiny_raw, split)
+    record = json.loads((run_dir / "preprocessing.json").read_text())
+    record["preprocessing"]["h_max"] *= 2
+    other = tmp_path / "run"
+    other.mkdir()
+    for name in ("checkpoint.json", "checkpoint.safetensors"):
+        (other / name).write_bytes((run_dir / name).read_bytes())
+    (other / "preprocessing.json").write_text(json.dumps(record))
+    result = predict(other, inputs, tmp_path / "out", PredictOptions(
+        centres=tmp_path / "centres.csv", batch_size=16, device="cpu"))
+    assert not np.allclose(_predicted(result), expected)
+
+
+def test_diaretdb1_predict_on_raw_photographs_equals_evaluate(tmp_path):
+    raw = tmp_path / "ddb1"
+    write_diaretdb1(raw, images=6, size=(320, 256), seed=2, disable_progress=True)
+    data = preprocess_diaretdb1(raw, tmp_path / "d.h5", Diaretdb1Config(
+        patch_size=64, stride=32, workers=1, val_fraction=0.3), disable_progress=True)
+    run_dir = train(TrainConfig(data=str(data), arch="lenet", epochs=1, batch_size=16, seed=0,
+                                out=str(tmp_path / "run")), disable_progress=True)
+    split, expected = _evaluate_scores(run_dir, data, batch_size=32)
+    inputs = _centres_csv(tmp_path / "centres.csv", raw, split)
+    fov = raw / "resources/images/ddb1_fundusmask/fmask.tif"
+    result = predict(run_dir, inputs, tmp_path / "out", PredictOptions(
+        centres=tmp_path / "centres.csv", batch_size=32, device="cpu",
+        overrides=Overrides(fov_mask=fov)))
+    assert np.array_equal(_predicted(result), expected) and np.ptp(expected[:, 1]) > 0
+
+
+def test_predict_on_a_folder_writes_csv_heatmaps_geojson_and_summary(tupac_runs, tiny_raw,
+                                                                     tmp_path):
+    out = tmp_path / "pred"
+    result = runner.invoke(app, ["-q", "predict", str(tupac_runs["lenet"]), str(tiny_raw),
+                                 "-o", str(out), "--device", "cpu", "--threshold", "0"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["inputs"] == 10 and summary["failed"] == []
+    assert summary["windows"] == summary["positives"] > 0  # threshold 0: every window
+    assert sorted(p.name for p in (out / "heatmaps").iterdir())[0] == "01_01.png"
+    assert len(list((out / "geojson").iterdir())) == 10
+    features = json.loads((out / "geojson" / "01_01.geojson").read_text())["features"]
+    assert features and features[0]["properties"]["classification"]["name"] == "mitosis"
+    with open(out / "predictions.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == summary["windows"]
+    assert {r["predicted"] for r in rows} <= {"mitosis", "non-mitosis"}
+    # a threshold above every score: empty FeatureCollections, still one per input
+    high = runner.invoke(app, ["-q", "predict", str(tupac_runs["lenet"]), str(tiny_raw),
+                               "-o", str(tmp_path / "high"), "--device", "cpu",
+                               "--threshold", "2"])
+    assert high.exit_code == 0, high.output
+    empty = json.loads((tmp_path / "high" / "geojson" / "01_01.geojson").read_text())
+    assert empty == {"type": "FeatureCollection", "features": []}
+
+
+def test_predict_works_after_the_dataset_file_is_gone(tupac_runs, tiny_h5, tiny_raw,
+                                                      tmp_path):
+    run_dir = tupac_runs["lenet"]
+    moved = tmp_path / "moved.h5"
+    tiny_h5.rename(moved)
+    try:
+        result = predict(run_dir, [tiny_raw / "mitoses_image_data_part_1"], tmp_path / "out",
+                         PredictOptions(device="cpu"))
+    finally:
+        moved.rename(tiny_h5)
+    assert result.results and result.per_input[0]["windows"] > 0
