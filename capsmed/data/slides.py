@@ -122,12 +122,18 @@ def tissue_fractions(mask: np.ndarray, dims0: tuple[int, int], xs: np.ndarray,
     return total / ((y1 - y0)[:, None] * (x1 - x0)[None, :])
 
 
+def on_white(region: Any) -> np.ndarray:
+    """An RGBA region (what ``read_region`` returns) as RGB uint8 composited on white:
+    OpenSlide gives transparent pixels outside the scanned area."""
+    rgba = np.asarray(region, dtype=np.uint16)
+    alpha = rgba[..., 3:4]
+    return ((rgba[..., :3] * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.uint8)
+
+
 def read_tile(slide: Any, x: int, y: int, res: Resolution, out_size: int) -> np.ndarray:
     """One tile as RGB uint8 (out_size, out_size, 3); transparent pixels become white."""
-    rgba = np.asarray(slide.read_region((int(x), int(y)), res.level,
-                                        (res.read_size, res.read_size)), dtype=np.uint16)
-    alpha = rgba[..., 3:4]
-    rgb = ((rgba[..., :3] * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.uint8)
+    rgb = on_white(slide.read_region((int(x), int(y)), res.level,
+                                     (res.read_size, res.read_size)))
     if res.read_size != out_size:
         rgb = cv2.resize(rgb, (out_size, out_size), interpolation=cv2.INTER_AREA)
     return rgb

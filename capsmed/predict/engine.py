@@ -69,6 +69,7 @@ class _Open:
     closed: bool = False
     error: str | None = None
     scores: list[np.ndarray] = field(default_factory=list)
+    centres: list[np.ndarray] = field(default_factory=list)
 
     @property
     def scored(self) -> int:
@@ -159,7 +160,7 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
         raise CapsmedError(f"--centres applies to patch and slide runs; a {record.dataset} "
                            "run predicts one class per image")
     centres = read_centres(opts.centres) if opts.centres is not None else {}
-    items = gather_inputs(inputs, slides=record.dataset == "wsi")
+    items = gather_inputs(inputs, slides=getattr(recipe, "slides", True))
     if centres:
         unmatched = set(centres) - {k for i in items
                                     for k in (i.name, i.path.as_posix(), i.path.name)}
@@ -208,14 +209,15 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
         overall = progress.add_task("inputs", total=len(items))
         windows = progress.add_task("windows", total=None)
         for item in items:
-            entry = _Open(item, Prepared((0, 0), 0.0, np.empty((0, 2), np.int64), iter(())))
+            entry = _Open(item, Prepared((0, 0), 0.0, iter(()), 0))
             queue.append(entry)
             try:
                 entry.prepared = recipe.prepare(item.path, centres_for(centres, item)
                                                 if centres else None)
-                progress.reset(windows, total=len(entry.prepared.centres),
+                progress.reset(windows, total=entry.prepared.expected,
                                description=item.path.name[:30])
-                for chunk in entry.prepared.chunks:
+                for chunk, xy in entry.prepared.chunks:
+                    entry.centres.append(xy)
                     entry.pushed += len(chunk)
                     deliver(scorer.push(chunk))
                     progress.advance(windows, len(chunk))
@@ -242,8 +244,9 @@ def _finish(entry: _Open, meta: dict[str, Any], record: DatasetRecord, class_ind
     raw = (np.concatenate(entry.scores) if entry.scores
            else np.empty((0, len(record.class_names)), np.float32))
     probabilities, _ = class_probabilities(raw, meta["loss_kind"])
-    result = InputResult(name=entry.item.name, size=p.size, x=p.centres[:, 0],
-                         y=p.centres[:, 1], footprint=p.footprint, scores=probabilities,
+    xy = np.concatenate(entry.centres) if entry.centres else np.empty((0, 2), np.int64)
+    result = InputResult(name=entry.item.name, size=p.size, x=xy[:, 0],
+                         y=xy[:, 1], footprint=p.footprint, scores=probabilities,
                          thumbnail=p.thumbnail, windowed=p.windowed)
     for k in result.predicted.tolist():
         done.counts[record.class_names[k]] += 1

@@ -17,7 +17,6 @@ centres are (x, y) in the input's level-0 pixels.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from capsmed.data.record import DatasetRecord
 from capsmed.data.stains import hematoxylin_channel, tissue_mask
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides
-from capsmed.predict.windows import CHUNK, Prepared, thumbnail
+from capsmed.predict.windows import Prepared, in_chunks, thumbnail
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +66,6 @@ def _given_rc(path: Path, centres: np.ndarray, h: int, w: int) -> np.ndarray:
     return rc
 
 
-def _patches(channel: np.ndarray, rc: np.ndarray, size: int, out: int) -> Iterator[np.ndarray]:
-    for start in range(0, len(rc), CHUNK):
-        yield resize_patches(extract_patches(channel, rc[start:start + CHUNK], size), out)[:, None]
-
-
 class PatchRecipe:
     """Windows over one image of a patch-level source (TUPAC16, DIARETDB1)."""
 
@@ -90,7 +84,16 @@ class PatchRecipe:
         """The model's channel, the mask windows must cover, the share they need, notes."""
         raise NotImplementedError
 
+    slides = False  # whether whole slides can be read region by region
+
     def prepare(self, path: Path, centres: np.ndarray | None) -> Prepared:
+        from capsmed.predict.slides import SlideWindows, is_slide
+
+        if is_slide(path):
+            if not self.slides:
+                raise CapsmedError(f"{path}: a whole slide, but a {self.record.dataset} run "
+                                   "predicts on photographs (PNG, JPEG, TIFF)")
+            return SlideWindows(self, self.overrides).prepare(path, centres)
         rgb = read_rgb(path)
         h, w = rgb.shape[:2]
         if h < self.size or w < self.size:
@@ -102,13 +105,20 @@ class PatchRecipe:
             rc = rc[window_fraction(mask, rc, self.size) >= needed] if len(rc) else rc
         else:
             rc = _given_rc(path, centres, h, w)
-        return Prepared(size=(w, h), footprint=float(self.size), centres=rc[:, ::-1].copy(),
-                        chunks=_patches(channel, rc, self.size, self.out),
-                        thumbnail=thumbnail(rgb), notes=notes)
+        return Prepared(size=(w, h), footprint=float(self.size),
+                        chunks=in_chunks(rc[:, ::-1].copy(), lambda xy: self.cut(channel, xy)),
+                        expected=len(rc), thumbnail=thumbnail(rgb), notes=notes)
+
+    def cut(self, channel: np.ndarray, xy: np.ndarray) -> np.ndarray:
+        """The model inputs (K, 1, out, out) of windows centred on ``xy`` (x, y)."""
+        patches = extract_patches(channel, xy[:, ::-1], self.size)
+        return resize_patches(patches, self.out)[:, None]
 
 
 class HematoxylinPatches(PatchRecipe):
     """TUPAC16: the hematoxylin channel, windows with enough tissue."""
+
+    slides = True
 
     def channel_and_mask(self, path: Path, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                      float, dict[str, Any]]:
@@ -163,6 +173,7 @@ class WholeImage:
     """Image-level sources: one prediction per image, converted as in training."""
 
     windowed = False
+    slides = False
 
     def __init__(self, record: DatasetRecord, overrides: Overrides) -> None:
         self.record = record
@@ -199,9 +210,10 @@ class WholeImage:
 
     def prepare(self, path: Path, centres: np.ndarray | None) -> Prepared:
         image, (w, h) = self.convert(path)
+        centre = np.array([[w // 2, h // 2]], dtype=np.int64)
         return Prepared(size=(w, h), footprint=float(max(w, h)),
-                        centres=np.array([[w // 2, h // 2]], dtype=np.int64),
-                        chunks=iter([np.ascontiguousarray(image)[None]]), windowed=False)
+                        chunks=iter([(np.ascontiguousarray(image)[None], centre)]),
+                        expected=1, windowed=False)
 
 
 def _listless(value: Any) -> Any:
@@ -216,6 +228,8 @@ def make_recipe(record: DatasetRecord, overrides: Overrides) -> Any:
     if overrides.min_tissue is not None and not 0.0 <= overrides.min_tissue <= 1.0:
         raise CapsmedError(f"--min-tissue must be within [0, 1], got {overrides.min_tissue}")
     kind, p = record.dataset, record.preprocessing
+    if overrides.fov_mask is not None and kind != "diaretdb1":
+        raise CapsmedError(f"--fov-mask applies to diaretdb1 runs, not {kind}")
     if kind == "tupac16":
         return HematoxylinPatches(record, overrides)
     if kind == "diaretdb1":
@@ -224,8 +238,6 @@ def make_recipe(record: DatasetRecord, overrides: Overrides) -> Any:
         from capsmed.predict.slides import SlideTiles
 
         return SlideTiles(record, overrides)
-    if overrides.fov_mask is not None:
-        raise CapsmedError(f"--fov-mask applies to diaretdb1 runs, not {kind}")
     if kind == "multimnist":
         raise CapsmedError("a multimnist run names two overlapping digits per image; "
                            "predict handles single-label runs")

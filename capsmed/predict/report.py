@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from capsmed.predict.engine import Prediction
@@ -13,8 +15,11 @@ def summary_table(result: Prediction) -> Any:
     """Per input: windows, positives of the chosen class and the most frequent class."""
     from rich.table import Table
 
-    table = Table(title=f"positives: {result.class_name} >= {result.threshold:g}",
-                  title_justify="left")
+    inputs = [Path(r.name) for r in result.results]
+    root = Path(os.path.commonpath([p.parent for p in inputs])) if inputs else Path()
+    title = f"positives: {result.class_name} >= {result.threshold:g}"
+    table = Table(title=title, title_justify="left", caption_justify="left",
+                  caption=f"inputs under {root}/" if str(root) not in ("", ".") else None)
     table.add_column("input", overflow="fold", max_width=44)
     table.add_column("windows", justify="right")
     table.add_column("positives", justify="right")
@@ -25,7 +30,7 @@ def summary_table(result: Prediction) -> Any:
         for k in res.predicted.tolist():
             counts[k] = counts.get(k, 0) + 1
         top = max(counts, key=counts.get) if counts else None
-        table.add_row(row["input"][-44:], str(row["windows"]),
+        table.add_row(Path(row["input"]).relative_to(root).as_posix(), str(row["windows"]),
                       str(row.get("positives", "-")),
                       "-" if top is None else names[top])
     if len(result.results) > SHOWN:

@@ -11,19 +11,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from capsmed.data.configs.wsi import WsiConfig
+from capsmed.data.patches import grid_centres, window_fraction
 from capsmed.data.record import DatasetRecord
 from capsmed.data.slides import (
     Resolution,
+    SlideInfo,
     describe_slide,
+    on_white,
     open_slide,
     read_tile,
     tissue_fractions,
 )
-from capsmed.data.sources.wsi import choose_resolution, grid_edges, slide_mask
+from capsmed.data.sources.wsi import choose_resolution, grid_edges, slide_mask, tissue_mask
 from capsmed.data.stains import hematoxylin_channel
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides
@@ -52,10 +56,9 @@ class SlideTiles:
     """Tiles of a whole slide (or of a plain image opened as one), as in training."""
 
     windowed = True
+    slides = True
 
     def __init__(self, record: DatasetRecord, overrides: Overrides) -> None:
-        if overrides.fov_mask is not None:
-            raise CapsmedError("--fov-mask applies to diaretdb1 runs, not wsi")
         self.cfg = wsi_config(record, overrides)
         self.given_stride = overrides.stride is not None
 
@@ -83,17 +86,18 @@ class SlideTiles:
                  "stride": cfg.step, "min_tissue": cfg.min_tissue,
                  "mask_threshold": threshold, "tissue_share": float(mask.mean())}
         return Prepared(size=(w0, h0), footprint=footprint,
-                        centres=np.round(lefts + footprint / 2).astype(np.int64),
-                        chunks=self._tiles(path, lefts, res), thumbnail=picture, notes=notes)
+                        chunks=self._tiles(path, lefts, res, footprint),
+                        expected=len(lefts), thumbnail=picture, notes=notes)
 
-    def _tiles(self, path: Path, lefts: np.ndarray, res: Resolution) -> Iterator[np.ndarray]:
+    def _tiles(self, path: Path, lefts: np.ndarray, res: Resolution, footprint: float
+               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         import openslide
 
         cfg = self.cfg
         with open_slide(path) as slide:
             for start in range(0, len(lefts), CHUNK):
-                tiles = []
-                for x, y in lefts[start:start + CHUNK].tolist():
+                part, tiles = lefts[start:start + CHUNK], []
+                for x, y in part.tolist():
                     try:
                         rgb = read_tile(slide, x, y, res, cfg.out_size)
                     except (openslide.OpenSlideError, OSError, ValueError) as exc:
@@ -101,4 +105,125 @@ class SlideTiles:
                                            f"({type(exc).__name__}: {exc})") from None
                     tiles.append(hematoxylin_channel(rgb, cfg.h_max)[None]
                                  if cfg.stain == "hematoxylin" else rgb.transpose(2, 0, 1))
-                yield np.ascontiguousarray(np.stack(tiles))
+                yield (np.ascontiguousarray(np.stack(tiles)),
+                       np.round(part + footprint / 2).astype(np.int64))
+
+
+REGION = 2048  # side (level px) of the slide regions a patch-level run reads at a time
+BLUR_MARGIN = 8  # the tissue mask's box blur (15 px) reaches 7 px beyond a window
+SLIDE_ONLY = (".svs", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".dcm")
+
+
+def is_slide(path: Path) -> bool:
+    """A whole-slide file: a vendor format, or a TIFF with a pyramid (plain TIFF images,
+    such as TUPAC16's, are read whole)."""
+    suffix = path.suffix.lower()
+    if suffix in SLIDE_ONLY:
+        return True
+    if suffix not in (".tif", ".tiff"):
+        return False
+    import tifffile
+
+    try:
+        with tifffile.TiffFile(path) as tif:
+            return len(tif.series[0].levels) > 1
+    except Exception:  # a corrupt TIFF: the image reader reports it
+        return False
+
+
+def _level(info: SlideInfo, overrides: Overrides) -> int:
+    """The pyramid level a patch-level run reads: ``--level``, the level at ``--mpp``
+    (within 1%; patch runs do not resample), else 0."""
+    if overrides.level is not None:
+        if overrides.level >= len(info.level_downsamples):
+            raise CapsmedError(f"{info.path}: level {overrides.level} asked but the slide has "
+                               f"{len(info.level_downsamples)} level(s)")
+        return overrides.level
+    if overrides.mpp is None:
+        return 0
+    if info.mpp is None:
+        raise CapsmedError(f"{info.path}: --mpp given but the slide has no microns-per-pixel "
+                           "metadata; use --level")
+    for level, ds in enumerate(info.level_downsamples):
+        if abs(info.mpp * ds / overrides.mpp - 1) <= 0.01:
+            return level
+    shown = ", ".join(f"{info.mpp * d:.3g}" for d in info.level_downsamples)
+    raise CapsmedError(f"{info.path}: no level at {overrides.mpp} um/px (levels: {shown})")
+
+
+class SlideWindows:
+    """A patch-level recipe (TUPAC16) over a whole slide, region by region.
+
+    The slide is read at one level in :data:`REGION` px regions with a margin, and each
+    region goes through the recipe's own channel and tissue mask, so a window's pixels
+    are what the image recipe would cut from the same pixels. Regions without tissue in
+    the slide's thumbnail mask are not read.
+    """
+
+    def __init__(self, recipe: Any, overrides: Overrides) -> None:
+        self.recipe, self.overrides = recipe, overrides
+
+    def prepare(self, path: Path, centres: np.ndarray | None) -> Prepared:
+        info = describe_slide(path)
+        level = _level(info, self.overrides)
+        ds = info.level_downsamples[level]
+        w, h = info.level_dimensions[level]
+        size = self.recipe.size
+        if w < size or h < size:
+            raise CapsmedError(f"{path}: level {level} is {w}x{h} px, smaller than one "
+                               f"{size} px window")
+        given = centres is not None
+        rc = (np.round(np.asarray(centres, np.float64)[:, ::-1] / ds).astype(np.int64)
+              if given else grid_centres(h, w, size, self.recipe.stride))
+        if given and ((rc < 0).any() or (rc >= [h, w]).any()):
+            raise CapsmedError(f"{path}: a given centre lies outside the slide")
+        w0, h0 = info.dimensions
+        scale = min(1.0, THUMBNAIL_SIDE / max(w0, h0))
+        with open_slide(path) as slide:
+            picture = np.asarray(slide.get_thumbnail(
+                (max(1, round(w0 * scale)), max(1, round(h0 * scale)))).convert("RGB"))
+        # a coarse tissue mask, only to skip empty regions (the recipe's own mask decides)
+        tissue, _ = tissue_mask(picture, WsiConfig(slide_labels_csv="-"))
+        notes = {"level": level, "downsample": ds, "mpp": None if info.mpp is None
+                 else info.mpp * ds, "region": REGION}
+        return Prepared(size=(w0, h0), footprint=size * ds,
+                        chunks=self._regions(path, rc, level, ds, tissue, not given, (w, h)),
+                        expected=None, thumbnail=picture, notes=notes)
+
+    def _regions(self, path: Path, rc: np.ndarray, level: int, ds: float,
+                 tissue: np.ndarray, select: bool, extent: tuple[int, int]
+                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        import openslide
+
+        w, h = extent
+        margin = self.recipe.size // 2 + 1 + BLUR_MARGIN
+        key = rc // REGION
+        order = np.lexsort((key[:, 1], key[:, 0]))  # regions row-major, grid order inside
+        rc, key = rc[order], key[order]
+        starts = np.flatnonzero(np.r_[True, (np.diff(key, axis=0) != 0).any(axis=1)])
+        ty, tx = tissue.shape[0] / h, tissue.shape[1] / w
+        with open_slide(path) as slide:
+            for begin, end in zip(starts, [*starts[1:], len(rc)], strict=True):
+                top, left = (key[begin] * REGION - margin).tolist()
+                top, left = max(top, 0), max(left, 0)
+                bottom = min((key[begin][0] + 1) * REGION + margin, h)
+                right = min((key[begin][1] + 1) * REGION + margin, w)
+                seen = tissue[int(top * ty):int(np.ceil(bottom * ty)),
+                              int(left * tx):int(np.ceil(right * tx))]
+                if select and not seen.any():
+                    continue
+                try:
+                    region = slide.read_region((round(left * ds), round(top * ds)), level,
+                                               (right - left, bottom - top))
+                except (openslide.OpenSlideError, OSError, ValueError) as exc:
+                    raise CapsmedError(f"{path}: cannot read the region at x={left}, "
+                                       f"y={top}, level {level} ({type(exc).__name__}: "
+                                       f"{exc})") from None
+                channel, mask, needed, _ = self.recipe.channel_and_mask(path, on_white(region))
+                local = rc[begin:end] - [top, left]
+                if select:
+                    local = local[window_fraction(mask, local, self.recipe.size) >= needed]
+                if len(local):
+                    xy = local[:, ::-1] + [left, top]
+                    yield (self.recipe.cut(channel, local[:, ::-1].copy()),
+                           np.round(xy * ds).astype(np.int64))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,12 +15,13 @@ THUMBNAIL_SIDE = 1024  # long side of the picture under a heatmap
 
 @dataclass
 class Prepared:
-    """One input, read: its size, window centres and their model inputs in chunks."""
+    """One input, read: its size and its windows in chunks of (model inputs uint8
+    [n, C, H, W], centres int64 [n, 2] as (x, y) in level-0 px)."""
 
     size: tuple[int, int]  # (width, height), level-0 px
     footprint: float  # window side, level-0 px
-    centres: np.ndarray  # int64 (N, 2) as (x, y), level-0 px
-    chunks: Iterator[np.ndarray]  # uint8 [n, C, H, W], in centre order
+    chunks: Iterator[tuple[np.ndarray, np.ndarray]]
+    expected: int | None  # windows to come (None: found on the way, e.g. slide regions)
     thumbnail: np.ndarray | None = None
     windowed: bool = True
     notes: dict[str, Any] = field(default_factory=dict)
@@ -34,3 +35,11 @@ def thumbnail(rgb: np.ndarray) -> np.ndarray:
         return rgb
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     return cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
+
+
+def in_chunks(centres: np.ndarray, cut: Callable[[np.ndarray], np.ndarray]
+              ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(cut(part), part)`` for consecutive parts of :data:`CHUNK` centres."""
+    for start in range(0, len(centres), CHUNK):
+        part = centres[start:start + CHUNK]
+        yield cut(part), part

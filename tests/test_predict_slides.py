@@ -1,0 +1,93 @@
+"""capsmed predict on whole slides and on image-level runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tifffile
+from typer.testing import CliRunner
+
+try:  # openslide-python imports fine but raises if the C library cannot be loaded
+    import openslide  # noqa: F401
+except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machine
+    pytest.skip(f"openslide cannot load its C library ({exc}); install openslide-bin",
+                allow_module_level=True)
+
+from capsmed.cli import app
+from capsmed.data.configs.folder import FolderConfig
+from capsmed.data.sources.folder import preprocess_folder
+from capsmed.data.sources.wsi import WsiConfig, preprocess_wsi
+from capsmed.data.synth.folder import write_class_folders
+from capsmed.data.synth.tupac16 import render_tupac16_image
+from capsmed.data.synth.wsi import write_pyramid, write_wsi
+from capsmed.predict import slides
+from capsmed.predict.config import PredictOptions
+from capsmed.predict.engine import predict
+from capsmed.train.config import TrainConfig
+from capsmed.train.engine import train
+from tests.test_predict import _evaluate_scores, _predicted
+
+runner = CliRunner()
+
+
+def test_a_wsi_run_predicts_the_training_tiles_of_a_slide(tmp_path):
+    """Every tissue tile of the test slides, in the dataset's order: evaluate's scores."""
+    paths = write_wsi(tmp_path / "syn", slides=3, size=768, seed=1, levels=2,
+                      disable_progress=True)
+    data = preprocess_wsi(paths, tmp_path / "w.h5", WsiConfig(
+        tile_size=64, output_size=32, mask_downsample=8, workers=1, seed=0,
+        slide_labels_csv=str(tmp_path / "syn" / "slide_labels.csv"),
+        fractions={"train": 0.34, "val": 0.33, "test": 0.33}), disable_progress=True)
+    run_dir = train(TrainConfig(data=str(data), arch="lenet", epochs=1, batch_size=16, seed=0,
+                                out=str(tmp_path / "run")), disable_progress=True)
+    split, expected = _evaluate_scores(run_dir, data, batch_size=64)
+    slide_files = [next(p for p in paths if p.stem == s) for s in dict.fromkeys(split.groups)]
+    result = predict(run_dir, slide_files, tmp_path / "out",
+                     PredictOptions(batch_size=64, device="cpu"))
+    assert np.array_equal(_predicted(result), expected)
+    lefts = np.concatenate([r.x for r in result.results]) - 32
+    assert np.array_equal(lefts, split.meta["x"])
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["per_input"][0]["level"] == 0 and summary["per_input"][0]["tile_size"] == 64
+    assert (tmp_path / "out" / "heatmaps" / f"slides_{slide_files[0].stem}.png").is_file()
+
+
+def test_a_tupac16_run_over_a_slide_cuts_the_windows_of_the_same_image(tiny_h5, tmp_path,
+                                                                       monkeypatch):
+    """Read region by region (small regions here, so windows straddle several), a
+    pyramidal slide gives the windows and scores of the same pixels read as one image."""
+    run_dir = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                                seed=0, out=str(tmp_path / "run")), disable_progress=True)
+    rgb = render_tupac16_image(np.random.default_rng(4), 512).rgb
+    tifffile.imwrite(tmp_path / "image.tif", rgb)
+    write_pyramid(tmp_path / "slide.svs", rgb, mpp=0.25, levels=2, tile=128)
+    monkeypatch.setattr(slides, "REGION", 160)
+    options = PredictOptions(device="cpu", batch_size=32)
+    whole = predict(run_dir, [tmp_path / "image.tif"], tmp_path / "a", options).results[0]
+    tiled = predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "b", options).results[0]
+    order = np.lexsort((tiled.x, tiled.y))
+    assert len(whole.x) > 20 and np.array_equal(np.lexsort((whole.x, whole.y)),
+                                                np.arange(len(whole.x)))
+    assert np.array_equal(tiled.x[order], whole.x) and np.array_equal(tiled.y[order], whole.y)
+    assert np.allclose(tiled.scores[order], whole.scores, atol=1e-6)
+
+
+def test_a_folder_run_predicts_one_class_per_image(tmp_path):
+    write_class_folders(tmp_path / "shapes", classes=3, images_per_class=6, patients=3,
+                        size=40, seed=0, disable_progress=True)
+    data = preprocess_folder(tmp_path / "shapes", tmp_path / "f.h5",
+                             FolderConfig(size=32, workers=1, seed=0, fractions={
+                                 "train": 0.34, "val": 0.33, "test": 0.33}),
+                             disable_progress=True)
+    run_dir = train(TrainConfig(data=str(data), arch="lenet", epochs=1, batch_size=8, seed=0,
+                                out=str(tmp_path / "run")), disable_progress=True)
+    split, expected = _evaluate_scores(run_dir, data, batch_size=512)
+    files = [tmp_path / "shapes" / s for s in split.meta["source"]]
+    result = predict(run_dir, files, tmp_path / "out", PredictOptions(device="cpu"))
+    assert np.array_equal(_predicted(result), expected)
+    assert not (tmp_path / "out" / "heatmaps").exists()  # nothing to map for whole images
+    out = runner.invoke(app, ["-q", "predict", str(run_dir), str(files[0]), "-o",
+                              str(tmp_path / "c"), "--centres", str(tmp_path / "x.csv")])
+    assert out.exit_code == 1 and "--centres applies to patch and slide runs" in out.stderr
