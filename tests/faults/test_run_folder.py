@@ -56,8 +56,8 @@ def test_a_run_killed_in_its_first_epoch_resumes_to_the_same_result(toy_h5, tmp_
         train(_cfg(toy_h5, tmp_path / "cut"), disable_progress=True)
     monkeypatch.setattr(TrainStep, "__call__", original)
     cut = tmp_path / "cut"
-    assert sorted(p.name for p in cut.iterdir()) == ["config.yaml", "resume.pt",
-                                                     "train_indices.npy"]
+    assert sorted(p.name for p in cut.iterdir()) == ["config.yaml", "preprocessing.json",
+                                                     "resume.pt", "train_indices.npy"]
     resumed = resume(cut, disable_progress=True)
     assert _metrics(resumed) == _metrics(whole)
     a, b = (load_file(str(r / "checkpoint.safetensors")) for r in (whole, resumed))
