@@ -1,7 +1,9 @@
-"""The end-to-end demo behind ``make demo``: synth -> preprocess -> train -> evaluate.
+"""The end-to-end demo behind ``make demo``: synth -> preprocess -> train -> evaluate
+-> predict.
 
 It runs the real pipeline on synthetic TUPAC16 data in the official layout, trains
-the paper's CapsNet and LeNet briefly, and reports both on the held-out cases.
+the paper's CapsNet and LeNet briefly, reports both on the held-out cases, and applies
+the CapsNet to two new images (heatmaps and QuPath GeoJSON).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.evaluation import Evaluation, evaluate_run
+from capsmed.predict.config import PredictOptions
+from capsmed.predict.engine import predict
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +65,7 @@ def _claim_workdir(workdir: Path) -> None:
     if workdir.exists() and any(workdir.iterdir()) and not (workdir / MARKER).exists():
         raise CapsmedError(f"{workdir}: exists and was not made by capsmed demo; "
                            "choose another --workdir")
-    for stale in ("raw", "tupac16.h5", "runs"):
+    for stale in ("raw", "tupac16.h5", "runs", "new", "predictions"):
         target = workdir / stale
         if target.is_dir():
             shutil.rmtree(target)
@@ -72,7 +76,8 @@ def _claim_workdir(workdir: Path) -> None:
 
 
 def run_demo(cfg: DemoConfig = DemoConfig()) -> list[tuple[DemoRun, Evaluation]]:
-    """Run the whole pipeline; returns each trained run with its test-set evaluation."""
+    """Run the whole pipeline; returns each trained run with its test-set evaluation
+    (the first run's predictions on new images are in ``workdir/predictions``)."""
     from capsmed.data.sources.tupac16 import Tupac16Config, preprocess_tupac16
     from capsmed.data.synth.tupac16 import write_tupac16
     from capsmed.train.config import TrainConfig
@@ -80,18 +85,23 @@ def run_demo(cfg: DemoConfig = DemoConfig()) -> list[tuple[DemoRun, Evaluation]]
 
     workdir = Path(cfg.workdir)
     _claim_workdir(workdir)
-    log.info("1/4 synthesising %d TUPAC16 cases in the official layout", cfg.cases)
+    log.info("1/5 synthesising %d TUPAC16 cases in the official layout", cfg.cases)
     raw = write_tupac16(workdir / "raw", cases=cfg.cases, images_per_case=cfg.images_per_case,
                         size=cfg.size, seed=cfg.seed).root
-    log.info("2/4 preprocessing (hematoxylin channel, 100x100 patches -> 28x28)")
+    log.info("2/5 preprocessing (hematoxylin channel, 100x100 patches -> 28x28)")
     data = preprocess_tupac16(raw, workdir / "tupac16.h5", Tupac16Config(
         positives_per_mitosis=cfg.positives_per_mitosis, seed=cfg.seed))
     evaluations = []
     for run in cfg.runs:
-        log.info("3/4 training %s for %d epochs", run.arch, run.epochs)
+        log.info("3/5 training %s for %d epochs", run.arch, run.epochs)
         run_dir = train(TrainConfig(data=str(data), arch=run.arch, epochs=run.epochs,
                                     batch_size=cfg.batch_size, seed=cfg.seed,
                                     out=str(workdir / "runs" / run.arch)))
         evaluations.append((run, evaluate_run(run_dir, split="test")))
-    log.info("4/4 evaluated on the held-out test cases")
+    log.info("4/5 evaluated on the held-out test cases")
+    new = write_tupac16(workdir / "new", cases=1, images_per_case=2, size=cfg.size,
+                        seed=cfg.seed + 1000).root
+    log.info("5/5 predicting with %s on 2 new images", cfg.runs[0].arch)
+    predict(workdir / "runs" / cfg.runs[0].arch, [new], workdir / "predictions",
+            PredictOptions())
     return evaluations

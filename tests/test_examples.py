@@ -47,3 +47,16 @@ def test_custom_pipeline_example(tmp_path):
     assert result.exit_code == 0, result.output
     study = json.loads((tmp_path / "report" / "study.json").read_text())
     assert study[0]["runs"] == 4 and len(study[0]["cells"]) == 4
+
+
+@pytest.mark.slow
+def test_predict_slides_example(tmp_path, capsys):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import predict_slides
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    summary = predict_slides.main(tmp_path, epochs=1, size=1024)
+    assert summary["inputs"] == 1 and summary["windows"] > 0 and not summary["failed"]
+    assert (tmp_path / "predictions" / "geojson" / "slides_slide_005.geojson").is_file()
+    assert "tumour tiles" in capsys.readouterr().out

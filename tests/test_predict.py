@@ -142,8 +142,9 @@ def test_predict_on_a_folder_writes_csv_heatmaps_geojson_and_summary(tupac_runs,
     # a threshold above every score: empty FeatureCollections, still one per input
     high = runner.invoke(app, ["-q", "predict", str(tupac_runs["lenet"]), str(tiny_raw),
                                "-o", str(tmp_path / "high"), "--device", "cpu",
-                               "--threshold", "2"])
+                               "--threshold", "2", "--no-heatmaps"])
     assert high.exit_code == 0, high.output
+    assert not (tmp_path / "high" / "heatmaps").exists()
     empty = json.loads((tmp_path / "high" / "geojson" / "01_01.geojson").read_text())
     assert empty == {"type": "FeatureCollection", "features": []}
 

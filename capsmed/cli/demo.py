@@ -16,7 +16,8 @@ def demo(
     seed: int = typer.Option(None, help="Seed for data, split and training [0]."),
     cases: int = typer.Option(None, help="Synthetic cases [14]."),
 ) -> None:
-    """Synthesise TUPAC16 -> preprocess -> train capsnet and lenet -> per-class reports."""
+    """Synthesise TUPAC16 -> preprocess -> train capsnet and lenet -> per-class reports
+    -> predictions on new images."""
     from rich.columns import Columns
     from rich.console import Console
 
@@ -29,3 +30,5 @@ def demo(
     for _, e in evaluations:
         console.print(f"{e.title}: report in {e.report_dir}/, curves in "
                       f"{e.report_dir.parent / 'curves.png'}")
+    console.print(f"predictions on new images (CSV, heatmaps, QuPath GeoJSON) in "
+                  f"{workdir / 'predictions'}/")

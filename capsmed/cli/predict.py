@@ -43,6 +43,8 @@ def predict(
     device: str = option(PredictOptions, "device", "auto, cpu, cuda, mps"),
     data: Path = typer.Option(None, help="The run's dataset .h5, for runs trained before "
                               "runs kept preprocessing.json."),
+    heatmaps: bool = typer.Option(True, "--heatmaps/--no-heatmaps", help="Draw a heatmap "
+                                  "PNG per input (about half a second each)."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable inputs "
                                     "(listed in summary.json; exit code 1) instead of "
                                     "stopping with nothing written."),
@@ -58,7 +60,8 @@ def predict(
     options = PredictOptions(
         overrides=Overrides(stride=stride, min_tissue=min_tissue, level=level, mpp=mpp,
                             fov_mask=fov_mask),
-        class_name=class_name, centres=centres, data=data, keep_going=keep_going,
+        class_name=class_name, centres=centres, data=data, heatmaps=heatmaps,
+        keep_going=keep_going,
         overwrite=overwrite, **only_set(threshold=threshold, shape=shape,
                                         batch_size=batch_size, device=device))
     result = run_predict(run_dir, inputs, out, options)

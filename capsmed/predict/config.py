@@ -43,6 +43,7 @@ class PredictOptions:
         device: ``auto``, ``cpu``, ``cuda``, ``mps``.
         centres: CSV of ``input,x,y`` window centres to score instead of a grid.
         data: The run's dataset file, for runs without ``preprocessing.json``.
+        heatmaps: Draw a heatmap PNG per input (about half a second each).
         keep_going: Skip unreadable inputs (listed in summary.json) instead of stopping.
         overwrite: Replace an existing output folder.
         disable_progress: Hide progress bars (None: the global setting).
@@ -56,6 +57,7 @@ class PredictOptions:
     device: str = "auto"
     centres: Path | None = None
     data: Path | None = None
+    heatmaps: bool = True
     keep_going: bool = False
     overwrite: bool = False
     disable_progress: bool | None = None

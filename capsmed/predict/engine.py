@@ -256,15 +256,16 @@ def _finish(entry: _Open, meta: dict[str, Any], record: DatasetRecord, class_ind
         done.positives += hits
         heatmap = Path("heatmaps") / f"{entry.item.stem}.png"
         features = Path("geojson") / f"{entry.item.stem}.geojson"
-        for folder in ("heatmaps", "geojson"):
+        for folder in ("heatmaps", "geojson") if opts.heatmaps else ("geojson",):
             (staging / folder).mkdir(exist_ok=True)
         write_geojson(staging / features, geojson(result, record.class_names, class_index,
                                                   opts.threshold, opts.shape))
-        if len(raw):
+        drawn = opts.heatmaps and len(raw) > 0
+        if drawn:
             write_heatmap(staging / heatmap, result, record.class_names, class_index,
                           opts.threshold)
         extra.update(positives=hits, geojson=str(features),
-                     heatmap=str(heatmap) if len(raw) else None)
+                     heatmap=str(heatmap) if drawn else None)
     result.thumbnail = None  # the CSV needs none; a folder of images must not pile them up
     done.results.append(result)
     done.per_input.append(extra)
