@@ -121,8 +121,9 @@ def main() -> None:
     args.results.parent.mkdir(parents=True, exist_ok=True)
     with open(args.results, "a", encoding="utf-8") as fh:
         for r in rows:
-            fh.write(json.dumps({"device": device_name(device), "torch": torch.__version__,
-                                 "batch": args.batch_size, **r}) + "\n")
+            fh.write(json.dumps({"part": "predict", "device": device_name(device),
+                                 "torch": torch.__version__, "batch": args.batch_size,
+                                 **r}) + "\n")
 
 
 if __name__ == "__main__":

@@ -194,3 +194,14 @@ def test_an_unusable_executor_is_refused_before_anything_runs(tmp_path, monkeypa
     assert result.exit_code == 1 and message in result.stderr, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and not (tmp_path / "out").exists()
+
+
+def test_estimates_skip_result_lines_that_are_not_training_figures(tmp_path):
+    from capsmed.pipeline.estimate import load_throughput
+
+    (tmp_path / "other.jsonl").write_text(
+        '{"device": "cpu", "arch": "lenet", "windows_per_s": 5}\n[1, 2]\n'
+        '{"device": "cpu (x86_64)", "arch": "lenet", "batch_size": 32, '
+        '"train_images_per_s": 900.0}\n')
+    table = load_throughput(gpu=False, results=tmp_path)
+    assert (32, 900.0, "cpu") in table["lenet"]

@@ -36,12 +36,14 @@ def load_throughput(gpu: bool, results: Path = RESULTS) -> dict[str, list[tuple[
                 row = json.loads(line)
             except ValueError:
                 continue
+            if not isinstance(row, dict):  # another tool's lines: not a training figure
+                continue
             if row.get("part") == "speed" and row.get("mode") == "eager-bf16" and gpu:
                 if "train_images_per_s" in row:
                     device = "H100" if "h100" in path.name else path.stem
                     table.setdefault(row["arch"], []).append(
                         (int(row["batch_size"]), float(row["train_images_per_s"]), device))
-            elif "device" in row and "part" not in row:
+            elif "device" in row and "part" not in row and "train_images_per_s" in row:
                 on_gpu = not str(row["device"]).startswith("cpu")
                 if on_gpu == gpu:
                     table.setdefault(row["arch"], []).append(

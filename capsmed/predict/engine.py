@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsmed.data.record import DatasetRecord, run_record
+from capsmed.data.record import RECORD, DatasetRecord, run_record
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.evaluation import predict_scores
@@ -41,6 +41,7 @@ from capsmed.predict.recipes import make_recipe
 from capsmed.predict.windows import Prepared
 from capsmed.progress import make_progress
 from capsmed.train.checkpoint import load_checkpoint
+from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,9 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     device = select_device(opts.device)
     model, meta = load_checkpoint(run_dir, device)
     record = run_record(run_dir, opts.data or Path(meta["data"]))
+    if Path(record.origin).name != RECORD and (run_dir / CONFIG).is_file():
+        # the record comes from a dataset file: only the one the run was trained on
+        check_dataset_unchanged(read_run_config(run_dir), run_dir, Path(record.origin))
     _check_model(record, meta, run_dir)
     recipe = make_recipe(record, opts.overrides)
     class_index = _class_index(record, opts.class_name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import h5py
 import pytest
 
 from tests.faults.common import assert_refused, invoke
@@ -69,6 +70,14 @@ def test_a_run_without_its_preprocessing_record_is_refused(lenet_run, images, tm
                                  extra=["--data", tiny_h5]))
     assert result.exit_code == 0, result.output
     assert json.loads((out / "summary.json").read_text())["preprocessing_from"] == str(tiny_h5)
+    # ... but only the dataset the run was trained on
+    other = tmp_path / "other.h5"
+    shutil.copy(tiny_h5, other)
+    with h5py.File(other, "a") as f:
+        f.attrs["created"] = "2000-01-01T00:00:00+00:00"
+    assert_refused(invoke(predict_args(run, images / "img0.tif", out=tmp_path / "o2",
+                                       extra=["--data", other])), other,
+                   text="changed since", absent=[tmp_path / "o2"])
 
 
 @pytest.mark.parametrize("extra, names, text", [
