@@ -24,11 +24,15 @@ from capsmed.data.slides import (
     describe_slide,
     on_white,
     open_slide,
-    read_tile,
     tissue_fractions,
 )
-from capsmed.data.sources.wsi import choose_resolution, grid_edges, slide_mask, tissue_mask
-from capsmed.data.stains import hematoxylin_channel
+from capsmed.data.sources.wsi import (
+    choose_resolution,
+    grid_edges,
+    read_tiles,
+    slide_mask,
+    tissue_mask,
+)
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides
 from capsmed.predict.windows import CHUNK, THUMBNAIL_SIDE, Prepared
@@ -91,21 +95,11 @@ class SlideTiles:
 
     def _tiles(self, path: Path, lefts: np.ndarray, res: Resolution, footprint: float
                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        import openslide
 
-        cfg = self.cfg
         with open_slide(path) as slide:
             for start in range(0, len(lefts), CHUNK):
-                part, tiles = lefts[start:start + CHUNK], []
-                for x, y in part.tolist():
-                    try:
-                        rgb = read_tile(slide, x, y, res, cfg.out_size)
-                    except (openslide.OpenSlideError, OSError, ValueError) as exc:
-                        raise CapsmedError(f"{path}: cannot read the tile at x={x}, y={y} "
-                                           f"({type(exc).__name__}: {exc})") from None
-                    tiles.append(hematoxylin_channel(rgb, cfg.h_max)[None]
-                                 if cfg.stain == "hematoxylin" else rgb.transpose(2, 0, 1))
-                yield (np.ascontiguousarray(np.stack(tiles)),
+                part = lefts[start:start + CHUNK]
+                yield (read_tiles(slide, path, part, res, self.cfg),
                        np.round(part + footprint / 2).astype(np.int64))
 
 

@@ -155,9 +155,28 @@ class BandResult:
     mask: dict[str, Any]
 
 
+def read_tiles(slide: Any, path: Path, lefts: np.ndarray, res: Resolution,
+               cfg: WsiConfig) -> np.ndarray:
+    """The dataset images [n, C, out, out] uint8 of the tiles whose level-0 top-left
+    corners are ``lefts`` (n, 2) as (x, y): read, resized, RGB or hematoxylin."""
+    import openslide
+
+    images = []
+    for x, y in np.asarray(lefts).reshape(-1, 2).tolist():
+        try:
+            rgb = read_tile(slide, x, y, res, cfg.out_size)
+        except (openslide.OpenSlideError, OSError, ValueError) as exc:
+            raise CapsmedError(f"{path}: cannot read the tile at x={x}, y={y}, level "
+                               f"{res.level} ({type(exc).__name__}: {exc})") from None
+        images.append(hematoxylin_channel(rgb, cfg.h_max)[None]
+                      if cfg.stain == "hematoxylin" else rgb.transpose(2, 0, 1))
+    channels = 1 if cfg.stain == "hematoxylin" else 3
+    return (np.stack(images) if images else
+            np.empty((0, channels, cfg.out_size, cfg.out_size), dtype=np.uint8))
+
+
 def process_band(job: _Band) -> BandResult:
     """Mask, keep, label and read the tiles of one band (runs in a worker process)."""
-    import openslide
 
     cfg, info, res = job.cfg, job.info, job.res
     mask, threshold = slide_mask(info, cfg)
@@ -179,19 +198,8 @@ def process_band(job: _Band) -> BandResult:
         counts["background_tiles"] = int(unlabelled.sum())
         labels = np.where(unlabelled, job.labels.class_index.get(cfg.background_class, -1),
                           labels)
-    images = []
     with open_slide(Path(info.path)) as slide:
-        for x, y in coords.tolist():
-            try:
-                rgb = read_tile(slide, x, y, res, cfg.out_size)
-            except (openslide.OpenSlideError, OSError, ValueError) as exc:
-                raise CapsmedError(f"{info.path}: cannot read the tile at x={x}, y={y}, level "
-                                   f"{res.level} ({type(exc).__name__}: {exc})") from None
-            images.append(hematoxylin_channel(rgb, cfg.h_max)[None]
-                          if cfg.stain == "hematoxylin" else rgb.transpose(2, 0, 1))
-    channels = 1 if cfg.stain == "hematoxylin" else 3
-    stack = (np.stack(images) if images else
-             np.empty((0, channels, cfg.out_size, cfg.out_size), dtype=np.uint8))
+        stack = read_tiles(slide, Path(info.path), coords, res, cfg)
     return BandResult(stack, labels.astype(np.int64), coords, tissue, counts, hit,
                       {"mask_shape": list(mask.shape), "mask_threshold": threshold,
                        "tissue_share": float(mask.mean())})
