@@ -42,14 +42,17 @@ def tupac_runs(tiny_h5, tmp_path_factory):
     return {"lenet": lenet, "capsnet": capsnet}
 
 
-def _evaluate_scores(run_dir: Path, data: Path, batch_size: int):
-    """What ``capsmed evaluate`` scores: its samples, through its scoring function."""
+def _evaluate_scores(run_dir: Path, data: Path, batch_size: int, with_meta: bool = True):
+    """What ``capsmed evaluate`` scores: its samples (with the split's meta, when the
+    run tests on a whole split), through its scoring function."""
     split = evaluated_split(run_dir, data, "test")
-    with_meta = load_split(data, "test", with_meta=True)  # the same rows, and where from
-    assert np.array_equal(split.images, with_meta.images)
     model, meta = load_checkpoint(run_dir, CPU)
     raw = predict_scores(model, split.images, CPU, batch_size)
-    return with_meta, class_probabilities(raw, meta["loss_kind"])[0]
+    if with_meta:
+        whole = load_split(data, "test", with_meta=True)  # the same rows, and where from
+        assert np.array_equal(split.images, whole.images)
+        split = whole
+    return split, class_probabilities(raw, meta["loss_kind"])[0]
 
 
 def _centres_csv(path: Path, raw_dir: Path, split) -> list[Path]:
@@ -160,3 +163,30 @@ def test_predict_works_after_the_dataset_file_is_gone(tupac_runs, tiny_h5, tiny_
     finally:
         moved.rename(tiny_h5)
     assert result.results and result.per_input[0]["windows"] > 0
+
+
+def test_the_estimated_field_of_view_matches_the_released_mask(tmp_path):
+    from capsmed.data.sources.diaretdb1_layout import read_fundus_mask, read_rgb_png
+    from capsmed.predict.recipes import estimate_fov
+
+    raw = tmp_path / "ddb1"
+    write_diaretdb1(raw, images=2, size=(320, 256), seed=5, disable_progress=True)
+    mask = read_fundus_mask(raw / "resources/images/ddb1_fundusmask/fmask.tif")
+    for png in sorted((raw / "resources/images/ddb1_fundusimages").glob("*.png")):
+        fov = estimate_fov(read_rgb_png(png))
+        iou = (fov & mask).sum() / (fov | mask).sum()
+        assert iou > 0.95, (png.name, iou)
+    assert not estimate_fov(np.zeros((32, 32, 3), np.uint8)).any()
+
+
+def test_inputs_get_distinct_output_names(tmp_path):
+    from capsmed.predict.inputs import gather_inputs
+
+    for case in ("01", "02"):
+        (tmp_path / "a" / case).mkdir(parents=True)
+        (tmp_path / "a" / case / "01.tif").write_bytes(b"x")
+    (tmp_path / "b" / "01").mkdir(parents=True)
+    (tmp_path / "b" / "01" / "01.png").write_bytes(b"x")
+    items = gather_inputs([tmp_path / "a", tmp_path / "b", tmp_path / "a" / "01" / "01.tif"],
+                          slides=False)
+    assert [i.stem for i in items] == ["01_01", "02_01", "01_01-2"]  # the repeat is dropped

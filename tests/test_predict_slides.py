@@ -16,9 +16,13 @@ except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machi
                 allow_module_level=True)
 
 from capsmed.cli import app
+from capsmed.data.configs.aml import AmlConfig
 from capsmed.data.configs.folder import FolderConfig
+from capsmed.data.contract import read_meta
+from capsmed.data.sources.aml import preprocess_aml
 from capsmed.data.sources.folder import preprocess_folder
 from capsmed.data.sources.wsi import WsiConfig, preprocess_wsi
+from capsmed.data.synth.aml import write_aml
 from capsmed.data.synth.folder import write_class_folders
 from capsmed.data.synth.tupac16 import render_tupac16_image
 from capsmed.data.synth.wsi import write_pyramid, write_wsi
@@ -91,3 +95,22 @@ def test_a_folder_run_predicts_one_class_per_image(tmp_path):
     out = runner.invoke(app, ["-q", "predict", str(run_dir), str(files[0]), "-o",
                               str(tmp_path / "c"), "--centres", str(tmp_path / "x.csv")])
     assert out.exit_code == 1 and "--centres applies to patch and slide runs" in out.stderr
+
+
+def test_an_aml_run_predicts_its_held_out_fold_from_the_tiffs(tmp_path):
+    """RGBA TIFFs of a cross-validation run's test fold: evaluate's scores, exactly."""
+
+    write_aml(tmp_path / "aml", per_class_scale=0.002, size=64, seed=0, min_per_class=5,
+              disable_progress=True)
+    data = preprocess_aml(tmp_path / "aml", tmp_path / "aml.h5",
+                          AmlConfig(size=28, workers=1), disable_progress=True)
+    run_dir = train(TrainConfig(data=str(data), arch="lenet", epochs=1, batch_size=16,
+                                fold=0, seed=0, out=str(tmp_path / "run")),
+                    disable_progress=True)
+    split, expected = _evaluate_scores(run_dir, data, batch_size=512, with_meta=False)
+    rows = np.load(run_dir / "test_indices.npy")  # the held-out fold
+    files = [tmp_path / "aml" / "AML-Cytomorphology" / s
+             for s in read_meta(data, "all", "source", rows)]
+    result = predict(run_dir, files, tmp_path / "out", PredictOptions(device="cpu"))
+    assert len(files) == len(split) > 5
+    assert np.array_equal(_predicted(result), expected)
