@@ -79,7 +79,7 @@ def test_tupac16_predict_on_raw_images_equals_evaluate_bit_for_bit(tupac_runs, t
     # several images, several batches, a batch spanning two images
     assert len(inputs) >= 2 and len(split) > 6 and len(split) % 6
     result = predict(run_dir, inputs, tmp_path / "out", PredictOptions(
-        centres=tmp_path / "centres.csv", batch_size=6, device="cpu"))
+        centres=tmp_path / "centres.csv", batch_size=6, device="cpu", heatmaps=False))
     got = _predicted(result)
     assert got.shape == expected.shape and np.ptp(expected[:, 1]) > 0
     assert np.array_equal(got, expected)  # bit-equal, not close
@@ -105,7 +105,7 @@ def test_another_h_max_changes_the_scores(tupac_runs, tiny_raw, tiny_h5, tmp_pat
         (other / name).write_bytes((run_dir / name).read_bytes())
     (other / "preprocessing.json").write_text(json.dumps(record))
     result = predict(other, inputs, tmp_path / "out", PredictOptions(
-        centres=tmp_path / "centres.csv", batch_size=16, device="cpu"))
+        centres=tmp_path / "centres.csv", batch_size=16, device="cpu", heatmaps=False))
     assert not np.allclose(_predicted(result), expected)
 
 
@@ -121,7 +121,7 @@ def test_diaretdb1_predict_on_raw_photographs_equals_evaluate(tmp_path):
     fov = raw / "resources/images/ddb1_fundusmask/fmask.tif"
     result = predict(run_dir, inputs, tmp_path / "out", PredictOptions(
         centres=tmp_path / "centres.csv", batch_size=32, device="cpu",
-        overrides=Overrides(fov_mask=fov)))
+        overrides=Overrides(fov_mask=fov), heatmaps=False))
     assert np.array_equal(_predicted(result), expected) and np.ptp(expected[:, 1]) > 0
 
 
@@ -159,7 +159,7 @@ def test_predict_works_after_the_dataset_file_is_gone(tupac_runs, tiny_h5, tiny_
     tiny_h5.rename(moved)
     try:
         result = predict(run_dir, [tiny_raw / "mitoses_image_data_part_1"], tmp_path / "out",
-                         PredictOptions(device="cpu"))
+                         PredictOptions(device="cpu", heatmaps=False))
     finally:
         moved.rename(tiny_h5)
     assert result.results and result.per_input[0]["windows"] > 0

@@ -68,7 +68,7 @@ def test_a_tupac16_run_over_a_slide_cuts_the_windows_of_the_same_image(tiny_h5, 
     tifffile.imwrite(tmp_path / "image.tif", rgb)
     write_pyramid(tmp_path / "slide.svs", rgb, mpp=0.25, levels=2, tile=128)
     monkeypatch.setattr(slides, "REGION", 160)
-    options = PredictOptions(device="cpu", batch_size=32)
+    options = PredictOptions(device="cpu", batch_size=32, heatmaps=False)
     whole = predict(run_dir, [tmp_path / "image.tif"], tmp_path / "a", options).results[0]
     tiled = predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "b", options).results[0]
     order = np.lexsort((tiled.x, tiled.y))
