@@ -190,3 +190,22 @@ def test_inputs_get_distinct_output_names(tmp_path):
     items = gather_inputs([tmp_path / "a", tmp_path / "b", tmp_path / "a" / "01" / "01.tif"],
                           slides=False)
     assert [i.stem for i in items] == ["01_01", "02_01", "01_01-2"]  # the repeat is dropped
+
+
+def test_a_light_digit_image_is_warned_about(tmp_path, caplog):
+    import cv2
+
+    from capsmed.data.record import DatasetRecord
+    from capsmed.predict.config import Overrides
+    from capsmed.predict.recipes import make_recipe
+
+    record = DatasetRecord("mnist", tuple("0123456789"), 1, (28, 28), {"seed": 0})
+    recipe = make_recipe(record, Overrides())
+    dark, light = np.zeros((56, 56), np.uint8), np.full((56, 56), 255, np.uint8)
+    dark[20:36, 26:30] = light[20:36, 26:30] = 128
+    for name, image in (("dark.png", dark), ("light.png", light)):
+        cv2.imwrite(str(tmp_path / name), image)
+        prepared = recipe.prepare(tmp_path / name, None)
+        images, centres = next(prepared.chunks)
+        assert images.shape == (1, 1, 28, 28) and centres.tolist() == [[28, 28]]
+    assert "light.png: mostly light" in caplog.text and "dark.png" not in caplog.text

@@ -27,7 +27,7 @@ from capsmed.data.synth.folder import write_class_folders
 from capsmed.data.synth.tupac16 import render_tupac16_image
 from capsmed.data.synth.wsi import write_pyramid, write_wsi
 from capsmed.predict import slides
-from capsmed.predict.config import PredictOptions
+from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
@@ -114,3 +114,16 @@ def test_an_aml_run_predicts_its_held_out_fold_from_the_tiffs(tmp_path):
     result = predict(run_dir, files, tmp_path / "out", PredictOptions(device="cpu"))
     assert len(files) == len(split) > 5
     assert np.array_equal(_predicted(result), expected)
+
+
+def test_a_tupac16_run_warns_when_a_slide_is_read_at_another_scale(tiny_h5, tmp_path, caplog):
+    run_dir = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                                seed=0, out=str(tmp_path / "run")), disable_progress=True)
+    rgb = render_tupac16_image(np.random.default_rng(4), 256).rgb
+    write_pyramid(tmp_path / "slide.svs", rgb, mpp=0.25, levels=2, tile=128)
+    options = PredictOptions(device="cpu", heatmaps=False)
+    predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "a", options)
+    assert "another scale" not in caplog.text  # level 0: 0.25 um/px, as TUPAC16
+    predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "b",
+            PredictOptions(device="cpu", heatmaps=False, overrides=Overrides(level=1)))
+    assert "read at 0.5 um/px, but tupac16 images are 0.25 um/px" in caplog.text

@@ -193,6 +193,10 @@ class WholeImage:
         if kind in DIGIT_SETS:
             raw = read_image(path)
             image = convert_channels(to_uint8(raw, "full", path), 1)
+            if image.mean() > 127:  # the digit sets are light strokes on black
+                log.warning("%s: mostly light (mean %.0f of 255), but %s digits are light "
+                            "strokes on a black background; invert the image if its "
+                            "strokes are dark", path, image.mean(), kind)
             if image.shape[:2] != self.shape:
                 image = resize_image(image, self.shape[0], keep_aspect=False)
             return image.transpose(2, 0, 1), (raw.shape[1], raw.shape[0])

@@ -8,6 +8,7 @@ training tiles were. Tiles are read chunk by chunk, so a slide never sits in mem
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
@@ -36,6 +37,8 @@ from capsmed.data.sources.wsi import (
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides
 from capsmed.predict.windows import CHUNK, THUMBNAIL_SIDE, Prepared
+
+log = logging.getLogger(__name__)
 
 
 def wsi_config(record: DatasetRecord, overrides: Overrides) -> WsiConfig:
@@ -104,6 +107,7 @@ class SlideTiles:
 
 
 REGION = 2048  # side (level px) of the slide regions a patch-level run reads at a time
+TRAINING_MPP = {"tupac16": 0.25}  # the sources' scanning resolution (TUPAC16: 40x)
 BLUR_MARGIN = 8  # the tissue mask's box blur (15 px) reaches 7 px beyond a window
 SLIDE_ONLY = (".svs", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".dcm")
 
@@ -180,6 +184,11 @@ class SlideWindows:
         tissue, _ = tissue_mask(picture, WsiConfig(slide_labels_csv="-"))
         notes = {"level": level, "downsample": ds, "mpp": None if info.mpp is None
                  else info.mpp * ds, "region": REGION}
+        trained = TRAINING_MPP.get(self.recipe.record.dataset)
+        if trained and notes["mpp"] and abs(notes["mpp"] / trained - 1) > 0.25:
+            log.warning("%s: read at %.3g um/px, but %s images are %.3g um/px; the model "
+                        "sees cells at another scale (choose --level or --mpp)", path,
+                        notes["mpp"], self.recipe.record.dataset, trained)
         return Prepared(size=(w0, h0), footprint=size * ds,
                         chunks=self._regions(path, rc, level, ds, tissue, not given, (w, h)),
                         expected=None, thumbnail=picture, notes=notes)
