@@ -164,7 +164,7 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
         raise CapsmedError(f"--centres applies to patch and slide runs; a {record.dataset} "
                            "run predicts one class per image")
     centres = read_centres(opts.centres) if opts.centres is not None else {}
-    items = gather_inputs(inputs, slides=getattr(recipe, "slides", True))
+    items = gather_inputs(inputs, slides=recipe.slides)
     if centres:
         unmatched = set(centres) - {k for i in items
                                     for k in (i.name, i.path.as_posix(), i.path.name)}

@@ -16,6 +16,7 @@ centres are (x, y) in the input's level-0 pixels.
 
 from __future__ import annotations
 
+import abc
 import logging
 from dataclasses import fields
 from pathlib import Path
@@ -66,8 +67,9 @@ def _given_rc(path: Path, centres: np.ndarray, h: int, w: int) -> np.ndarray:
     return rc
 
 
-class PatchRecipe:
-    """Windows over one image of a patch-level source (TUPAC16, DIARETDB1)."""
+class PatchRecipe(abc.ABC):
+    """Windows over one image of a patch-level source (TUPAC16, DIARETDB1); a subclass
+    says which channel the model sees and which mask windows must cover."""
 
     windowed = True
 
@@ -79,10 +81,10 @@ class PatchRecipe:
                                               or max(1, self.size // 2))
         self.overrides = overrides
 
+    @abc.abstractmethod
     def channel_and_mask(self, path: Path, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                      float, dict[str, Any]]:
         """The model's channel, the mask windows must cover, the share they need, notes."""
-        raise NotImplementedError
 
     slides = False  # whether whole slides can be read region by region
 
