@@ -219,12 +219,28 @@ def part_correctness(report: Report, dev: torch.device, quick: bool) -> None:
                    "sync in steps 4 onwards.")
 
 
-def speed_cells(arch: str, quick: bool) -> Iterator[tuple[str, int]]:
+def batch_sizes(arch: str, quick: bool) -> tuple[int, ...]:
     _, side, _, _ = arch_setting(arch, quick)
-    sizes = (4,) if quick else BATCHES.get(side, BATCHES[28] if side <= 40 else BATCHES[400])
-    for mode in MODES:
-        for bs in sizes:
-            yield mode, bs
+    return (4,) if quick else BATCHES.get(side, BATCHES[28] if side <= 40 else BATCHES[400])
+
+
+def speed_schedule(archs: list[str], quick: bool) -> list[tuple[str, str, int]]:
+    """The speed cells in the order they are timed: (arch, mode, batch), with a
+    ("reference", "", batch) entry after capsnet's last cell at each batch.
+
+    Breadth first, so a time budget (``--budget-s``) cuts the least informative cells:
+    every architecture's eager cells at its first batch, then its compiled and graph
+    cells at that batch, and only then the second batch of each, and so on."""
+    sizes = {arch: batch_sizes(arch, quick) for arch in archs}
+    plan: list[tuple[str, str, int]] = []
+    for i in range(max(len(s) for s in sizes.values())):
+        for tier in (MODES[:2], MODES[2:]):
+            for arch in (a for a in archs if i < len(sizes[a])):
+                bs = sizes[arch][i]
+                plan += [(arch, mode, bs) for mode in tier]
+                if arch == "capsnet" and tier == MODES[2:]:
+                    plan.append(("reference", "", bs))
+    return plan
 
 
 def bench_cell(arch: str, mode: str, bs: int, dev: torch.device, quick: bool
@@ -233,6 +249,9 @@ def bench_cell(arch: str, mode: str, bs: int, dev: torch.device, quick: bool
     kind, precision = mode.split("-")
     if kind != "eager" and dev.type != "cuda":
         return {"skipped": "CUDA only"}
+    # A compiled kernel per batch size (not one for any size), as a fixed-size run gets;
+    # a fresh cache per cell keeps the shapes under dynamo's recompile limit.
+    torch._dynamo.reset()
     try:
         r = bench_train(arch, batch_size=bs, device=str(dev), precision=precision,
                         steps=2 if quick else TRAIN_STEPS, warmup=1 if quick else 5,
@@ -251,42 +270,39 @@ def bench_cell(arch: str, mode: str, bs: int, dev: torch.device, quick: bool
 def part_speed(report: Report, dev: torch.device, quick: bool, archs: list[str],
                deadline: float) -> None:
     rows, best, references = [], {}, []
-    # A compiled kernel per batch size (not one for any size), as a fixed-size run gets;
-    # a fresh cache per architecture keeps the shapes under dynamo's recompile limit.
     dynamic = torch._dynamo.config.automatic_dynamic_shapes
     torch._dynamo.config.automatic_dynamic_shapes = False
-    for arch in archs:
-        torch._dynamo.reset()
-        if arch != "capsnet" and ("capsnet", BATCHES[28][0]) in best and not references:
-            references = reference_ratios(report, dev, quick, best)
-        for mode, bs in speed_cells(arch, quick):
-            if time.monotonic() > deadline:
-                cell = {"skipped": "time budget (--budget-s)"}
-            else:
-                cell = bench_cell(arch, mode, bs, dev, quick)
-            report.record("speed", arch=arch, mode=mode, batch_size=bs, **cell)
-            if "skipped" in cell:
-                rows.append([arch, mode, bs, "-", "-", "-", cell["skipped"]])
-                continue
-            key = (arch, bs)
-            best[key] = max(best.get(key, 0.0), cell["train_images_per_s"])
-            rows.append([arch, mode, bs, f"{cell['train_images_per_s']:,.0f}",
-                         f"{cell['eval_images_per_s']:,.0f}",
-                         f"{cell['peak_memory_mib']:,.0f}", ""])
-    # (the textbook yardstick is timed right after capsnet, before a time budget ends)
+    for arch, mode, bs in speed_schedule(archs, quick):
+        if arch == "reference":  # the textbook yardstick, right after capsnet's cells
+            if ("capsnet", bs) in best and time.monotonic() <= deadline:
+                references.append(reference_ratio(report, dev, quick, bs, best))
+            continue
+        if time.monotonic() > deadline:
+            cell = {"skipped": "time budget (--budget-s)"}
+        else:
+            cell = bench_cell(arch, mode, bs, dev, quick)
+        report.record("speed", arch=arch, mode=mode, batch_size=bs, **cell)
+        order = (archs.index(arch), MODES.index(mode), bs)
+        if "skipped" in cell:
+            rows.append((order, [arch, mode, bs, "-", "-", "-", cell["skipped"]]))
+            continue
+        best[(arch, bs)] = max(best.get((arch, bs), 0.0), cell["train_images_per_s"])
+        rows.append((order, [arch, mode, bs, f"{cell['train_images_per_s']:,.0f}",
+                             f"{cell['eval_images_per_s']:,.0f}",
+                             f"{cell['peak_memory_mib']:,.0f}", ""]))
+    torch._dynamo.config.automatic_dynamic_shapes = dynamic
     report.section("Training throughput (capsmed bench train)",
                    ["arch", "mode", "batch", "train img/s", "eval img/s", "peak MiB", "note"],
-                   rows, note="Paper input sizes; random uint8 images held on the device; "
+                   [row for _, row in sorted(rows, key=lambda r: r[0])],
+                   note="Paper input sizes; random uint8 images held on the device; "
                    f"{TRAIN_STEPS} timed steps after warm-up; peak = "
-                   + ("max_memory_allocated." if dev.type == "cuda" else "process RSS."))
-    torch._dynamo.config.automatic_dynamic_shapes = dynamic
-    if not references and best:
-        references = reference_ratios(report, dev, quick, best)
+                   + ("max_memory_allocated." if dev.type == "cuda" else "process RSS.")
+                   + " Cells are timed breadth first (every architecture's first batch "
+                   "before any second one), so a time budget skips the larger batches.")
     if "capsnet" not in archs:
         return
-    ref_rows = []
-    for bs, ref, ratio in references:
-        ref_rows.append([bs, f"{ref:,.0f}", f"{best[('capsnet', bs)]:,.0f}", f"{ratio:.2f}x"])
+    ref_rows = [[bs, f"{ref:,.0f}", f"{best[('capsnet', bs)]:,.0f}", f"{ratio:.2f}x"]
+                for bs, ref, ratio in references]
     report.section("capsnet against a textbook eager fp32 CapsNet (same process)",
                    ["batch", "textbook img/s", "capsmed best img/s", "speed-up"], ref_rows,
                    note="The textbook model is reference_capsnet.py (paper size)"
@@ -294,20 +310,16 @@ def part_speed(report: Report, dev: torch.device, quick: bool, archs: list[str],
                       "this ratio." if quick else "; capsmed's best mode at each batch."))
 
 
-def reference_ratios(report: Report, dev: torch.device, quick: bool,
-                     best: dict[tuple[str, int], float]) -> list[tuple[int, float, float]]:
-    """The textbook CapsNet's img/s at each capsnet batch size, and capsmed's best / it."""
+def reference_ratio(report: Report, dev: torch.device, quick: bool, bs: int,
+                    best: dict[tuple[str, int], float]) -> tuple[int, float, float]:
+    """The textbook CapsNet's img/s at batch ``bs``, and capsmed's best / it."""
     from benchmarks.reference_capsnet import time_reference
 
-    out = []
-    for bs in sorted(b for a, b in best if a == "capsnet"):
-        ref = time_reference(bs, dev, steps=2 if quick else TRAIN_STEPS,
-                             warmup=1 if quick else 5)
-        ratio = best[("capsnet", bs)] / ref
-        report.record("reference", batch_size=bs, reference_images_per_s=round(ref, 1),
-                      capsmed_best_images_per_s=best[("capsnet", bs)], ratio=round(ratio, 2))
-        out.append((bs, ref, ratio))
-    return out
+    ref = time_reference(bs, dev, steps=2 if quick else TRAIN_STEPS, warmup=1 if quick else 5)
+    ratio = best[("capsnet", bs)] / ref
+    report.record("reference", batch_size=bs, reference_images_per_s=round(ref, 1),
+                  capsmed_best_images_per_s=best[("capsnet", bs)], ratio=round(ratio, 2))
+    return bs, ref, ratio
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None,
                     help="folder for the demo data and runs [a temporary one, removed]")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
-                    help="stop starting new speed cells after this many seconds")
+                    help="stop starting new speed cells after this many seconds (cells run "
+                    "breadth first: every arch's first batch before any second batch)")
     args = ap.parse_args(argv)
     started = time.monotonic()
     dev = torch.device(args.device)

@@ -50,6 +50,36 @@ def test_a_failed_check_fails_the_command(tmp_path, monkeypatch, capsys):
     assert "correctness: capsnet" in capsys.readouterr().out
 
 
+def test_speed_cells_run_breadth_first_so_a_budget_cuts_large_batches_last():
+    archs = list(gpu_check.SPEED_ARCHS)
+    plan = gpu_check.speed_schedule(archs, quick=False)
+    cells = [c for c in plan if c[0] != "reference"]
+    first = {a: gpu_check.batch_sizes(a, False)[0] for a in archs}
+    assert len(cells) == len(set(cells)) == sum(
+        len(gpu_check.MODES) * len(gpu_check.batch_sizes(a, False)) for a in archs)
+    # every architecture's cheap eager cells, then its compiled and graph cells, all at
+    # its first batch, come before any cell at a second batch
+    head = cells[:len(archs) * len(gpu_check.MODES)]
+    assert head[:2 * len(archs)] == [(a, m, first[a]) for a in archs
+                                     for m in ("eager-fp32", "eager-bf16")]
+    assert {(a, m, bs) for a, m, bs in head} == {(a, m, first[a]) for a in archs
+                                                  for m in gpu_check.MODES}
+    # the yardstick at each capsnet batch comes right after capsnet's last cell there
+    for bs in gpu_check.batch_sizes("capsnet", False):
+        i = plan.index(("reference", "", bs))
+        assert plan[i - 1] == ("capsnet", "graph-bf16", bs)
+
+
+def test_a_spent_budget_skips_every_speed_cell_and_still_reports(tmp_path):
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                           "--parts", "speed", "--archs", "capsnet,lenet",
+                           "--budget-s", "0"]) == 0
+    speed = [r for r in _records(tmp_path) if r["part"] == "speed"]
+    assert len(speed) == 2 * len(gpu_check.MODES)
+    assert all("skipped" in r and "train_images_per_s" not in r for r in speed)
+    assert "time budget" in (tmp_path / "gpu_check.md").read_text()
+
+
 def test_unknown_part_and_missing_cuda_are_one_line_errors(tmp_path, capsys):
     assert gpu_check.main(["--device", "cpu", "--parts", "speed,warp", "--out",
                            str(tmp_path)]) == 1
