@@ -130,6 +130,38 @@ def test_finds_plain_dotted_and_torchvision_layouts(tmp_path, mnist_raw):
         find_idx_files(tv)
 
 
+def test_a_torchvision_root_gives_each_dataset_its_own_folder(tmp_path, mnist_raw):
+    """torchvision keeps MNIST/raw and FashionMNIST/raw under one root, with the same
+    file names: fashion-mnist must not take the first folder that has four files."""
+    root = tmp_path / "data"
+    shutil.copytree(mnist_raw, root / "MNIST" / "raw")
+    shutil.copytree(mnist_raw, root / "FashionMNIST" / "raw")
+    assert find_idx_files(root, "fashion-mnist")["train"][0].parent == root / "FashionMNIST" / "raw"
+    assert find_idx_files(root, "mnist")["train"][0].parent == root / "MNIST" / "raw"
+    shutil.rmtree(root / "FashionMNIST")
+    with pytest.raises(CapsmedError, match="capsmed fetch fashion-mnist"):
+        find_idx_files(root, "fashion-mnist")
+
+
+def test_the_published_files_of_the_other_dataset_are_refused(tmp_path, mnist_raw,
+                                                              monkeypatch):
+    from dataclasses import replace
+
+    from capsmed.data.fetch import file_md5
+    from capsmed.data.sources import mnist
+
+    # pretend the synthetic files are the published MNIST ones
+    md5 = {p.name: file_md5(p) for p in mnist_raw.glob("*.gz")}
+    monkeypatch.setitem(mnist.REMOTE, "mnist", replace(mnist.REMOTE["mnist"], md5=md5))
+    out = tmp_path / "fashion.h5"
+    result = runner.invoke(app, ["preprocess", "fashion-mnist", str(mnist_raw), "-o", str(out)])
+    assert_clean_failure(result, "this is the published mnist file, not fashion-mnist", out)
+    result = runner.invoke(app, ["-q", "preprocess", "mnist", str(mnist_raw), "-o", str(out),
+                                 "--val", "10"])
+    assert result.exit_code == 0, result.output
+    assert read_info(out).source["official_files"] is True
+
+
 def test_synth_is_deterministic_balanced_and_learnable(tmp_path):
     a = write_mnist_like(tmp_path / "a", "fashion-mnist", train=200, test=50, seed=3)
     b = write_mnist_like(tmp_path / "b", "fashion-mnist", train=200, test=50, seed=3,

@@ -5,8 +5,9 @@ Expected files in ``raw_dir`` (gzipped as downloaded, or unpacked)::
     train-images-idx3-ubyte[.gz]  train-labels-idx1-ubyte[.gz]
     t10k-images-idx3-ubyte[.gz]   t10k-labels-idx1-ubyte[.gz]
 
-(``train-images.idx3-ubyte``-style names and torchvision's ``MNIST/raw/`` and
-``FashionMNIST/raw/`` folders are found too.) The 60,000 training images are split
+(``train-images.idx3-ubyte``-style names are found too, and in a torchvision root the
+dataset's own ``MNIST/raw/`` or ``FashionMNIST/raw/``; the other dataset's published
+files are refused by checksum.) The 60,000 training images are split
 into train and a seeded validation sample; the 10,000 ``t10k`` images are the test
 split. MNIST has no patients, so every image is its own group (``train-000123`` =
 image 123 of the training file), which makes the split leak-free by construction.
@@ -86,6 +87,9 @@ class SourceSplit:
         return len(self.labels)
 
 
+TORCHVISION_FOLDER = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+
+
 def _candidates(name: str) -> list[str]:
     dotted = name.replace("-idx", ".idx")  # "train-images.idx3-ubyte" (unpacked by some tools)
     return [f"{name}.gz", name, f"{dotted}.gz", dotted]
@@ -101,8 +105,9 @@ def find_idx_files(raw_dir: Path, dataset: str = "mnist") -> dict[str, tuple[Pat
     if not raw_dir.is_dir():
         raise CapsmedError(f"{raw_dir}: no such folder (expected the {dataset} IDX files; "
                            f"`capsmed fetch {dataset} {raw_dir}` downloads them)")
-    folders = [raw_dir, raw_dir / "raw", raw_dir / "MNIST" / "raw",
-               raw_dir / "FashionMNIST" / "raw"]
+    # torchvision's root holds MNIST/raw and FashionMNIST/raw side by side: only this
+    # dataset's own folder is looked in (the files have the same names in both)
+    folders = [raw_dir, raw_dir / "raw", raw_dir / TORCHVISION_FOLDER.get(dataset, "MNIST") / "raw"]
     missing: list[str] = []
     for folder in folders:
         found: dict[str, Path] = {}
@@ -164,6 +169,15 @@ def load_mnist_splits(raw_dir: Path, dataset: str, val: float, seed: int
     """
     raw_dir = Path(raw_dir)
     files = find_idx_files(raw_dir, dataset)
+    paths = [p for pair in files.values() for p in pair]
+    md5 = {str(p.relative_to(raw_dir)): file_md5(p) for p in paths}
+    official = REMOTE[dataset].md5 if dataset in REMOTE else {}
+    for other, remote in REMOTE.items():  # MNIST's files given as Fashion-MNIST, or back
+        hit = next((p for p, k in zip(paths, md5, strict=True)
+                    if other != dataset and remote.md5.get(p.name) == md5[k]), None)
+        if hit is not None:
+            raise CapsmedError(f"{hit}: this is the published {other} file, not {dataset}; "
+                               f"point `capsmed preprocess {dataset}` at the {dataset} files")
     train_images, train_labels = read_idx_pair(*files["train"])
     test_images, test_labels = read_idx_pair(*files["t10k"])
     if train_images.shape[1:] != test_images.shape[1:]:
@@ -179,9 +193,6 @@ def load_mnist_splits(raw_dir: Path, dataset: str, val: float, seed: int
         if len(idx):
             splits[split] = SourceSplit(images[idx], labels[idx], image_ids(prefix, idx),
                                         idx.astype(np.int32))
-    paths = [p for pair in files.values() for p in pair]
-    md5 = {str(p.relative_to(raw_dir)): file_md5(p) for p in paths}
-    official = REMOTE[dataset].md5 if dataset in REMOTE else {}
     source = {"raw_dir": str(Path(raw_dir).resolve()),
               "files": {str(p.relative_to(raw_dir)): p.stat().st_size for p in paths},
               "md5": md5,
