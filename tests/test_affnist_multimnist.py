@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import scipy.io
@@ -83,6 +85,21 @@ def test_affnist_whole_file_and_batches_agree(tmp_path):
     limited = load_split(preprocess_affnist(raw / "test_batches", tmp_path / "l.h5",
                                             AffnistConfig(max_images=10)), "test")
     np.testing.assert_array_equal(limited.images, a.images[:10])
+
+
+def test_affnist_batches_follow_the_shared_file_rules(tmp_path):
+    """3.MAT is a batch; a hidden .1.mat copy is not; 1.mat and 1.MAT are refused."""
+    raw = write_affnist(tmp_path / "aff", count=30, batches=4, seed=1).root
+    batches = raw / "test_batches"
+    want = load_split(preprocess_affnist(batches, tmp_path / "a.h5"), "test")
+    (batches / "3.mat").rename(batches / "3.MAT")
+    shutil.copy(batches / "1.mat", batches / ".1.mat")
+    got = load_split(preprocess_affnist(batches, tmp_path / "b.h5"), "test")
+    np.testing.assert_array_equal(got.images, want.images)
+    shutil.copy(batches / "1.mat", batches / "1.MAT")
+    with pytest.raises(CapsmedError, match="also present as"):
+        preprocess_affnist(batches, tmp_path / "c.h5")
+    assert not (tmp_path / "c.h5").exists()
 
 
 def test_affnist_synth_is_deterministic(tmp_path):

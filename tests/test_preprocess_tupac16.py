@@ -139,6 +139,20 @@ def test_user_split_files(tiny_raw, tmp_path):
     assert not (tmp_path / "bad.h5").exists()
 
 
+def test_a_split_without_mitoses_is_warned_about(tiny_raw, tmp_path, caplog):
+    raw = tmp_path / "raw"
+    shutil.copytree(tiny_raw, raw)
+    shutil.rmtree(raw / "mitoses_ground_truth" / "05")
+    (tmp_path / "train.txt").write_text("01\n02\n03\n04\n")
+    (tmp_path / "test.txt").write_text("05\n")
+    cfg = Tupac16Config(positives_per_mitosis=2, workers=1,
+                        split_files={"train": str(tmp_path / "train.txt"),
+                                     "test": str(tmp_path / "test.txt")})
+    with caplog.at_level("WARNING"):
+        preprocess_tupac16(raw, tmp_path / "o.h5", cfg)
+    assert "split(s) missing a class: test (mitosis)" in caplog.text
+
+
 def test_config_rejects_jitter_that_could_lose_the_mitosis():
     with pytest.raises(CapsmedError, match="smaller than half the patch"):
         Tupac16Config(patch_size=40, jitter=25)

@@ -4,9 +4,10 @@ A reader that skips a file it should have read writes a dataset that is not what
 user's folder says, with exit code 0: the worst kind of defect. So, everywhere:
 
 * extensions match in any case (``01.TIF``, ``scan.Tiff``);
-* symbolically linked folders are followed; a link that leads back into its own
-  folder is a loop, and a folder reached twice (through two links) would be read
-  twice: both are errors naming the link;
+* symbolically linked folders and files are followed; a link that leads back into its
+  own folder is a loop, and a folder or file reached twice (through a link) would be
+  read twice: both are errors naming the link;
+* two files that differ only in the case of their extension are an error;
 * a broken link, or a link loop, where a file should be is an error naming it;
 * a file or folder name that is not valid UTF-8 is an error: the dataset file stores
   names as UTF-8 strings, and a name changed on the way in could not be traced back;
@@ -73,13 +74,26 @@ def check_file(path: Path, what: str = "file", allow_empty: bool = False) -> Pat
 class FolderWalk:
     """Walks folders for files with given extensions, following symbolic links.
 
-    One walk may cover several roots (the class folders of a dataset): a real folder
-    reached a second time, from any root, is an error, because its files would be
+    One walk may cover several roots (the class folders of a dataset): a real folder or
+    file reached a second time, from any root, is an error, because its files would be
     read twice (twice the samples, or one image in two classes).
     """
 
     def __init__(self) -> None:
         self._seen: dict[str, Path] = {}
+        self._seen_files: dict[str, Path] = {}
+
+    def _file(self, path: Path) -> Path:
+        """``path``, checked; a real file reached a second time (a linked file) is an
+        error, as a folder reached twice is."""
+        check_file(path, allow_empty=True)
+        real = os.path.realpath(path)
+        if real in self._seen_files:
+            raise CapsmedError(f"{shown(path)}: the same file as "
+                               f"{shown(self._seen_files[real])} (through a symbolic link); "
+                               "it would be read twice")
+        self._seen_files[real] = path
+        return path
 
     def _enter(self, folder: Path, ancestors: tuple[str, ...]) -> str:
         real = os.path.realpath(folder)
@@ -123,13 +137,31 @@ class FolderWalk:
                     if recursive:
                         visit(path, (*ancestors, real))
                 elif has_suffix(entry.name, suffixes):
-                    found.append(check_file(path, allow_empty=True))
+                    found.append(self._file(path))
                 elif entry.is_symlink() and not os.path.splitext(entry.name)[1] \
                         and not os.path.exists(path):
                     check_file(path, "folder")
 
         visit(Path(root), ())
         return found
+
+
+def refuse_same_stem(files: list[Path]) -> list[Path]:
+    """``files``, refused where two in one folder differ only in the case of their
+    extension (``image001.png`` and ``image001.PNG``): one image would count twice.
+
+    Raises:
+        CapsmedError: naming both files.
+    """
+    seen: dict[tuple[str, str, str], Path] = {}
+    for path in files:
+        stem, ext = os.path.splitext(path.name)
+        key = (str(path.parent), stem, ext.lower())
+        if key in seen:
+            raise CapsmedError(f"{shown(seen[key])}: also present as {shown(path.name)}; "
+                               "keep one")
+        seen[key] = path
+    return files
 
 
 def find_in_folder(folder: Path, stem: str, suffix: str) -> Path | None:

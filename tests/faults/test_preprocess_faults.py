@@ -97,6 +97,16 @@ def _first(raw: Path, pattern: str) -> Path:
     return sorted(raw.rglob(pattern))[0]
 
 
+def _csv_with_mitoses(raw: Path) -> Path:
+    return next(p for p in sorted(raw.rglob("*.csv")) if p.read_text().strip())
+
+
+def _image_of(raw: Path, csv: Path) -> Path:
+    """The TUPAC16 image a ground-truth CSV annotates (case folder / image number)."""
+    return next(p for p in sorted(raw.rglob(f"{csv.stem}.tif"))
+                if p.parent.name == csv.parent.name)
+
+
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -179,6 +189,24 @@ REFUSED: list[tuple[str, str, Breaker, list[str]]] = [
             "BAS/BAS_0001.tiff", "BAS/EOS_0001.tiff")),
         (raw / "AML-Cytomorphology/BAS/EOS_0001.tiff",
          f"has the same name as {raw}/AML-Cytomorphology/EOS/EOS_0001.tiff"))[2], []),
+    # audit: files read twice, or annotations dropped, without a word
+    ("folder-file-linked-into-another-class", "folder", lambda raw: (
+        os.symlink(f"../{(a := sorted(raw.iterdir()))[0].name}/{_first(a[0], '*.png').name}",
+                   p := a[-1] / _first(a[0], "*.png").name) or p, "the same file as"), []),
+    ("diaretdb1-image-twice-by-extension-case", "diaretdb1", lambda raw: (
+        shutil.copy(p := _first(raw, "ddb1_fundusimages/*.png"), p.with_suffix(".PNG")),
+        (p.with_suffix(".PNG"), f"also present as {p.name}"))[1], []),
+    ("tupac16-csv-whose-image-is-missing", "tupac16", lambda raw: (
+        (csv := _csv_with_mitoses(raw)),
+        _image_of(raw, csv).rename(_image_of(raw, csv).with_suffix(".tif.part")),
+        (csv, f"no image {csv.parent.name}/{csv.stem}.tif was found"))[2], []),
+    ("tupac16-csv-non-integer-coordinate", "tupac16", lambda raw: (
+        _write(_csv_with_mitoses(raw), "60.9,180.9\n"), "line 1: expected 'row,col' integers"),
+     []),
+    ("tupac16-two-csvs-that-disagree", "tupac16", lambda raw: (
+        (csv := _csv_with_mitoses(raw)),
+        (beside := _image_of(raw, csv).with_suffix(".csv")).write_text("10,10\n"),
+        (beside, f"differs from {csv}"))[2], []),
     # item 6: split fractions must sum to 1, for every source that has them
     ("tupac16-fractions-sum-1.9", "tupac16", lambda raw: ("split fractions", "must sum to 1"),
      ["--train", "0.9", "--val", "0.9", "--test", "0.1"]),

@@ -29,6 +29,7 @@ import numpy as np
 
 from capsmed.data.configs.digits import AffnistConfig
 from capsmed.data.contract import DatasetWriter
+from capsmed.data.files import FolderWalk, refuse_same_stem
 from capsmed.data.output import claims_output
 from capsmed.data.sources.mnist import MNIST_CLASSES
 from capsmed.errors import CapsmedError
@@ -47,14 +48,16 @@ def _natural_key(path: Path) -> tuple:
 
 
 def find_mat_files(path: Path) -> list[Path]:
-    """``[path]`` for a file, or the folder's ``*.mat`` batches in numeric order."""
+    """``[path]`` for a file, or the folder's ``*.mat`` batches in numeric order (the
+    shared rules of :mod:`capsmed.data.files`: ``3.MAT`` counts, ``.1.mat`` does not)."""
     path = Path(path)
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise CapsmedError(f"{path}: no such file or folder (expected affNIST test.mat or a "
                            "folder of batches such as test_batches/)")
-    files = sorted(path.glob("*.mat"), key=_natural_key)
+    files = sorted(refuse_same_stem(FolderWalk().files(path, (".mat",), recursive=False)),
+                   key=_natural_key)
     if not files:
         raise CapsmedError(f"{path}: no .mat files (expected affNIST batches 1.mat, 2.mat, ...)")
     return files

@@ -19,7 +19,7 @@ import tifffile
 from PIL import Image, UnidentifiedImageError
 
 from capsmed.data.configs.diaretdb1 import LESION_TYPES
-from capsmed.data.files import FolderWalk, find_in_folder
+from capsmed.data.files import FolderWalk, find_in_folder, refuse_same_stem
 from capsmed.data.images import check_image_file
 from capsmed.errors import CapsmedError
 
@@ -71,8 +71,9 @@ def locate_resources(raw_dir: Path) -> Path:
 def discover(raw_dir: Path) -> tuple[Path, list[ImageRecord]]:
     """Find the fundus images and their ground-truth maps; returns ``(resources, records)``."""
     resources = locate_resources(raw_dir)
-    pngs = [p for p in FolderWalk().files(resources / IMAGES_DIR, (".png",), recursive=False)
-            if _IMAGE_NAME.match(p.stem)]
+    pngs = refuse_same_stem([p for p in FolderWalk().files(resources / IMAGES_DIR, (".png",),
+                                                           recursive=False)
+                             if _IMAGE_NAME.match(p.stem)])
     if not pngs:
         raise CapsmedError(f"{resources / IMAGES_DIR}: no imageNNN.png fundus images found")
     for kind in LESION_TYPES:

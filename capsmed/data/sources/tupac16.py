@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from capsmed.data.output import claims_output
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
-from capsmed.data.splits import assign_splits
+from capsmed.data.splits import assign_splits, warn_missing_classes
 from capsmed.data.stains import hematoxylin_channel, tissue_mask
 from capsmed.errors import CapsmedError
 
@@ -60,8 +61,8 @@ MAX_COORDINATE = 1 << 31  # far beyond any image; keeps int64 arithmetic exact
 
 def _coordinate(text: str) -> int:
     value = float(text)  # ValueError for text; "1e400" is inf
-    if not math.isfinite(value) or abs(value) >= MAX_COORDINATE:
-        raise ValueError
+    if not math.isfinite(value) or abs(value) >= MAX_COORDINATE or value != int(value):
+        raise ValueError  # "60.9" too: truncating it would move the mitosis
     return int(value)
 
 
@@ -99,15 +100,46 @@ def discover(raw_dir: Path) -> list[ImageRecord]:
     records: dict[tuple[str, str], ImageRecord] = {}
     for tif in tifs:
         case, image = tif.parent.name, tif.stem
-        csv = (find_in_folder(raw_dir / GROUND_TRUTH_DIR / case, image, ".csv")
-               or find_in_folder(tif.parent, image, ".csv"))
         if (case, image) in records:
             raise CapsmedError(f"{tif}: case {case} image {image} also found at "
                                f"{records[(case, image)].tif}")
-        mitoses = (read_mitosis_csv(check_file(csv, "ground-truth CSV", allow_empty=True))
-                   if csv else np.empty((0, 2), dtype=np.int64))
+        csv, mitoses = _ground_truth(raw_dir, tif)
         records[(case, image)] = ImageRecord(case, image, tif, csv, mitoses)
+    _refuse_orphan_csvs(raw_dir, list(records.values()))
     return [records[k] for k in sorted(records)]
+
+
+def _ground_truth(raw_dir: Path, tif: Path) -> tuple[Path | None, np.ndarray]:
+    """An image's ground-truth CSV (in the ground-truth folder or beside the image)
+    and its mitoses; two CSVs that disagree are refused, since either could be meant."""
+    case, image = tif.parent.name, tif.stem
+    found = [p for p in (find_in_folder(raw_dir / GROUND_TRUTH_DIR / case, image, ".csv"),
+                         find_in_folder(tif.parent, image, ".csv")) if p is not None]
+    if not found:
+        return None, np.empty((0, 2), dtype=np.int64)
+    tables = [read_mitosis_csv(check_file(p, "ground-truth CSV", allow_empty=True))
+              for p in found]
+    if len(tables) == 2 and not np.array_equal(tables[0], tables[1]):
+        raise CapsmedError(f"{found[1]}: ground truth for case {case} image {image} "
+                           f"differs from {found[0]}; keep one of the two")
+    return found[0], tables[0]
+
+
+def _refuse_orphan_csvs(raw_dir: Path, records: list[ImageRecord]) -> None:
+    """A ground-truth CSV no image reads (its image missing, or misnamed) would drop
+    its mitoses without a word: refuse it, naming the image it expects."""
+    used = {os.path.realpath(r.csv) for r in records if r.csv is not None}
+    beside = {r.tif.parent for r in records}
+    folders = [raw_dir / GROUND_TRUTH_DIR] if (raw_dir / GROUND_TRUTH_DIR).is_dir() else []
+    csvs = [p for folder in folders for p in FolderWalk().files(folder, (".csv",))]
+    csvs += [p for folder in sorted(beside)
+             for p in FolderWalk().files(folder, (".csv",), recursive=False)]
+    for csv in csvs:
+        if os.path.realpath(csv) not in used:
+            raise CapsmedError(f"{csv}: ground truth for case {csv.parent.name} image "
+                               f"{csv.stem}, but no image {csv.parent.name}/{csv.stem}.tif "
+                               "was found; its mitoses would be lost (restore or rename "
+                               "the image, or remove the CSV)")
 
 
 def check_annotations(raw_dir: Path, records: list[ImageRecord]) -> None:
@@ -279,6 +311,7 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
               "files": {str(r.tif.relative_to(raw_dir)): r.tif.stat().st_size
                         for r in records}}
     short = 0
+    labels_by_split: dict[str, set[int]] = {split: set() for split in set(split_of.values())}
     writer = DatasetWriter(output, dataset="tupac16", class_names=CLASS_NAMES,
                            image_shape=(1, cfg.output_size, cfg.output_size),
                            preprocessing=parameters, source=source,
@@ -296,6 +329,8 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
                           meta={"source": np.array([str(rec.tif.relative_to(raw_dir))] * n),
                                 "row": res.rows, "col": res.cols})
             short += res.negatives_short
+            labels_by_split[split_of[rec.case]].update(res.labels.tolist())
+    warn_missing_classes(labels_by_split, CLASS_NAMES)
     if short:
         log.warning("%d negative patches could not be placed (too little tissue away from "
                     "mitoses); classes are slightly less balanced", short)
