@@ -154,6 +154,35 @@ def test_16bit_and_rgba_input(tmp_path):
     assert data.images[0, 0, 0].tolist() == [0, 128, 255, 64]  # own 1000..3000 -> 0..255
 
 
+def test_tiff_colour_interpretations_are_read_as_they_look(tmp_path):
+    """Palette, MINISWHITE and planar TIFFs give the pixels a viewer shows, not their
+    raw samples; CMYK is refused (its 4th sample is not alpha)."""
+    from capsmed.data.images import read_image
+
+    truth = np.zeros((8, 8, 3), np.uint8)
+    truth[:, 4:] = 255  # left black, right white
+    index = (truth[..., 0] == 0).astype(np.uint8)  # palette entry 1 = black
+    colormap = np.zeros((3, 256), np.uint16)
+    colormap[:, 0] = 65535
+    written = {
+        "palette.tif": (index, {"photometric": "palette", "colormap": colormap}),
+        "miniswhite.tif": (255 - truth[..., 0], {"photometric": "miniswhite"}),
+        "planar.tif": (np.moveaxis(truth, -1, 0), {"photometric": "rgb",
+                                                   "planarconfig": "separate"}),
+    }
+    for name, (data, options) in written.items():
+        tifffile.imwrite(tmp_path / name, data, **options)
+        image = read_image(tmp_path / name)
+        got = image if image.ndim == 2 else image[..., 0]
+        assert got.astype(np.int64).tolist() == (truth[..., 0].astype(np.int64)
+                                                * (65535 // 255 if got.dtype == np.uint16
+                                                   else 1)).tolist(), name
+    cmyk = np.zeros((8, 8, 4), np.uint8)
+    tifffile.imwrite(tmp_path / "cmyk.tif", cmyk, photometric="separated")
+    with pytest.raises(CapsmedError, match="cmyk.tif: a TIFF with CMYK colours"):
+        read_image(tmp_path / "cmyk.tif")
+
+
 def test_folds_are_stratified_and_keep_patients_together(tmp_path):
     root = tmp_path / "shapes"
     write_class_folders(root, classes=3, images_per_class=12, patients=6, size=24, seed=4)

@@ -104,27 +104,63 @@ def _tifffile_warnings() -> Iterator[list[str]]:
         logger.propagate = propagate
 
 
+def read_tiff(path: Path) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The first page of a TIFF as it looks, and its extra-sample codes (alpha kinds).
+
+    The pixels come back as (H, W) grey or (H, W, C) RGB(A) in their stored dtype:
+    planar storage is moved to channels-last, MINISWHITE is inverted (0 is white
+    there) and a palette image is looked up in its colour map. An interpretation whose
+    samples are not grey or RGB (CMYK, Lab, uncompressed YCbCr, ...) is refused: read
+    as RGB it would be a different image.
+    """
+    check_image_file(path)
+    with _tifffile_warnings() as warned:
+        try:
+            with tifffile.TiffFile(path) as tif:
+                page = tif.pages[0]
+                image = page.asarray()
+                kind, axes, bits = page.photometric, page.axes, page.bitspersample
+                extras = tuple(int(e) for e in page.extrasamples)
+                colormap, compression = page.colormap, page.compression
+        except Exception as exc:  # tifffile raises many types for corrupt files
+            raise CapsmedError(f"{path}: cannot read TIFF ({type(exc).__name__}: "
+                               f"{exc})") from exc
+    if image.size == 0:  # tifffile warns (about a bad offset, ...) and reads nothing
+        raise CapsmedError(f"{path}: cannot read TIFF ({'; '.join(warned) or 'no image'})")
+    for message in warned:
+        log.debug("%s: %s", path, message)
+    if image.ndim == 3 and axes.startswith("S"):
+        image = np.moveaxis(image, 0, -1)  # planar (C, H, W) storage
+    P = tifffile.PHOTOMETRIC
+    if kind == P.MINISWHITE:
+        if image.dtype == bool:
+            image = ~image
+        elif image.dtype.kind == "u":
+            image = ((1 << bits) - 1 - image).astype(image.dtype)
+        else:
+            raise CapsmedError(f"{path}: a {image.dtype} MINISWHITE TIFF is not supported; "
+                               "save it as 8- or 16-bit greyscale")
+    elif kind == P.PALETTE and colormap is not None:
+        colours = colormap if colormap.max() > 255 else colormap.astype(np.uint8)
+        image = np.moveaxis(colours[:, image], 0, -1)
+    elif not (kind in (P.MINISBLACK, P.RGB)
+              or (kind == P.YCBCR and compression == tifffile.COMPRESSION.JPEG)):
+        name = "CMYK" if kind == P.SEPARATED else getattr(kind, "name", kind)
+        raise CapsmedError(f"{path}: a TIFF with {name} colours cannot be read as RGB or "
+                           "grey; save it as RGB or greyscale")
+    return image, extras
+
+
 def read_image(path: Path) -> np.ndarray:
     """Read an image as stored: (H, W) or (H, W, C) in RGB(A) order, original dtype.
 
     TIFF goes through tifffile (first page), everything else through OpenCV with
     ``IMREAD_UNCHANGED`` (so 16-bit and alpha survive; EXIF orientation is not applied).
     """
-    check_image_file(path)
     if path.suffix.lower() in (".tif", ".tiff"):
-        with _tifffile_warnings() as warned:
-            try:
-                image = tifffile.imread(path, key=0)
-            except Exception as exc:  # tifffile raises many types for corrupt files
-                raise CapsmedError(f"{path}: cannot read TIFF ({type(exc).__name__}: "
-                                   f"{exc})") from exc
-        if image.size == 0:  # tifffile warns (about a bad offset, ...) and reads nothing
-            raise CapsmedError(f"{path}: cannot read TIFF ({'; '.join(warned) or 'no image'})")
-        for message in warned:
-            log.debug("%s: %s", path, message)
-        if image.ndim == 3 and image.shape[0] in (3, 4) and image.shape[-1] not in (3, 4):
-            image = np.moveaxis(image, 0, -1)  # planar (C, H, W) storage
+        image, _ = read_tiff(path)
     else:
+        check_image_file(path)
         try:
             # imdecode on the bytes, because imread cannot tell "missing" from "corrupt"
             data = np.fromfile(path, dtype=np.uint8)

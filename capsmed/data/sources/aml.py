@@ -29,11 +29,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import tifffile
 
 from capsmed.data.configs.aml import AmlConfig
 from capsmed.data.contract import DatasetWriter
-from capsmed.data.images import check_image_file
+from capsmed.data.images import read_tiff
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
@@ -87,15 +86,7 @@ def read_rgba_as_rgb(path: Path) -> tuple[np.ndarray, bool]:
     Returns:
         The RGB image and whether any pixel was less than fully opaque.
     """
-    check_image_file(path)
-    try:
-        with tifffile.TiffFile(path) as tif:
-            page = tif.pages[0]
-            image, axes, extras = page.asarray(), page.axes, tuple(page.extrasamples)
-    except Exception as exc:  # tifffile raises many types for corrupt/truncated files
-        raise CapsmedError(f"{path}: cannot read TIFF ({type(exc).__name__}: {exc})") from exc
-    if image.ndim == 3 and axes.startswith("S"):
-        image = np.moveaxis(image, 0, -1)
+    image, extras = read_tiff(path)
     if image.ndim != 3 or image.shape[-1] not in (3, 4):
         raise CapsmedError(f"{path}: expected an RGB(A) image, got shape {image.shape}")
     if image.dtype == np.uint16:

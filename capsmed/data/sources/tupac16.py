@@ -24,12 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import tifffile
 
 from capsmed.data.configs.tupac16 import Tupac16Config
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, find_in_folder
-from capsmed.data.images import check_image_file
+from capsmed.data.images import read_tiff
 from capsmed.data.output import claims_output
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
@@ -158,13 +157,7 @@ def check_annotations(raw_dir: Path, records: list[ImageRecord]) -> None:
 
 def read_rgb_tiff(path: Path) -> np.ndarray:
     """Read an RGB(A) TIFF as (H, W, 3) uint8, or fail naming the file."""
-    check_image_file(path)
-    try:
-        image = tifffile.imread(path)
-    except Exception as exc:  # tifffile raises many types for corrupt/truncated files
-        raise CapsmedError(f"{path}: cannot read TIFF ({type(exc).__name__}: {exc})") from exc
-    if image.ndim == 3 and image.shape[0] in (3, 4) and image.shape[-1] not in (3, 4):
-        image = np.moveaxis(image, 0, -1)
+    image, _ = read_tiff(path)
     if image.ndim != 3 or image.shape[-1] not in (3, 4):
         raise CapsmedError(f"{path}: expected an RGB image, got shape {image.shape}")
     if image.dtype != np.uint8:
