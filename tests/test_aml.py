@@ -222,6 +222,20 @@ def test_unlisted_image_is_kept_with_its_folder_label(raw, tmp_path):
     assert class_counts(out)["all"][TABLE2.index("MOB")] == 3
 
 
+def test_tiffs_outside_the_class_folders_are_warned_about(raw, tmp_path, caplog):
+    copy = tmp_path / "copy"
+    shutil.copytree(raw, copy)
+    cells = copy / "AML-Cytomorphology"
+    (cells / "MOB" / "more").mkdir()
+    shutil.copy(cells / "MOB" / "MOB_0001.tiff", cells / "MOB" / "more" / "MOB_0101.tiff")
+    shutil.copy(cells / "MOB" / "MOB_0001.tiff", cells / "MOB_0102.tiff")
+    with caplog.at_level("WARNING"):
+        preprocess_aml(copy, tmp_path / "u.h5", AmlConfig(workers=1, folds=2, size=8),
+                       disable_progress=True)
+    assert ("2 TIFF(s) under" in caplog.text and "MOB/more/MOB_0101.tiff" in caplog.text
+            and "MOB_0102.tiff" in caplog.text)
+
+
 def _drop_annotations(raw):
     (raw / "annotations.dat").unlink()
     return raw

@@ -233,14 +233,16 @@ def test_level_1_and_mpp_give_level_0_coordinates_scaled_by_the_downsample(tmp_p
     assert (stats["level"], stats["read_size"], stats["mpp"]) == (1, 96, 1.5)
 
 
-def test_point_labels_land_on_the_tiles_that_hold_them(tmp_path):
+def test_point_labels_land_on_the_tiles_that_hold_them(tmp_path, caplog):
     path = _slide(tmp_path / "a.svs")
     csv = _labels_csv(tmp_path / "p.csv", [
         "label,slide,x,y",  # a header: columns by name, in any order
         "tumor,a.svs,300,300", "stroma,a,400,300",
         "stroma,a,520,392", "tumor,a,570,450",  # same tile: the point nearer its centre wins
         "tumor,a,900,900"])  # on glass: no tile
-    out = preprocess_wsi([path], tmp_path / "p.h5", _cfg(points_csv=str(csv)))
+    with caplog.at_level("WARNING"):
+        out = preprocess_wsi([path], tmp_path / "p.h5", _cfg(points_csv=str(csv)))
+    assert "1 of 5 point annotation(s) fall on no kept tile" in caplog.text
     info, split = read_info(out), _all(out)["train"]
     assert info.class_names == ("background", "stroma", "tumor")
     got = {(int(x), int(y)): int(k) for x, y, k in zip(split.meta["x"], split.meta["y"],

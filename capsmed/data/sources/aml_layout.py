@@ -167,6 +167,13 @@ def gather_records(root: Path, annotations: Path) -> tuple[list[CellRecord], lis
             raise CapsmedError(f"{annotations}: line {rec.line}: names {root / rec.relpath}, "
                                "which does not exist")
     unlisted = [p for paths in on_disk.values() for p in paths if p not in listed]
+    read = set(listed) | {p for paths in on_disk.values() for p in paths}
+    elsewhere = [rel for p in FolderWalk().files(root, TIFF_SUFFIXES, skip=("__MACOSX",))
+                 if (rel := p.relative_to(root).as_posix()) not in read]
+    if elsewhere:
+        log.warning("%d TIFF(s) under %s are not directly in a class folder (nested "
+                    "deeper, or loose) and are not read: %s", len(elsewhere), root,
+                    ", ".join(elsewhere[:5]))
     if unlisted:
         # The folder is the original label in the release, so an unlisted image still has
         # a label; it is kept (with no re-annotation), warned about and recorded.

@@ -309,7 +309,12 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                     "y": band.coords[:, 1], "level": np.full(n, job.res.level, np.int32),
                     "tissue": band.tissue})
         for s, hit in hits.items():
-            per_slide[s]["points_on_no_tile"] = int((~hit).sum())
+            per_slide[s]["points_on_no_tile"] = lost = int((~hit).sum())
+            if lost:
+                log.warning("%s: %d of %d point annotation(s) fall on no kept tile (on glass, "
+                            "below --min-tissue, or in the edge strip narrower than a tile); "
+                            "their labels are not in the dataset", by_id[s].path, lost,
+                            len(hit))
         for s in ids:
             if not per_slide[s]["tiles"] and s not in too_small:
                 log.warning("%s: no tiles kept (tissue share %.3f)", by_id[s].path,
