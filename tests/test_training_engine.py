@@ -133,6 +133,16 @@ def test_cross_validation_fold_trains_on_the_others_and_evaluates_the_held_out_f
     assert result.exit_code == 0, result.output
     report = json.loads((run / "report" / "report.json").read_text())
     assert report["samples"] == len(test_rows)
+    # another file with folds: the fold's row numbers mean nothing there, so 'test' is
+    # that file's own split (it has none), and --split all scores the whole file
+    other, _, _ = _folds_file(tiny_h5, tmp_path / "other.h5", k=2)
+    result = CliRunner().invoke(app, ["-q", "evaluate", str(run), "--data", str(other),
+                                      "--report-name", "other", "--no-grids"])
+    assert result.exit_code == 1 and "has no 'test' split" in result.stderr
+    result = CliRunner().invoke(app, ["-q", "evaluate", str(run), "--data", str(other),
+                                      "--report-name", "other", "--no-grids", "--split", "all"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "other" / "report.json").read_text())["samples"] == len(labels)
     with pytest.raises(CapsmedError, match="has 3 folds, not --folds 5"):
         train(TrainConfig(**{**cfg.to_dict(), "folds": 5, "out": str(tmp_path / "x")}))
     with pytest.raises(CapsmedError, match="has no 'train' split.*--fold"):

@@ -31,10 +31,12 @@ from capsmed.data.contract import (
     read_labels,
     read_meta,
 )
+from capsmed.data.digest import file_digest
 from capsmed.data.loader import DeviceSplit, StreamingSplit, should_stream, split_nbytes
 from capsmed.data.protocols import cv_partition, select_training_indices
 from capsmed.errors import CapsmedError, first_line
 from capsmed.train.config import TrainConfig
+from capsmed.train.run_config import read_run_config
 
 log = logging.getLogger(__name__)
 
@@ -187,15 +189,29 @@ def sample_for_statistics(info: DatasetInfo, rows: RunRows, limit: int = 20000
 def load_run_split(run_dir: Path, data: Path, split: str) -> SplitData:
     """The samples ``capsmed evaluate`` uses for ``split`` of a run.
 
-    For a cross-validation run, ``test`` means the run's held-out fold rows (saved in
-    ``test_indices.npy``); anything else is the file's split as is.
+    For a cross-validation run on its own file, ``test`` means the run's held-out fold
+    rows (saved in ``test_indices.npy``); anything else, and any other file, is the
+    file's split as is (the fold's row numbers mean nothing in another file).
     """
     test_rows = Path(run_dir) / "test_indices.npy"
-    if split == "test" and test_rows.is_file():
+    if split == "test" and test_rows.is_file() and is_run_file(run_dir, data):
         whole = load_split(data, CV_SPLIT)
         rows = read_rows(test_rows, len(whole), f"{data}'s split '{CV_SPLIT}'")
         return SplitData(whole.images[rows], whole.labels[rows], whole.groups[rows])
     return load_split(data, split)
+
+
+def is_run_file(run_dir: Path, data: Path) -> bool:
+    """Whether ``data`` is the file the run was trained on: the content digest its
+    ``config.yaml`` recorded (the path, for runs from before digests)."""
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.is_file():
+        return True  # no record to tell otherwise: the run's own rows, as always
+    config = read_run_config(run_dir)
+    saved = config.get("dataset", {}).get("digest")
+    if saved is not None:
+        return file_digest(Path(data)) == saved
+    return Path(data).resolve() == Path(config["train"]["data"]).resolve()
 
 
 def read_rows(path: Path, size: int, of: str) -> np.ndarray:

@@ -104,10 +104,10 @@ def load_samples(run: LoadedRun, split: str = "test", with_meta: bool = False,
     For the run's own cross-validation file, ``test`` is its held-out fold (as in
     ``capsmed evaluate``). ``max_samples`` keeps a seeded random subset, in file order.
     """
-    from capsmed.train.run_data import load_run_split
+    from capsmed.train.run_data import is_run_file, load_run_split
 
-    own = run.data_path.resolve() == Path(run.meta["data"]).resolve()
-    if own and split == "test" and (run.run_dir / "test_indices.npy").is_file():
+    if (split == "test" and (run.run_dir / "test_indices.npy").is_file()
+            and is_run_file(run.run_dir, run.data_path)):
         samples = load_run_split(run.run_dir, run.data_path, split)
     else:
         samples = load_split(run.data_path, split, with_meta=with_meta)
