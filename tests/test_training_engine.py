@@ -203,6 +203,20 @@ def test_streaming_from_hdf5_gives_the_same_run_as_holding_the_data(tiny_h5, tmp
     assert _metrics(a) == _metrics(b) and _same_weights(a, b)
 
 
+def test_streaming_batches_leave_the_global_random_state_alone(tiny_h5):
+    """A DataLoader draws its workers' seed from torch's global generator unless given
+    its own: a resumed epoch builds a new loader, so every later dropout mask shifted."""
+    from capsmed.data.contract import read_labels
+    from capsmed.data.loader import StreamingSplit
+
+    labels, _ = read_labels(tiny_h5, "train")
+    split = StreamingSplit(tiny_h5, "train", np.arange(len(labels)), labels,
+                           torch.device("cpu"), workers=0)
+    before = torch.get_rng_state()
+    batches = list(split.batches([torch.arange(4), torch.arange(4, 8)]))
+    assert len(batches) == 2 and torch.equal(before, torch.get_rng_state())
+
+
 def test_cli_resume_refuses_other_options(tmp_path):
     result = CliRunner().invoke(app, ["train", "--resume", str(tmp_path), "--epochs", "3"])
     assert result.exit_code == 1 and "give no other training options" in result.output

@@ -140,10 +140,14 @@ class StreamingSplit:
 
     def batches(self, index_batches: Iterable[torch.Tensor]
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # Its own generator: a DataLoader otherwise draws its workers' base seed from
+        # torch's global one, which shifts every later dropout mask, so a resumed epoch
+        # (a new loader) would not repeat the uninterrupted one.
         loader = torch.utils.data.DataLoader(
             self.dataset, sampler=list(index_batches), batch_size=None,
             num_workers=self.workers, pin_memory=self.device.type == "cuda",
-            persistent_workers=False, prefetch_factor=4 if self.workers else None)
+            persistent_workers=False, prefetch_factor=4 if self.workers else None,
+            generator=torch.Generator())
         batches = iter(loader)
         while True:
             try:
