@@ -269,6 +269,37 @@ def test_val_split_and_other_data_are_labelled_apart(runs_root, tmp_path):
     assert load_evaluated_run(run).dataset == "tupac16 (val)"
     (run / "report" / "report.json").write_text(json.dumps({**report, "dataset": "other"}))
     assert load_evaluated_run(run).dataset == "tupac16->other"
+    # a cross-validation file scored whole (--split all) holds the training rows too
+    (run / "report" / "report.json").write_text(json.dumps({**report, "split": "all"}))
+    assert load_evaluated_run(run).dataset == "tupac16 (all)"
+    # another file under the same dataset name: told apart by its content digest
+    assert report["data_digest"].startswith("sha256:")
+    other = {**report, "data": "/d/tupac16_v2.h5", "data_digest": "sha256:" + "0" * 64}
+    (run / "report" / "report.json").write_text(json.dumps(other))
+    assert load_evaluated_run(run).dataset == "tupac16->tupac16_v2"
+
+
+def test_runs_trained_on_different_files_of_one_name_are_not_averaged(runs_root):
+    runs = [r for r in collect_runs([runs_root / "full"]).runs if r.arch == "lenet"]
+    assert len({r.data_file for r in runs}) == 1 and runs[0].data_file.startswith("sha256:")
+    remade = replace(runs[0], data_file="sha256:" + "ab" * 32, data_name="remade.h5")
+    groups = group_runs([remade, *runs[1:]])
+    assert sorted((g.dataset, len(g.runs)) for g in groups) == [
+        ("tupac16 [remade.h5 abababab]", 1),
+        (f"tupac16 [{runs[1].data_name} {runs[1].data_file[7:15]}]", len(runs) - 1)]
+
+
+def test_stratified_folds_with_equal_class_counts_are_summed_in_the_images_column(
+        runs_root):
+    """Equal per-class test counts do not mean one test set: CV folds hold other images."""
+    from capsmed.evaluate.layouts import per_class_tables
+
+    base = collect_runs([runs_root / "cv"]).runs[0]
+    folds = [replace(base, fold=f, confusion=np.asarray(cm)) for f, cm in
+             enumerate([[[8, 2], [1, 9]], [[7, 3], [2, 8]], [[9, 1], [0, 10]]])]
+    table = per_class_tables(group_runs(folds), "pooled")[0]
+    assert [row[1] for row in table.rows] == ["30", "30", "60"]
+    assert any("every image once" in n for n in table.notes)
 
 
 def test_latex_escaping():

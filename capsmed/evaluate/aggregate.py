@@ -15,7 +15,7 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,8 @@ class EvaluatedRun:
     per_class: dict[str, dict[str, float]]
     confusion: np.ndarray
     other: dict[str, Any] = field(default_factory=dict)
+    data_file: str = ""  # the training file: its content digest (or path, for old runs)
+    data_name: str = ""  # and its file name
 
     @property
     def repetition(self) -> tuple[int, int | None]:
@@ -176,7 +178,9 @@ def load_evaluated_run(run_dir: Path, report_name: str = "report") -> EvaluatedR
     dataset = str(report.get("dataset") or trained_on)
     if trained_on and trained_on != dataset:  # evaluate --data OTHER.h5
         dataset = f"{trained_on}->{dataset}"
-    if report.get("split") in ("train", "val"):  # never average them with test scores
+    elif trained_on and not _evaluated_on_own_file(config, report):  # same name, other file
+        dataset = f"{trained_on}->{Path(str(report['data'])).stem}"
+    if report.get("split", "test") != "test":  # never average them with test scores
         dataset = f"{dataset} ({report['split']})"
     settings = protocol_settings(train)
     other = {k: v for k, v in train.items()
@@ -193,7 +197,21 @@ def load_evaluated_run(run_dir: Path, report_name: str = "report") -> EvaluatedR
         per_class={name: {k: float(v) for k, v in values.items()
                           if k not in COUNT_KEYS and _is_number(v)}
                    for name, values in report["per_class"].items()},
-        confusion=confusion, other=other)
+        confusion=confusion, other=other,
+        data_file=str((config.get("dataset") or {}).get("digest") or train.get("data") or ""),
+        data_name=Path(str(train.get("data") or "")).name)
+
+
+def _evaluated_on_own_file(config: dict[str, Any], report: dict[str, Any]) -> bool:
+    """Whether the report scored the file the run trained on: by content digest, or by
+    path for reports written before evaluate recorded the digest."""
+    trained = (config.get("dataset") or {}).get("digest")
+    if trained and report.get("data_digest"):
+        return bool(report["data_digest"] == trained)
+    train_path = (config.get("train") or {}).get("data")
+    if not train_path or not report.get("data"):
+        return True
+    return Path(str(report["data"])).name == Path(str(train_path)).name
 
 
 def collect_runs(paths: Sequence[Path]) -> Collection:
@@ -267,6 +285,7 @@ def group_runs(runs: Sequence[EvaluatedRun], archs: Sequence[str] = ()) -> list[
     """
     if archs:
         runs = [r for r in runs if r.arch in archs]
+    runs = _tell_files_apart(runs)
     first_by_dataset: dict[str, EvaluatedRun] = {}
     for run in runs:
         first = first_by_dataset.setdefault(run.dataset, run)
@@ -285,6 +304,24 @@ def group_runs(runs: Sequence[EvaluatedRun], archs: Sequence[str] = ()) -> list[
     groups.sort(key=lambda g: (g.dataset, protocol_sort_key(g.settings),
                                arch_rank.get(g.arch, math.inf), g.arch))
     return groups
+
+
+def _tell_files_apart(runs: Sequence[EvaluatedRun]) -> list[EvaluatedRun]:
+    """Runs of one dataset name trained on different files (a remade or edited file)
+    are not repetitions of one experiment: their dataset label gains the file's name
+    and digest, so they are grouped apart instead of averaged."""
+    files: dict[str, set[str]] = {}
+    for run in runs:
+        files.setdefault(run.dataset, set()).add(run.data_file)
+    out = []
+    for run in runs:
+        if len(files[run.dataset]) > 1:
+            name = run.data_name
+            digest = run.data_file.partition(":")[2][:8]
+            label = f"{name} {digest}".strip() if digest else name
+            run = replace(run, dataset=f"{run.dataset} [{label}]")
+        out.append(run)
+    return out
 
 
 def group_warnings(groups: Sequence[Group]) -> list[str]:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from capsmed.data.contract import SplitData, read_info
+from capsmed.data.digest import file_digest
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
@@ -129,7 +130,8 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     title = f"{meta['arch']} on {info.dataset} / {split} (epoch {meta['epoch']})"
     report_dir = run_dir / report_name
     context = {"run_dir": str(run_dir), "arch": meta["arch"], "dataset": info.dataset,
-               "data": str(data_path), "split": split, "checkpoint_epoch": meta["epoch"],
+               "data": str(data_path), "data_digest": file_digest(data_path),
+               "split": split, "checkpoint_epoch": meta["epoch"],
                "samples": len(split_data), "auc_scores": score_kind}
     # written beside report_dir and renamed over it only when complete: a full disk or
     # an error leaves the earlier report as it was, and no partial one

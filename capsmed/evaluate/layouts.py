@@ -95,14 +95,19 @@ def _repetitions(group: Group) -> str:
 def _images_column(members: Sequence[Group],
                    supports: list[list[int]]) -> tuple[list[int], list[str]]:
     """Paper 001's Images column: the test samples per class, and what they are."""
-    test_sets = {tuple(int(v) for v in r.confusion.sum(axis=1))
-                 for g in members for r in g.runs}
-    if len(test_sets) == 1:  # seeds on one test split: show it, not n times it
+    runs = [r for g in members for r in g.runs]
+    test_sets = {tuple(int(v) for v in r.confusion.sum(axis=1)) for r in runs}
+    # seeds on one test split: show it, not n times it. Equal counts alone do not show
+    # that: stratified CV folds hold as many images of each class, but other images.
+    if len(test_sets) == 1 and all(r.fold is None for r in runs):
         images = list(next(iter(test_sets)))
         return images, [f"Images: test samples per class; every run was tested on the "
                         f"same {sum(images):,} images"]
     # CV folds: the summed test sets are the whole dataset, as in paper 001
-    notes = ["Images: test samples summed over the runs (over CV folds: every image once)"]
+    folds = [r.fold for r in members[0].runs]
+    once = ("every image once" if len(folds) == len(set(folds)) else
+            "every image once per repetition of its fold")
+    notes = [f"Images: test samples summed over the runs (over CV folds: {once})"]
     if any(s != supports[0] for s in supports):
         notes.append("the architectures were tested on different numbers of images; "
                      f"Images shows {members[0].arch}'s")
