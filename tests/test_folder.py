@@ -183,6 +183,24 @@ def test_tiff_colour_interpretations_are_read_as_they_look(tmp_path):
         read_image(tmp_path / "cmyk.tif")
 
 
+def test_colour_turned_grey_by_a_grey_first_image_is_warned_about(tmp_path, caplog):
+    root = tmp_path / "mixed"
+    _write(root / "a" / "0_grey.png", np.full((8, 8), 90, np.uint8))
+    for i in range(2):
+        _write(root / "a" / f"{i + 1}_colour.png", np.full((8, 8, 3), (10, 200, 60), np.uint8))
+    cfg = FolderConfig(fractions={"train": 1.0}, workers=1)
+    with caplog.at_level("WARNING"):
+        out = preprocess_folder(root, tmp_path / "grey.h5", cfg)
+    assert read_info(out).channels == 1
+    assert "2 colour image(s) converted to grey because the first image (a/0_grey.png)" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        preprocess_folder(root, tmp_path / "rgb.h5", FolderConfig(
+            channels=3, fractions={"train": 1.0}, workers=1))
+    assert "converted to grey" not in caplog.text
+
+
 def test_folds_are_stratified_and_keep_patients_together(tmp_path):
     root = tmp_path / "shapes"
     write_class_folders(root, classes=3, images_per_class=12, patients=6, size=24, seed=4)

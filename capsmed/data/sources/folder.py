@@ -287,7 +287,11 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
                     folds=folds[idx] if folds is not None else None)
             converted += res.converted
             low_range += res.low_range
-    if converted:
+    if converted and channels == 1 and cfg.channels is None:  # colour lost, unasked
+        log.warning("%d colour image(s) converted to grey because the first image (%s) is "
+                    "grey; pass --channels 3 to keep their colour", converted,
+                    files[keep[0]].rel)
+    elif converted:
         log.info("%d image(s) converted to %s", converted, "grey" if channels == 1 else "RGB")
     if low_range and cfg.scale16 == "full":
         log.warning("%d 16-bit image(s) use 12 bits or fewer and come out dark with "
