@@ -25,8 +25,12 @@ from pathlib import Path
 
 import yaml
 
+from capsmed.data.digest import file_digest
+from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
-from capsmed.pipeline.spec import Analysis, RunSpec, Stage
+from capsmed.pipeline.checks import run_filter
+from capsmed.pipeline.identity import run_identity
+from capsmed.pipeline.spec import Analysis, Pipeline, RunSpec, Stage
 from capsmed.pipeline.state import PipelineState
 
 
@@ -70,6 +74,20 @@ def stage_done(state: PipelineState, stage: Stage) -> bool:
     except (OSError, ValueError, KeyError):
         return True  # a file the user put there: trusted, never overwritten
     return made_by == command_hash(stage.commands)
+
+
+def remade_outputs(pipeline: Pipeline, state: PipelineState) -> set[str]:
+    """Data files that exist but will be made again (their stage's commands changed):
+    the runs that read them will train under a new identity."""
+    return {str(s.output) for s in pipeline.stages.values()
+            if s.output.is_file() and not stage_done(state, s)}
+
+
+def current_identity(run: RunSpec, remade: set[str]) -> str | None:
+    """The run's identity, or None while a file it reads is missing or to be remade
+    (the identity of the file there now belongs to the old data)."""
+    inputs = {str(run.train.get("data"))} | {str(e.data) for e in run.evaluations if e.data}
+    return None if inputs & remade else run_identity(run)
 
 
 def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) -> str | None:
@@ -149,21 +167,68 @@ def _file_status(run_dir: Path) -> str:
     return "started" if run_dir.exists() else "pending"
 
 
-def analysis_done(state: PipelineState, analysis: Analysis, argv: Sequence[str]) -> bool:
+def analysis_runs(analysis: Analysis, runs: Sequence[RunSpec]) -> list[RunSpec]:
+    """The runs the ``{runs:FILTER}`` arguments of an analysis select."""
+    filters = [f for f in map(run_filter, analysis.command) if f is not None]
+    return [r for r in runs if any(r.matches(f) for f in filters)]
+
+
+def analysis_argv(analysis: Analysis, pipeline: Pipeline, state: PipelineState) -> list[str]:
+    """The command with each ``{runs:FILTER}`` (a whole argument) replaced by the
+    folders of the matching runs of the whole grid."""
+    out = []
+    for arg in analysis.command:
+        selection = run_filter(arg)
+        if selection is None:
+            out.append(arg)
+            continue
+        dirs = [str(state.run_dir(r, run_identity(r) or "-")) for r in pipeline.runs
+                if r.matches(selection)]
+        if not dirs:  # checked when the file is read; here if the grid was changed since
+            raise CapsmedError(f"{pipeline.path}: analyses.{analysis.name}: {arg} matches "
+                               "no run")
+        out += dirs
+    return out
+
+
+def analysis_inputs(pipeline: Pipeline, argv: Sequence[str]) -> dict[str, str]:
+    """Content digests of the data stage outputs an analysis command names, so that
+    a dataset made again makes the analyses that read it run again."""
+    return {str(s.output): file_digest(s.output) for s in pipeline.stages.values()
+            if s.output.is_file() and any(str(s.output) in word for word in argv)}
+
+
+def analysis_done(state: PipelineState, analysis: Analysis, argv: Sequence[str],
+                  inputs: Mapping[str, str]) -> bool:
+    """Made by this command from these data files (and its output, if any, exists)."""
     record = state.records / "analyses" / f"{analysis.name}.json"
     try:
-        made = json.loads(record.read_text())["command"] == command_hash([argv])
-        return made and (analysis.output is None or analysis.output.exists())
-    except (OSError, ValueError, KeyError):
+        made = json.loads(record.read_text())
+        same = made["command"] == command_hash([argv]) and made.get("inputs", {}) == inputs
+        return same and (analysis.output is None or analysis.output.exists())
+    except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
+def analysed_run_dirs(pipeline: Pipeline, state: PipelineState) -> set[str]:
+    """Run folders that the pipeline's analyses, as it now stands, have written to:
+    the only ones whose ``analysis/`` files a table may read."""
+    out: set[str] = set()
+    for analysis in pipeline.analyses:
+        argv = analysis_argv(analysis, pipeline, state)
+        if analysis_done(state, analysis, argv, analysis_inputs(pipeline, argv)):
+            out |= {str(state.run_dir(r, run_identity(r) or "-"))
+                    for r in analysis_runs(analysis, pipeline.runs)}
+    return out
+
+
 def execute_analysis(state: PipelineState, analysis: Analysis, argv: Sequence[str],
-                     env: Mapping[str, str]) -> str | None:
+                     inputs: Mapping[str, str], env: Mapping[str, str]) -> str | None:
     log = state.out / "logs" / f"analysis-{analysis.name}.log"
     started = time.monotonic()
     if run_logged(capsmed_argv(*argv), log, env) != 0:
         return f"analysis '{analysis.name}' failed; see {log}"
     write_text_atomic(state.records / "analyses" / f"{analysis.name}.json", json.dumps(
-        {"command": command_hash([argv]), "seconds": round(time.monotonic() - started, 1)}))
+        {"command": command_hash([argv]), "inputs": dict(inputs),
+         "seconds": round(time.monotonic() - started, 1)}))
     return None

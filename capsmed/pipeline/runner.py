@@ -18,15 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from capsmed.errors import CapsmedError
+from capsmed.pipeline.checks import parse_selection
 from capsmed.pipeline.display import RunBoard
 from capsmed.pipeline.execute import (
+    analysis_argv,
     analysis_done,
+    analysis_inputs,
+    analysis_runs,
+    current_identity,
     execute_analysis,
     execute_stage,
+    remade_outputs,
     stage_done,
 )
-from capsmed.pipeline.spec import Pipeline, RunSpec, Stage, parse_selection
-from capsmed.pipeline.state import PipelineState, run_identity
+from capsmed.pipeline.spec import Pipeline, RunSpec, Stage
+from capsmed.pipeline.state import PipelineState
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +100,23 @@ def check_inputs(pipeline: Pipeline, stages: Sequence[Stage], state: PipelineSta
 
 def plan(pipeline: Pipeline, runs: Sequence[RunSpec], state: PipelineState
          ) -> list[tuple[RunSpec, str | None, str]]:
-    """Each run with its identity (None until its data exists) and its status."""
-    out = []
+    """Each run with its identity (None until its data exists) and its status:
+    ``outdated`` when a data stage it reads will be made again (changed commands), so
+    its finished folder, if any, no longer counts."""
+    remade = remade_outputs(pipeline, state)
+    out: list[tuple[RunSpec, str | None, str]] = []
+    owner: dict[str, str] = {}
     for run in runs:
-        run_id = run_identity(run)
+        run_id = current_identity(run, remade)
+        if run_id is None:
+            inputs = {str(run.train.get("data"))} | {str(e.data) for e in run.evaluations}
+            out.append((run, None, "outdated" if inputs & remade else "pending"))
+            continue
+        other = owner.setdefault(run_id, run.label)
+        if other != run.label:  # the same options on two data files of equal content
+            raise CapsmedError(f"{pipeline.path}: runs {other} and {run.label} have one "
+                               f"identity ({run_id}): same options, data of the same "
+                               "content; drop one of them")
         out.append((run, run_id, state.status(run, run_id)))
     return out
 
@@ -158,12 +177,12 @@ def run_pipeline(pipeline: Pipeline, options: RunOptions) -> int:
                                      pipeline.name))
             if not failures:
                 failures.update(_analyses(pipeline, state, runs, board))
-        if options.report:
+        if options.report:  # over every finished run of the grid, not just the selection
             from capsmed.pipeline.study import write_study_report
 
-            written = write_study_report(pipeline, state, runs)
-            if written:
-                board.note(f"report: {written}")
+            written = write_study_report(pipeline, state, pipeline.runs)
+            board.note(f"report: {written}" if written else "no study report: no run of "
+                       "this pipeline is evaluated yet (any earlier study.md was removed)")
     finally:
         state.release_lock()
     board.summary(failures, time.monotonic() - started, state)
@@ -201,37 +220,27 @@ def _execute(state: PipelineState, todo: list[tuple[RunSpec, str]], kind: str, j
     return {labels[k]: v for k, v in failures.items()}
 
 
-def expand_run_filters(argv: Sequence[str], pipeline: Pipeline, state: PipelineState,
-                       runs: Sequence[RunSpec]) -> list[str]:
-    """``{runs:arch=capsnet}`` (a whole argument) -> the matching runs' directories."""
-    out = []
-    for arg in argv:
-        if arg.startswith("{runs:") and arg.endswith("}"):
-            selection = parse_selection([arg[6:-1]], "{runs:...}") if arg[6:-1] else {}
-            dirs = [str(state.run_dir(r, run_identity(r) or "-")) for r in runs
-                    if r.matches(selection)]
-            if not dirs:
-                raise CapsmedError(f"{pipeline.path}: {arg} matches no run")
-            out += dirs
-        else:
-            out.append(arg)
-    return out
-
-
 def _analyses(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
               board: RunBoard) -> dict[str, str]:
+    """Run the analyses not done with this command and these data files. One that
+    reads a run outside --only/--exclude waits for a run of the whole grid (on a part
+    of its runs it would write a different result under the same name)."""
     failures = {}
+    selected = {r.label for r in runs}
     for analysis in pipeline.analyses:
-        try:
-            argv = expand_run_filters(analysis.command, pipeline, state, runs)
-        except CapsmedError as exc:  # e.g. --only left out the runs it needs
-            board.note(f"analysis '{analysis.name}' skipped: {exc}")
+        outside = [r.label for r in analysis_runs(analysis, pipeline.runs)
+                   if r.label not in selected]
+        if outside:
+            board.note(f"analysis '{analysis.name}' not run: it reads {len(outside)} "
+                       f"run(s) outside the selection ({outside[0]}, ...)")
             continue
-        if analysis_done(state, analysis, argv):
+        argv = analysis_argv(analysis, pipeline, state)
+        inputs = analysis_inputs(pipeline, argv)
+        if analysis_done(state, analysis, argv, inputs):
             continue
         board.note(f"analysis '{analysis.name}'"
                    + (f" -> {analysis.output}" if analysis.output else ""))
-        reason = execute_analysis(state, analysis, argv, {})
+        reason = execute_analysis(state, analysis, argv, inputs, {})
         if reason:
             failures[f"analysis {analysis.name}"] = reason
     return failures

@@ -25,6 +25,14 @@ from typing import Any
 import yaml
 
 from capsmed.errors import CapsmedError
+from capsmed.pipeline.checks import (
+    check_distinct_runs,
+    check_report,
+    check_selection,
+    grid_axes,
+    matches_selection,
+    run_filter,
+)
 from capsmed.train.config import TrainConfig
 
 TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "exclude",
@@ -32,8 +40,6 @@ TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "ex
 STAGE_KEYS = {"output", "requires", "commands", "scratch", "note"}
 EVALUATE_KEYS = {"name", "split", "data", "agreement", "batch_size"}
 ANALYSIS_KEYS = {"name", "output", "command", "note"}
-TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
-              "scale", "note", "file", "key"}
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.:=,+-]*)\}")
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -134,19 +140,6 @@ def _lookup(name: str, names: Mapping[str, Any], where: str, path: Path) -> Any:
     return names[name]
 
 
-def parse_selection(items: list[str] | None, option: str) -> dict[str, set[str]]:
-    """``["arch=capsnet,dataset=mnist", "seed=0"]`` -> ``{"arch": {"capsnet"}, ...}``;
-    a field given twice keeps either value."""
-    out: dict[str, set[str]] = {}
-    for item in items or []:
-        for pair in item.split(","):
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip() or not value.strip():
-                raise CapsmedError(f"{option} expects FIELD=VALUE[,FIELD=VALUE], got '{pair}'")
-            out.setdefault(key.strip(), set()).add(value.strip())
-    return out
-
-
 def _variables(raw: dict[str, Any], overrides: Mapping[str, Any], path: Path) -> dict[str, Any]:
     """YAML defaults < environment ``CAPSMED_<NAME>`` < ``--set``; then filled in order."""
     declared = raw.get("variables") or {}
@@ -207,14 +200,6 @@ def _combinations(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     return combos
 
 
-def _matches(when: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
-    for key, wanted in when.items():
-        options = wanted if isinstance(wanted, list) else [wanted]
-        if str(fields.get(key)) not in {str(o) for o in options}:
-            return False
-    return True
-
-
 def _merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
     """Merge ``extra`` into ``into``; nested mappings (``model_kwargs``) merge too."""
     for key, value in extra.items():
@@ -237,6 +222,13 @@ def _evaluations(items: Any, where: str, path: Path) -> tuple[Evaluation, ...]:
         if not isinstance(item, dict) or set(item) - EVALUATE_KEYS:
             raise _fail(path, f"{where}: each evaluation is a mapping of "
                         f"{', '.join(sorted(EVALUATE_KEYS))}")
+        bad = [k for k, kind in (("agreement", bool), ("batch_size", int))
+               if item.get(k) is not None
+               and (not isinstance(item[k], kind) or isinstance(item[k], bool) != (kind is bool))]
+        if bad:  # agreement: "no" would be a true string: the Agr evaluation, unasked
+            raise _fail(path, f"{where}: {bad[0]} must be "
+                        f"{'true or false' if bad[0] == 'agreement' else 'an integer'}, "
+                        f"got '{item[bad[0]]}'")
         out.append(Evaluation(**item))
     names = [e.name for e in out]
     if len(set(names)) != len(names):
@@ -244,25 +236,48 @@ def _evaluations(items: Any, where: str, path: Path) -> tuple[Evaluation, ...]:
     return tuple(out)
 
 
-def _runs(raw: dict[str, Any], names: dict[str, Any], stages: dict[str, Stage],
-          path: Path) -> list[RunSpec]:
+def _check_rules(raw: dict[str, Any], axes: Mapping[str, list[str]], path: Path) -> None:
+    """A misspelt field or value in ``when`` or ``exclude`` would match nothing."""
     excluded = raw.get("exclude") or []
+    if not isinstance(excluded, list):
+        raise _fail(path, "'exclude' must be a list of {field: value(s)}")
+    for i, item in enumerate(excluded):
+        check_selection(item, axes, f"exclude[{i}]", path)
+    for i, rule in enumerate(raw.get("rules") or []):
+        if not isinstance(rule, dict) or set(rule) - {"when", "set"} or "set" not in rule \
+                or not isinstance(rule["set"], dict):
+            raise _fail(path, f"rules[{i}]: expected 'when' (optional) and 'set' (a mapping)")
+        check_selection(rule.get("when") or {}, axes, f"rules[{i}].when", path)
+
+
+def _grid_options(fields: Mapping[str, Any], stages: dict[str, Stage]) -> dict[str, Any]:
+    """The options a grid point sets: its train-option axes, and ``data`` when its
+    ``dataset`` names a data stage (over ``train.data``: the axis is what varies)."""
+    opts = {k: v for k, v in fields.items() if k in TRAIN_FIELDS}
+    if fields.get("dataset") in stages:
+        opts["data"] = str(stages[fields["dataset"]].output)
+    return opts
+
+
+def _runs(raw: dict[str, Any], names: dict[str, Any], stages: dict[str, Stage],
+          combos: list[dict[str, Any]], path: Path) -> list[RunSpec]:
     rules = raw.get("rules") or []
-    for i, rule in enumerate(rules):
-        if not isinstance(rule, dict) or set(rule) - {"when", "set"} or "set" not in rule:
-            raise _fail(path, f"rules[{i}]: expected 'when' (optional) and 'set'")
     runs = []
-    for fields in _combinations(raw, path):
-        if any(_matches(x, fields) for x in excluded):
+    for fields in combos:
+        if any(matches_selection(x, fields) for x in raw.get("exclude") or []):
             continue
         label = run_label(fields)
         opts: dict[str, Any] = copy.deepcopy(raw.get("train") or {})
-        opts.update({k: v for k, v in fields.items() if k in TRAIN_FIELDS})
+        from_grid = _grid_options(fields, stages)
+        opts.update(from_grid)
         stage = fields.get("dataset") if fields.get("dataset") in stages else None
-        if stage is not None:
-            opts.setdefault("data", str(stages[stage].output))
-        for rule in rules:
-            if _matches(rule.get("when") or {}, fields):
+        for i, rule in enumerate(rules):
+            if matches_selection(rule.get("when") or {}, fields):
+                clash = sorted(set(rule["set"]) & set(from_grid))
+                if clash:
+                    raise _fail(path, f"rules[{i}] sets {', '.join(clash)}, which the grid "
+                                f"sets for run {label}: the rule would override the axis "
+                                "(give the values on the grid, or rename the axis)")
                 _merge(opts, rule["set"])
         local = {**names, **{k: v for k, v in fields.items()}}
         opts = interpolate(opts, local, f"run {label}", path)
@@ -274,11 +289,13 @@ def _runs(raw: dict[str, Any], names: dict[str, Any], stages: dict[str, Stage],
     labels = [r.label for r in runs]
     if len(set(labels)) != len(labels):
         raise _fail(path, "two grid combinations give the same run label")
+    check_distinct_runs(runs, path, sorted(TRAIN_FIELDS))
     return runs
 
 
-def _analyses(raw: dict[str, Any], names: dict[str, Any], path: Path) -> list[Analysis]:
-    out = []
+def _analyses(raw: dict[str, Any], names: dict[str, Any], runs: list[RunSpec],
+              axes: Mapping[str, list[str]], path: Path) -> list[Analysis]:
+    out: list[Analysis] = []
     for i, spec in enumerate(raw.get("analyses") or []):
         if not isinstance(spec, dict) or set(spec) - ANALYSIS_KEYS or not {
                 "name", "command"} <= set(spec):
@@ -291,34 +308,26 @@ def _analyses(raw: dict[str, Any], names: dict[str, Any], path: Path) -> list[An
         keep = {m: m for m in re.findall(r"\{(runs:[^}]*)\}", " ".join(map(str, spec["command"])))}
         command = tuple(str(interpolate(a, {**local, **{k: "{" + k + "}" for k in keep}},
                                         where, path)) for a in spec["command"])
+        for arg in command:
+            _check_run_filter(arg, runs, axes, where, path)
+        if any(a.name == str(spec["name"]) for a in out):
+            raise _fail(path, f"{where}: two analyses have this name (their records would mix)")
         out.append(Analysis(str(spec["name"]), output, command))
     return out
 
 
-def _check_report(report: Any, fields: set[str], path: Path) -> None:
-    """Table specs are checked when the file is read, not hours later at the end."""
-    if not isinstance(report, dict):
-        raise _fail(path, "'report' must be a mapping")
-    for i, spec in enumerate(report.get("tables") or []):
-        where = f"report.tables[{i}]"
-        if not isinstance(spec, dict):
-            raise _fail(path, f"{where}: expected a mapping")
-        bad = sorted(set(spec) - TABLE_KEYS)
-        if bad:
-            raise _fail(path, f"{where}: unknown key(s) {', '.join(bad)} (allowed: "
-                        f"{', '.join(sorted(TABLE_KEYS))})")
-        kind = spec.get("kind", "metric")
-        if kind not in ("metric", "per_class"):
-            raise _fail(path, f"{where}: kind must be metric or per_class, got '{kind}'")
-        needed = ("rows", "columns") if kind == "metric" else ()
-        for key in needed:
-            if spec.get(key) not in fields:
-                known = ", ".join(sorted(fields))
-                raise _fail(path, f"{where}: {key} must be a grid field ({known}), got "
-                            f"'{spec.get(key)}'")
-        unknown = sorted(set(spec.get("where") or {}) - fields)
-        if unknown:
-            raise _fail(path, f"{where}: 'where' names unknown field(s) {', '.join(unknown)}")
+def _check_run_filter(arg: str, runs: list[RunSpec], axes: Mapping[str, list[str]],
+                      where: str, path: Path) -> None:
+    """An analysis over no run (a misspelt filter) would be skipped, not run."""
+    selection = run_filter(arg)
+    if selection is None:
+        if "{runs:" in arg:
+            raise _fail(path, f"{where}: {arg}: a {{runs:...}} filter must be a whole "
+                        "argument")
+        return
+    check_selection(selection, axes, f"{where}: {arg}", path)
+    if not any(r.matches(selection) for r in runs):
+        raise _fail(path, f"{where}: {arg} matches no run of the grid")
 
 
 def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pipeline:
@@ -342,11 +351,14 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     names["out"] = str(out)
     stages = _stages(raw, names, path)
     names.update({f"datasets.{k}": str(s.output) for k, s in stages.items()})
-    runs = _runs(raw, names, stages, path)
-    _check_report(raw.get("report") or {}, {k for r in runs for k in r.fields}, path)
+    combos = _combinations(raw, path)
+    axes = grid_axes(combos)
+    _check_rules(raw, axes, path)
+    runs = _runs(raw, names, stages, combos, path)
+    check_report(raw.get("report") or {}, runs, axes, path)
     return Pipeline(path=path, name=str(raw["name"]), description=str(raw.get("description",
                     "")).strip(), variables=names, stages=stages,
-                    runs=runs, analyses=_analyses(raw, names, path),
+                    runs=runs, analyses=_analyses(raw, names, runs, axes, path),
                     report=raw.get("report") or {},
                     executor=interpolate(raw.get("executor") or {}, names, "executor", path),
                     out=out, raw=raw)

@@ -12,15 +12,18 @@
 
 A ``metric`` table can also read its numbers from a file each run folder holds (an
 analysis' JSON): ``file: analysis/compactness/compactness.json`` and ``key:`` a dotted
-path in it. ``scale: 100`` prints percentages, as papers often do. The tables go to
-``OUT/report/study.md`` and ``study.json``; ``capsmed report``'s own tables (all runs
-grouped by dataset, architecture and protocol) go to ``OUT/report/aggregate/``.
+path in it (a file under ``analysis/`` only where the pipeline's analyses, as the
+file now stands, wrote it). ``scale: 100`` prints percentages, as papers often do. The
+tables go to ``OUT/report/study.md`` and ``study.json``; ``capsmed report``'s own
+tables (all runs grouped by dataset, architecture and protocol) go to
+``OUT/report/aggregate/``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,27 +32,31 @@ from capsmed.errors import CapsmedError
 from capsmed.evaluate.aggregate import EvaluatedRun, describe, load_evaluated_run
 from capsmed.evaluate.per_class import pooled_per_class
 from capsmed.io import write_text_atomic
+from capsmed.pipeline.checks import matches_selection
+from capsmed.pipeline.execute import analysed_run_dirs, current_identity, remade_outputs
 from capsmed.pipeline.spec import Pipeline, RunSpec
-from capsmed.pipeline.state import PipelineState, run_identity
+from capsmed.pipeline.state import PipelineState
 
 log = logging.getLogger(__name__)
-
-
 
 
 def _number(value: float | None, scale: float, digits: int) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
+def _current_dirs(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
+                  ) -> list[tuple[RunSpec, Path]]:
+    """The folder of each run that has an identity now (its data made and current)."""
+    remade = remade_outputs(pipeline, state)
+    return [(r, state.run_dir(r, run_id)) for r in runs
+            if (run_id := current_identity(r, remade)) is not None]
+
+
 def _evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
                evaluation: str) -> list[tuple[RunSpec, EvaluatedRun]]:
-    out = []
-    for run in runs:
-        run_id = run_identity(run)
-        run_dir = state.run_dir(run, run_id) if run_id else None
-        if run_dir is not None and (run_dir / evaluation / "report.json").is_file():
-            out.append((run, load_evaluated_run(run_dir, evaluation)))
-    return out
+    return [(run, load_evaluated_run(run_dir, evaluation))
+            for run, run_dir in _current_dirs(pipeline, state, runs)
+            if (run_dir / evaluation / "report.json").is_file()]
 
 
 def _paper(spec: Mapping[str, Any], row: str, column: str | None = None) -> Any:
@@ -77,20 +84,28 @@ def _json_value(path: Path, key: str) -> float | None:
 
 
 def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineState,
-                 runs: Sequence[RunSpec], default_metric: str) -> list[tuple[RunSpec, float]]:
+                 runs: Sequence[RunSpec], default_metric: str,
+                 analysed: set[str] | None = None) -> list[tuple[RunSpec, float]]:
     """One number per finished run: ``metric`` of its ``evaluation`` report, or, with
     ``file`` (relative to the run folder, e.g. an analysis' JSON) and ``key`` (a dotted
-    path in it), that number."""
+    path in it), that number. A file under ``analysis/`` is read only from the run
+    folders in ``analysed`` (:func:`analysed_run_dirs`): one left there by an analysis
+    of an earlier version of the pipeline is not this pipeline's result."""
     if spec.get("file"):
-        out = []
-        for run in runs:
-            run_id = run_identity(run)
-            if run_id is None:
+        out, stale = [], 0
+        for run, run_dir in _current_dirs(pipeline, state, runs):
+            path = run_dir / str(spec["file"])
+            if str(spec["file"]).startswith("analysis/") and analysed is not None \
+                    and str(run_dir) not in analysed:
+                stale += path.is_file()
                 continue
-            value = _json_value(state.run_dir(run, run_id) / str(spec["file"]),
-                                str(spec.get("key", default_metric)))
+            value = _json_value(path, str(spec.get("key", default_metric)))
             if value is not None:
                 out.append((run, value))
+        if stale:
+            log.warning("%s: %d run folder(s) hold %s from an analysis this pipeline does "
+                        "not make (or not from these runs and data); not read", pipeline.path,
+                        stale, spec["file"])
         return out
     metric = spec.get("metric", default_metric)
     return [(r, e.metrics[metric]) for r, e in
@@ -161,18 +176,17 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     default_metric = report.get("metric", "macro_f1")
     out_dir = state.out / "report"
     sections, data = [f"# {pipeline.name}\n", pipeline.description + "\n"], []
+    analysed = analysed_run_dirs(pipeline, state)
     for i, spec in enumerate(report.get("tables") or []):
-        chosen = [r for r in runs if all(str(r.fields.get(k)) in
-                                         {str(v) for v in (w if isinstance(w, list) else [w])}
-                                         for k, w in (spec.get("where") or {}).items())]
+        chosen = [r for r in runs if matches_selection(spec.get("where") or {}, r.fields)]
         kind = spec.get("kind", "metric")
         found: Sequence[Any] = (
             _evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
             if kind == "per_class" else
-            table_values(spec, pipeline, state, chosen, default_metric))
+            table_values(spec, pipeline, state, chosen, default_metric, analysed))
         title = spec.get("title", f"table {i + 1}")
         if not found:
-            sections.append(f"## {title}\n\nno finished run yet\n")
+            sections.append(f"## {title}\n\n{_why_empty(spec, pipeline, state, chosen)}\n")
             continue
         lines, numbers = (per_class_table(spec, found) if kind == "per_class"
                           else metric_table(spec, found))
@@ -182,18 +196,46 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
         note = f"{spec['note']}\n\n" if spec.get("note") else ""
         sections.append(f"## {title}\n\n{note}" + "\n".join(lines) + "\n")
         data.append({"title": title, "kind": kind, "runs": len(found), **numbers})
-    done = _evaluated(pipeline, state, runs, "report")
-    if not done:
+    if not data and not _any_evaluated(pipeline, state, runs):
+        # nothing of this pipeline to show: an older study.md must not pass for its report
+        for stale in ("study.md", "study.json"):
+            (out_dir / stale).unlink(missing_ok=True)
+        shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
+        log.warning("%s: no study report written: no run of it is evaluated yet",
+                    pipeline.path)
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
-    _aggregate([e.path for _, e in done], out_dir / "aggregate", default_metric)
+    done = _evaluated(pipeline, state, runs, "report")
+    if done:
+        _aggregate([e.path for _, e in done], out_dir / "aggregate", default_metric)
+    else:  # capsmed report reads each run's report/ folder
+        shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
+        log.warning("%s: no aggregate/ tables: capsmed report reads each run's evaluation "
+                    "named 'report', and no run has one yet", pipeline.path)
     sections.append("Cells: mean ± sample std over the repetitions (n), [the paper's "
-                    "number]. All runs grouped by dataset, architecture and protocol: "
-                    "aggregate/.\n")
+                    "number]. " + ("All runs grouped by dataset, architecture and protocol: "
+                                   "aggregate/.\n" if done else "\n"))
     path = out_dir / "study.md"
     write_text_atomic(path, "\n".join(sections))
     write_text_atomic(out_dir / "study.json", json.dumps(data, indent=1, default=str))
     return path
+
+
+def _any_evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
+                   ) -> bool:
+    return any((run_dir / e.name / "report.json").is_file()
+               for run, run_dir in _current_dirs(pipeline, state, runs) for e in run.evaluations)
+
+
+def _why_empty(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineState,
+               runs: Sequence[RunSpec]) -> str:
+    """The line an empty table shows: no finished run, or finished runs without it."""
+    if spec.get("file") or spec.get("kind", "metric") == "per_class":
+        return "no finished run yet"
+    evaluated = _evaluated(pipeline, state, runs, spec.get("evaluation", "report"))
+    metric = spec.get("metric", pipeline.report.get("metric", "macro_f1"))
+    return (f"none of the {len(evaluated)} finished runs has {metric} in its report"
+            if evaluated else "no finished run yet")
 
 
 def _aggregate(run_dirs: Sequence[Path], out: Path, metric: str) -> None:

@@ -1,0 +1,169 @@
+"""Checks of a pipeline file that need its whole expanded grid, made when it is read.
+
+A field or value that a rule, an exclusion, a table or an analysis filter names but
+the grid does not have would match nothing, and an axis that sets nothing would train
+one run several times under several labels: either way the study exits 0 but is not
+the one its YAML describes. So each is a one-line error naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from capsmed.errors import CapsmedError
+from capsmed.pipeline.identity import RunLike, identity_payload
+
+REPORT_KEYS = {"metric", "tables"}
+TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
+              "scale", "note", "file", "key"}
+
+
+def _fail(path: Path, message: str) -> CapsmedError:
+    return CapsmedError(f"{path}: {message}")
+
+
+def known_metrics() -> list[str]:
+    """The run-level numbers ``capsmed evaluate``'s report.json gives a table
+    (:func:`capsmed.evaluate.aggregate.overall_metrics`; the Agr report adds two)."""
+    from capsmed.evaluate.aggregate import METRIC_ORDER
+
+    return [*METRIC_ORDER, "agreement_mean_accuracy"]
+
+
+def values_of(wanted: Any) -> list[Any]:
+    """A selection's value, or its list (any of them) of values."""
+    return list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
+
+
+def matches_selection(selection: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
+    """Whether every named field has one of its selected values (compared as text)."""
+    return all(str(fields.get(k)) in {str(v) for v in values_of(wanted)}
+               for k, wanted in selection.items())
+
+
+def parse_selection(items: list[str] | None, option: str) -> dict[str, set[str]]:
+    """``["arch=capsnet,dataset=mnist", "seed=0"]`` -> ``{"arch": {"capsnet"}, ...}``;
+    a field given twice keeps either value."""
+    out: dict[str, set[str]] = {}
+    for item in items or []:
+        for pair in item.split(","):
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip() or not value.strip():
+                raise CapsmedError(f"{option} expects FIELD=VALUE[,FIELD=VALUE], got '{pair}'")
+            out.setdefault(key.strip(), set()).add(value.strip())
+    return out
+
+
+def run_filter(arg: str) -> dict[str, set[str]] | None:
+    """The selection of an analysis argument ``{runs:FIELD=VALUE,...}``, else None."""
+    if not (arg.startswith("{runs:") and arg.endswith("}")):
+        return None
+    return parse_selection([arg[6:-1]], "{runs:...}") if arg[6:-1] else {}
+
+
+def grid_axes(combos: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Each grid field and its values (as text), over every block; ``None`` (YAML
+    ``null``) is a value of a field some block lacks: it selects that block's runs."""
+    combos = list(combos)
+    axes: dict[str, list[str]] = {}
+    for combo in combos:
+        for key, value in combo.items():
+            values = axes.setdefault(key, [])
+            if str(value) not in values:
+                values.append(str(value))
+    for key, values in axes.items():
+        if any(key not in combo for combo in combos):
+            values.append(str(None))
+    return axes
+
+
+def check_selection(selection: Any, axes: Mapping[str, list[str]], where: str,
+                    path: Path) -> None:
+    """Refuse a field the grid lacks, or a value that is not on that field's axis."""
+    if not isinstance(selection, Mapping):
+        raise _fail(path, f"{where}: expected a mapping of grid field: value(s), got "
+                    f"'{selection}'")
+    for key, wanted in selection.items():
+        if key not in axes:
+            raise _fail(path, f"{where}: unknown grid field '{key}' (the grid has: "
+                        f"{', '.join(axes)})")
+        bad = [str(v) for v in values_of(wanted) if str(v) not in axes[key]]
+        if bad:
+            raise _fail(path, f"{where}: {key} has no value {', '.join(bad)} on the grid "
+                        f"(its values: {', '.join(axes[key])})")
+
+
+def check_distinct_runs(runs: Iterable[RunLike], path: Path, train_fields: Iterable[str]
+                        ) -> None:
+    """Refuse two grid points that would train the very same run (an axis that sets
+    no option, such as a misspelt ``seeds``): they would share one run identity."""
+    seen: dict[str, RunLike] = {}
+    for run in runs:
+        key = json.dumps(identity_payload(run, lambda p: f"file {p}"), sort_keys=True,
+                         default=str)
+        other = seen.setdefault(key, run)
+        if other is run:
+            continue
+        differ = [k for k in dict.fromkeys([*other.fields, *run.fields])
+                  if str(other.fields.get(k)) != str(run.fields.get(k))]
+        hints = [f"'{k}' is not a capsmed train option; did you mean '{m[0]}'?"
+                 for k in differ if (m := difflib.get_close_matches(k, train_fields, 1))]
+        raise _fail(path, f"grid points {other.label} and {run.label} are the same run "
+                    f"(same options, data and evaluations): {', '.join(differ)} sets "
+                    "nothing; name a capsmed train option, or use it in a rule or a "
+                    "{placeholder}" + (f" ({' '.join(hints)})" if hints else ""))
+
+
+def _check_metric(metric: Any, where: str, path: Path) -> None:
+    if metric not in known_metrics():
+        raise _fail(path, f"{where}: unknown metric '{metric}' (report.json gives: "
+                    f"{', '.join(known_metrics())})")
+
+
+def check_report(report: Any, runs: list[RunLike], axes: Mapping[str, list[str]],
+                 path: Path) -> None:
+    """Table specs are checked when the file is read, not hours later at the end."""
+    if not isinstance(report, dict):
+        raise _fail(path, "'report' must be a mapping")
+    bad = sorted(set(report) - REPORT_KEYS)
+    if bad:
+        raise _fail(path, f"report: unknown key(s) {', '.join(bad)} (allowed: "
+                    f"{', '.join(sorted(REPORT_KEYS))})")
+    default_metric = report.get("metric", "macro_f1")
+    _check_metric(default_metric, "report.metric", path)
+    for i, spec in enumerate(report.get("tables") or []):
+        _check_table(spec, f"report.tables[{i}]", runs, axes, path)
+
+
+def _check_table(spec: Any, where: str, runs: list[RunLike],
+                 axes: Mapping[str, list[str]], path: Path) -> None:
+    if not isinstance(spec, dict):
+        raise _fail(path, f"{where}: expected a mapping")
+    bad = sorted(set(spec) - TABLE_KEYS)
+    if bad:
+        raise _fail(path, f"{where}: unknown key(s) {', '.join(bad)} (allowed: "
+                    f"{', '.join(sorted(TABLE_KEYS))})")
+    kind = spec.get("kind", "metric")
+    if kind not in ("metric", "per_class"):
+        raise _fail(path, f"{where}: kind must be metric or per_class, got '{kind}'")
+    for key in ("rows", "columns") if kind == "metric" else ():
+        if spec.get(key) not in axes:
+            raise _fail(path, f"{where}: {key} must be a grid field ({', '.join(axes)}), "
+                        f"got '{spec.get(key)}'")
+    check_selection(spec.get("where") or {}, axes, f"{where}.where", path)
+    chosen = [r for r in runs if matches_selection(spec.get("where") or {}, r.fields)]
+    if not chosen:
+        raise _fail(path, f"{where}: 'where' matches no run of the grid")
+    if kind == "metric" and spec.get("file"):
+        return
+    if "metric" in spec:
+        _check_metric(spec["metric"], f"{where}.metric", path)
+    evaluation = spec.get("evaluation", "report")
+    names = list(dict.fromkeys(e.name for r in chosen for e in r.evaluations))
+    if evaluation not in names:
+        raise _fail(path, f"{where}: evaluation '{evaluation}' is not an evaluation of "
+                    f"its runs ({', '.join(names)})")

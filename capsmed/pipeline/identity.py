@@ -1,0 +1,64 @@
+"""A run's identity: one hash of what it computes, so a changed run gets a new folder.
+
+The same payload serves twice: with the content digests of the ``.h5`` files
+(:func:`run_identity`, the folder name) and, when the file is read, with their paths
+(:func:`capsmed.pipeline.checks.check_distinct_runs`), so that two grid points that
+would train the very same run are refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from capsmed.data.digest import file_digest
+
+# Options that change how fast a run goes or where it writes, not what it computes.
+NOT_IDENTITY = frozenset({"out", "device", "data_loading", "loader_workers", "tensorboard",
+                          "compile", "channels_last", "eval_batch_size"})
+
+
+class RunLike(Protocol):
+    """What identity and the checks read of a :class:`capsmed.pipeline.spec.RunSpec`
+    (a protocol, so that spec, which runs the checks, need not be imported here)."""
+
+    fields: dict[str, Any]
+    label: str
+    train: dict[str, Any]
+    evaluations: tuple[Any, ...]
+
+
+def identity_payload(run: RunLike, digest: Callable[[str], str | None]
+                     ) -> dict[str, Any] | None:
+    """What a run computes: its options, evaluations and ``digest`` of each input
+    file; None when ``digest`` knows no value for one of them yet."""
+    data = digest(str(run.train.get("data")))
+    if data is None:
+        return None
+    evaluations = []
+    for e in run.evaluations:
+        other = digest(e.data) if e.data else None
+        if e.data and other is None:
+            return None
+        evaluations.append({**{k: v for k, v in dataclasses.asdict(e).items()
+                               if k != "batch_size"}, "data": other})  # speed only
+    train = {k: v for k, v in run.train.items() if k not in NOT_IDENTITY and k != "data"}
+    return {"train": train, "data": data, "evaluate": evaluations}
+
+
+def _digest_or_none(value: str) -> str | None:
+    return file_digest(Path(value)) if Path(value).is_file() else None
+
+
+def run_identity(run: RunLike) -> str | None:
+    """12 hex digits of a hash of the run's options and input digests; None while its
+    data file does not exist yet (a data stage will make it)."""
+    payload = identity_payload(run, _digest_or_none)
+    if payload is None:
+        return None
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

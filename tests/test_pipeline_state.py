@@ -1,0 +1,238 @@
+"""What capsmed run reads back from its folder: run status when data will be remade,
+analyses redone on new data, the study report over the whole grid and never stale,
+running markers of dead jobs, and the runner lock. No training: run folders and data
+files are stand-ins (any bytes have a content digest)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from capsmed.errors import CapsmedError
+from capsmed.pipeline import execute, runner
+from capsmed.pipeline import state as state_module
+from capsmed.pipeline.display import RunBoard
+from capsmed.pipeline.identity import run_identity
+from capsmed.pipeline.spec import load_pipeline
+from capsmed.pipeline.state import PipelineState
+
+SMOKE = Path(__file__).resolve().parents[1] / "pipelines" / "smoke.yaml"
+
+
+def _pipeline(tmp_path: Path, change=None):
+    """The smoke pipeline in ``tmp_path/out``, its data file a stand-in."""
+    raw = copy.deepcopy(yaml.safe_load(SMOKE.read_text()))
+    raw["variables"]["out"] = str(tmp_path / "out")
+    if change:
+        change(raw)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    pipeline = load_pipeline(path)
+    data = pipeline.stages["tupac16"].output
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_bytes(b"version 1")
+    return pipeline, PipelineState(pipeline.out)
+
+
+def _finished(state: PipelineState, run, evaluation: str = "report",
+              files: dict | None = None) -> Path:
+    run_dir = state.run_dir(run, run_identity(run))
+    (run_dir / evaluation).mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"epochs_run": 1}))
+    (run_dir / evaluation / "report.json").write_text("{}")
+    for name, value in (files or {}).items():
+        path = run_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+    return run_dir
+
+
+def _run(pipeline, label):
+    return next(r for r in pipeline.runs if r.label == label)
+
+
+def test_runs_on_data_to_be_remade_are_outdated_not_done(tmp_path):
+    pipeline, state = _pipeline(tmp_path)
+    _finished(state, pipeline.runs[0])
+    assert runner.status_rows(pipeline, state, pipeline.runs)[0]["status"] == "done"
+    record = state.records / "stages" / "tupac16.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"commands": "made-by-other-commands"}))
+    rows = runner.status_rows(pipeline, state, pipeline.runs)
+    assert {(r["status"], r["id"]) for r in rows} == {("outdated", None)}
+
+
+def test_analyses_run_again_when_a_dataset_they_read_is_remade(tmp_path, monkeypatch):
+    pipeline, state = _pipeline(tmp_path, lambda raw: raw.update({"analyses": [
+        {"name": "transfer", "output": "{out}/analysis/transfer",
+         "command": ["analyze", "transfer", "--a", "{datasets.tupac16}", "-o", "{output}"]}]}))
+    calls = []
+    monkeypatch.setattr(execute, "run_logged", lambda argv, log, env=None: calls.append(
+        argv) or (pipeline.out / "analysis" / "transfer").mkdir(parents=True, exist_ok=True)
+        or 0)
+    board = RunBoard("t", 0)
+    for _ in range(2):
+        assert runner._analyses(pipeline, state, pipeline.runs, board) == {}
+    assert len(calls) == 1
+    pipeline.stages["tupac16"].output.write_bytes(b"version 2")
+    runner._analyses(pipeline, state, pipeline.runs, board)
+    assert len(calls) == 2
+
+
+def test_a_table_reads_only_analysis_files_of_the_current_analyses(tmp_path, monkeypatch):
+    from capsmed.pipeline.study import table_values
+
+    pipeline, state = _pipeline(tmp_path)
+    for seed, entropy in ((0, 0.25), (1, 0.75)):  # left by an earlier pipeline version
+        _finished(state, _run(pipeline, f"tupac16-capsnet-full-seed{seed}"), "old",
+                  {"analysis/routing/routing.json": {"runs": [{"test_entropy": entropy}]}})
+    routing = pipeline.report["tables"][2]
+
+    def values():
+        analysed = execute.analysed_run_dirs(pipeline, state)
+        return [(r.label, v) for r, v in table_values(routing, pipeline, state,
+                                                      pipeline.runs, "macro_f1", analysed)]
+
+    assert values() == []
+    monkeypatch.setattr(execute, "run_logged", lambda argv, log, env=None: 0)
+    only_seed0 = pipeline.analyses[0]
+    argv = execute.analysis_argv(only_seed0, pipeline, state)
+    execute.execute_analysis(state, only_seed0, argv, execute.analysis_inputs(pipeline, argv),
+                             {})
+    assert values() == [("tupac16-capsnet-full-seed0", 0.25)]
+
+
+def test_no_stale_study_report_is_left_when_nothing_is_evaluated(tmp_path):
+    from capsmed.pipeline.study import write_study_report
+
+    pipeline, state = _pipeline(tmp_path)
+    old = state.out / "report"
+    (old / "aggregate").mkdir(parents=True)
+    (old / "study.md").write_text("# an earlier version's tables\n")
+    assert write_study_report(pipeline, state, pipeline.runs) is None
+    assert not (old / "study.md").exists() and not (old / "aggregate").exists()
+
+
+def test_the_study_report_needs_no_evaluation_named_report(tmp_path):
+    from capsmed.pipeline.study import write_study_report
+
+    def change(raw):
+        raw["evaluate"] = [{"name": "held-out", "split": "test"}]
+        raw["report"]["tables"] = [{"title": "Epochs", "rows": "condition", "columns": "arch",
+                                    "file": "summary.json", "key": "epochs_run"}]
+    pipeline, state = _pipeline(tmp_path, change)
+    _finished(state, pipeline.runs[0], evaluation="held-out")
+    written = write_study_report(pipeline, state, pipeline.runs)
+    assert written is not None and "1.000" in written.read_text()
+    assert not (state.out / "report" / "aggregate").exists()
+
+
+def test_a_selection_reports_the_whole_grid_and_defers_analyses_it_cuts(tmp_path,
+                                                                       monkeypatch, capsys):
+    from capsmed.pipeline import study
+
+    pipeline, state = _pipeline(tmp_path)
+    reported = []
+    monkeypatch.setattr(runner, "_execute", lambda state, todo, *a: {})
+    monkeypatch.setattr(study, "write_study_report",
+                        lambda pipeline, state, runs: reported.append(list(runs)))
+    ran = []
+    monkeypatch.setattr(runner, "execute_analysis", lambda state, a, *rest: ran.append(a.name))
+    options = runner.RunOptions(only=["arch=capsnet", "seed=0"], gpus=[], jobs=1)
+    assert runner.run_pipeline(pipeline, options) == 0
+    assert [len(runs) for runs in reported] == [8]
+    assert ran == ["routing-seed0"]  # its one run is selected; routing-seed1's is not
+    assert "analysis 'routing-seed1' not run: it reads 1 run(s) outside" in capsys.readouterr().out
+
+
+def _marker(state: PipelineState, run_id: str, **info) -> None:
+    path = state.records / "running" / run_id
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info))
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_running_markers_of_gone_slurm_jobs_are_not_trusted(tmp_path, monkeypatch):
+    state = PipelineState(tmp_path)
+    _marker(state, "here", host=socket.gethostname(), pid=_dead_pid(), job="17")
+    assert state.running_on("here") is None  # this host: its pid is checked, job or not
+    _marker(state, "there", host="node-7", pid=1, job="4242")
+    for alive, expected in ((True, "node-7"), (False, None), (None, None)):
+        monkeypatch.setattr(state_module, "slurm_job_alive", lambda job, a=alive: a)
+        assert state.running_on("there") == expected
+    _marker(state, "plain", host="node-7", pid=1, job=None)
+    assert state.running_on("plain") == "node-7"  # cannot be checked from here
+
+
+@pytest.mark.parametrize("which, rc, out, err, expected", [
+    (None, 0, "", "", None),
+    ("/usr/bin/squeue", 0, "4242\n", "", True),
+    ("/usr/bin/squeue", 0, "", "", False),
+    ("/usr/bin/squeue", 1, "", "slurm_load_jobs error: Invalid job id specified", False),
+    ("/usr/bin/squeue", 1, "", "Unable to contact slurm controller", None),
+])
+def test_slurm_job_alive_asks_squeue(monkeypatch, which, rc, out, err, expected):
+    monkeypatch.setattr(state_module.shutil, "which", lambda name: which)
+    monkeypatch.setattr(state_module.subprocess, "run", lambda *a, **k:
+                        subprocess.CompletedProcess(a[0], rc, out, err))
+    assert state_module.slurm_job_alive("4242") is expected
+
+
+def _lock(state: PipelineState) -> Path:
+    return state.records / "runner.lock"
+
+
+def test_a_lock_made_while_this_runner_starts_is_respected(tmp_path, monkeypatch):
+    state = PipelineState(tmp_path)
+    state.records.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    real_open = state_module.os.open
+
+    def racing_open(path, flags, *args):  # another runner takes the lock just before us
+        if not _lock(state).exists():
+            _lock(state).write_text(json.dumps({"host": socket.gethostname(),
+                                                "pid": sleeper.pid, "token": "other"}))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(state_module.os, "open", racing_open)
+    try:
+        with pytest.raises(CapsmedError, match="another capsmed run"):
+            state.acquire_lock()
+    finally:
+        sleeper.kill()
+    assert json.loads(_lock(state).read_text())["token"] == "other"
+
+
+def test_a_lock_of_another_host_is_refused_with_how_to_remove_it(tmp_path):
+    state = PipelineState(tmp_path)
+    state.records.mkdir(parents=True)
+    _lock(state).write_text(json.dumps({"host": "node-9", "pid": 12}))
+    with pytest.raises(CapsmedError, match=f"node-9.*delete {_lock(state)}"):
+        state.acquire_lock()
+
+
+def test_a_dead_runners_lock_is_taken_and_only_ones_own_lock_released(tmp_path):
+    state = PipelineState(tmp_path)
+    state.records.mkdir(parents=True)
+    _lock(state).write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid()}))
+    state.acquire_lock()
+    assert json.loads(_lock(state).read_text())["pid"] != 0
+    _lock(state).write_text(json.dumps({"host": "node-9", "pid": 12, "token": "theirs"}))
+    state.release_lock()  # not ours any more: left alone
+    assert json.loads(_lock(state).read_text())["token"] == "theirs"
+    _lock(state).unlink()
+    state.acquire_lock()
+    state.release_lock()
+    assert not _lock(state).exists()
