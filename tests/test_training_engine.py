@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.contract import DatasetWriter, load_split
-from capsmed.data.protocols import cv_partition, limit_per_class
+from capsmed.data.protocols import cv_partition, limit_per_class_over_folds
 from capsmed.errors import CapsmedError
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import resume, train
@@ -156,7 +156,7 @@ def test_per_class_limit_with_folds_sends_the_rest_to_the_test_set():
     labels = np.array([0] * 50 + [1] * 8)
     folds = np.arange(58) % 5
     train_rows, test_rows = cv_partition(labels, folds, 2, per_class_limit=10, seed=0)
-    limited = limit_per_class(labels, 10, seed=0)
+    limited = limit_per_class_over_folds(labels, folds, 10, seed=0)
     assert np.bincount(labels[limited]).tolist() == [10, 8]
     assert set(train_rows) | set(test_rows) == set(range(58))
     assert not set(train_rows) & set(test_rows)
@@ -165,6 +165,24 @@ def test_per_class_limit_with_folds_sends_the_rest_to_the_test_set():
         1 for i in limited if folds[i] == 2 and labels[i] == 0)
     again, _ = cv_partition(labels, folds, 3, per_class_limit=10, seed=0)
     assert set(again) | set(limited) == set(limited)  # same pool for every fold
+
+
+def test_per_class_limit_spreads_each_class_evenly_over_the_folds():
+    """Paper 001: up to x images per class make the 5 folds, so every fold holds x/5 of
+    each class; a fold short of them is made up from the others."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), [200, 60, 12, 7])
+    folds = rng.permutation(np.arange(len(labels)) % 5)
+    folds[(labels == 2) & (folds == 4)] = 0  # class 2 has no image in fold 4
+    pool = limit_per_class_over_folds(labels, folds, 10, seed=3)
+    per = np.zeros((4, 5), int)
+    np.add.at(per, (labels[pool], folds[pool]), 1)
+    assert per[0].tolist() == per[1].tolist() == [2] * 5
+    assert per[2].sum() == 10 and per[2][4] == 0  # made up in the other folds
+    assert per[3].sum() == 7  # fewer than x: all of them
+    for fold in range(5):
+        train_rows, _ = cv_partition(labels, folds, fold, per_class_limit=10, seed=3)
+        assert np.bincount(labels[train_rows], minlength=4)[:2].tolist() == [8, 8]
 
 
 def test_per_class_limit_without_folds_caps_the_training_samples(tiny_h5, tmp_path):

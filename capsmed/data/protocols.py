@@ -117,14 +117,42 @@ def limit_per_class(labels: np.ndarray, limit: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate(chosen)) if chosen else np.empty(0, dtype=np.int64)
 
 
+def limit_per_class_over_folds(labels: np.ndarray, folds: np.ndarray, limit: int,
+                               seed: int) -> np.ndarray:
+    """Sorted indices of at most ``limit`` samples per class, spread evenly over the
+    folds: paper 001 used "up to x images per class ... to create 5 folds", so each fold
+    holds about x / k of every class (as many as it has, the shortfall taken from the
+    other folds). Drawn at random without regard to the folds, x = 10 gave one class 5
+    training images and another 10."""
+    rng = np.random.default_rng([seed, 2021])
+    k = int(folds.max()) + 1 if len(folds) else 0
+    chosen = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        if len(members) <= limit:
+            chosen.append(members)
+            continue
+        by_fold = [members[folds[members] == f] for f in range(k)]
+        quota = np.full(k, limit // k)
+        quota[rng.permutation(k)[:limit % k]] += 1
+        take = np.minimum(quota, [len(m) for m in by_fold])
+        while take.sum() < limit:  # a fold short of its share: the others make it up
+            spare = [f for f in rng.permutation(k) if take[f] < len(by_fold[f])]
+            for f in spare[:limit - take.sum()]:
+                take[f] += 1
+        chosen += [rng.choice(m, n, replace=False) for m, n in zip(by_fold, take, strict=True)
+                   if n]
+    return np.sort(np.concatenate(chosen)) if chosen else np.empty(0, dtype=np.int64)
+
+
 def cv_partition(labels: np.ndarray, folds: np.ndarray, fold: int,
                  per_class_limit: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Train and test rows for cross-validation fold ``fold`` (paper 001).
 
     Test = the samples of fold ``fold``; train = the samples of the other folds. With
     ``per_class_limit`` X, only up to X samples per class (chosen with ``seed``, the same
-    for every fold) take part in the folds; the rest all go to the test set, as in
-    paper 001's small-data experiments.
+    for every fold, spread evenly over the folds) take part in the folds; the rest all
+    go to the test set, as in paper 001's small-data experiments.
 
     Raises:
         CapsmedError: if ``fold`` is outside the file's folds.
@@ -133,7 +161,7 @@ def cv_partition(labels: np.ndarray, folds: np.ndarray, fold: int,
     if not 0 <= fold < k:
         raise CapsmedError(f"--fold {fold}: the file has folds 0..{k - 1}")
     pool = np.zeros(len(labels), dtype=bool)
-    pool[limit_per_class(labels, per_class_limit, seed) if per_class_limit
+    pool[limit_per_class_over_folds(labels, folds, per_class_limit, seed) if per_class_limit
          else np.arange(len(labels))] = True
     in_fold = folds == fold
     return np.flatnonzero(pool & ~in_fold), np.flatnonzero(in_fold | ~pool)
