@@ -46,6 +46,23 @@ def test_rotation_and_translation_move_content_but_keep_constants():
     assert torch.allclose(augment_batch(x, spec, _gen()), out)  # seeded
 
 
+@pytest.mark.parametrize("size", [(29, 57), (57, 29)])
+def test_rotation_is_a_rotation_on_non_square_images(size):
+    """affine_grid works in coordinates scaled by W/2 and H/2: a rotation matrix used
+    there as is shears a non-square image (a point 20 px right moved 5 degrees)."""
+    h, w = size
+    x = torch.zeros(256, 1, h, w)
+    x[:, :, h // 2 - 1:h // 2 + 2, w // 2 + 11:w // 2 + 14] = 1.0  # a 3x3 dot, 12 px right
+    out = augment_batch(x, AugmentSpec(rotation=10.0), torch.Generator().manual_seed(0))
+    ys, xs = torch.meshgrid(torch.arange(h) - (h - 1) / 2, torch.arange(w) - (w - 1) / 2,
+                            indexing="ij")
+    mass = out[:, 0].sum(dim=(1, 2))
+    cy, cx = (out[:, 0] * ys).sum(dim=(1, 2)) / mass, (out[:, 0] * xs).sum(dim=(1, 2)) / mass
+    radius, angle = torch.hypot(cx, cy), torch.rad2deg(torch.atan2(cy, cx))
+    assert (radius - 12).abs().max() < 0.3
+    assert angle.abs().max() <= 10.5 and angle.abs().max() > 8  # the whole +-10 deg range
+
+
 def test_recipes_follow_the_dataset_and_reject_unknown_names():
     def recipe(dataset, **kw):
         return TrainConfig(data="x.h5", arch="lenet", **kw).resolved(dataset).augment_recipe

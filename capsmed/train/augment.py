@@ -97,9 +97,13 @@ def augment_batch(x: torch.Tensor, spec: AugmentSpec, generator: torch.Generator
     shift = uniform(b, 2) * 2 * spec.translation  # affine_grid spans [-1, 1]: side = 2
     cos, sin = torch.cos(angle), torch.sin(angle)
     sx, sy = flip(spec.hflip), flip(spec.vflip)
-    # theta maps output coordinates to input ones: rotation * diag(flips), then shift
-    theta = torch.stack([torch.stack([cos * sx, -sin * sy, shift[:, 0]], dim=1),
-                         torch.stack([sin * sx, cos * sy, shift[:, 1]], dim=1)], dim=1)
+    # theta maps output coordinates to input ones: rotation * diag(flips), then shift.
+    # affine_grid's coordinates are x / (W/2) and y / (H/2), so a rotation in pixels is
+    # D^-1 R D there (D = diag(W, H) / 2): on a non-square image R alone would shear.
+    h_over_w = x.shape[2] / x.shape[3]
+    theta = torch.stack([torch.stack([cos * sx, -sin * sy * h_over_w, shift[:, 0]], dim=1),
+                         torch.stack([sin * sx / h_over_w, cos * sy, shift[:, 1]], dim=1)],
+                        dim=1)
     grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection",
                          align_corners=False)
