@@ -63,6 +63,13 @@ def test_rotation_is_a_rotation_on_non_square_images(size):
     assert angle.abs().max() <= 10.5 and angle.abs().max() > 8  # the whole +-10 deg range
 
 
+def test_a_recipe_implies_augmentation_in_a_config_file_too():
+    """--augment-recipe implies --augment; a recipe in a --config YAML (or a pipeline's
+    train options) alone trained without augmentation."""
+    assert TrainConfig(data="x.h5", arch="lenet", augment_recipe="paper000-mnist").augment
+    assert not TrainConfig(data="x.h5", arch="lenet").augment
+
+
 def test_recipes_follow_the_dataset_and_reject_unknown_names():
     def recipe(dataset, **kw):
         return TrainConfig(data="x.h5", arch="lenet", **kw).resolved(dataset).augment_recipe

@@ -63,7 +63,8 @@ class TrainConfig:
         augment: Augment training batches on the device.
         augment_recipe: A recipe of :mod:`capsmed.train.augment` or a spec such as
             ``rotation=15,translation=0.1,hflip``; None = the papers' recipe for the
-            dataset (paper 000 medical / MNIST / Fashion-MNIST, paper 001).
+            dataset (paper 000 medical / MNIST / Fashion-MNIST, paper 001). A recipe
+            implies ``augment``.
         fold: Cross-validation: test on this fold of a file written with folds, train
             on the others (paper 001).
         folds: Expected number of folds (checked against the file).
@@ -125,6 +126,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             check_option(f.name, getattr(self, f.name))
+        if self.augment_recipe and not self.augment:  # as --augment-recipe: a recipe
+            object.__setattr__(self, "augment", True)  # in a YAML alone was ignored
         self.protocol  # noqa: B018 -- validates fraction / imbalance / per-class limit
         if self.folds is not None and (self.folds < 2 or (self.fold or 0) >= self.folds):
             raise CapsmedError(f"folds must be >= 2 and above fold, got fold {self.fold} "
