@@ -152,6 +152,22 @@ def test_cross_validation_fold_trains_on_the_others_and_evaluates_the_held_out_f
     assert not (tmp_path / "x").exists() and not (tmp_path / "z").exists()
 
 
+def test_a_fold_run_records_the_last_epoch_as_the_kept_one(tiny_h5, tmp_path):
+    """No validation set: the last epoch is kept, so it is the one metrics.jsonl marks
+    and summary.json reports (they named the lowest training loss instead). At this
+    seed and rate the training loss rises in epoch 3, which the old record missed."""
+    path, _, _ = _folds_file(tiny_h5, tmp_path / "cv.h5")
+    run = train(TrainConfig(data=str(path), arch="lenet", epochs=3, batch_size=16, fold=0,
+                            folds=3, lr=0.1, seed=0, out=str(tmp_path / "f0"),
+                            model_kwargs=TINY_LENET), disable_progress=True)
+    records = _metrics(run)
+    assert [r["best"] for r in records] == [True, True, True]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_epoch"] == 3
+    assert summary["best_selection_loss"] == records[-1]["train_loss"]
+    assert json.loads((run / "checkpoint.json").read_text())["epoch"] == 3
+
+
 def test_per_class_limit_with_folds_sends_the_rest_to_the_test_set():
     labels = np.array([0] * 50 + [1] * 8)
     folds = np.arange(58) % 5

@@ -246,9 +246,11 @@ def _finish_epoch(run: Run, p: Progress, sums: torch.Tensor, started: float
         raise CapsmedError(f"{run.run_dir}: the {'validation' if run.val_data else 'training'}"
                            f" loss of epoch {p.epoch} is NaN/inf (the model diverged); "
                            f"{_kept(p)} (try a lower --lr or --precision fp32)")
-    record["best"] = selection < p.best
-    if record["best"] or run.val_data is None:
-        p.best, p.best_epoch = min(p.best, selection), p.epoch
+    # with validation, the lowest validation loss is kept; without (cross-validation
+    # folds, paper 001), the last epoch is, and the record says so
+    record["best"] = selection < p.best or run.val_data is None
+    if record["best"]:
+        p.best, p.best_epoch = selection, p.epoch
         if ctx.is_main:
             save_checkpoint(run.run_dir, run.model,
                             run.checkpoint_meta(p.epoch, record.get("val_loss")))
