@@ -259,13 +259,15 @@ def test_cli_resume_refuses_other_options(tmp_path):
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_matches_one_process(tiny_h5, tmp_path):
     """torchrun + gloo: each rank trains on half of every global batch; the averaged
-    gradients make the run follow the single-process one with the same batch."""
+    gradients make the run follow the single-process one with the same batch. With
+    augmentation too: each rank draws the global batch's transforms and uses its
+    samples' (with one seed per rank, sample k of every rank got the same transform)."""
     import subprocess
     import sys
 
     options = ["--data", str(tiny_h5), "--arch", "lenet", "--epochs", "2", "--batch-size", "8",
                "--seed", "4", "--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]",
-               "--device", "cpu"]
+               "--device", "cpu", "--augment"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", "-m", "capsmed", "-q", "train", *options, "--out", str(tmp_path / "ddp")]

@@ -76,25 +76,33 @@ def get_recipe(name: str) -> AugmentSpec:
     return spec
 
 
-def augment_batch(x: torch.Tensor, spec: AugmentSpec, generator: torch.Generator
-                  ) -> torch.Tensor:
+def augment_batch(x: torch.Tensor, spec: AugmentSpec, generator: torch.Generator,
+                  share: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
     """Apply ``spec`` to images ``x`` [B, C, H, W] in [0, 1]; shape and dtype kept.
 
     Pixels brought in from outside the image are reflected, which suits histology and
-    fundus textures better than black corners.
+    fundus textures better than black corners. ``share`` = (global batch size, rows):
+    ``x`` is those rows of a global batch (one rank's share under torchrun); the
+    transforms are drawn for the whole global batch and these rows' are used, so every
+    rank draws what the single-process run draws for the same samples.
     """
     b, dev = x.shape[0], x.device
+    n, rows = share if share is not None else (b, None)
+
+    def pick(values: torch.Tensor) -> torch.Tensor:
+        return values if rows is None else values[rows.to(values.device)]
 
     def uniform(*shape: int) -> torch.Tensor:  # in [-1, 1)
-        return torch.rand(*shape, generator=generator, device=dev) * 2 - 1
+        return pick(torch.rand(n, *shape, generator=generator, device=dev) * 2 - 1)
 
     def flip(enabled: bool) -> torch.Tensor:
         if not enabled:
             return torch.ones(b, device=dev)
-        return torch.where(torch.rand(b, generator=generator, device=dev) < 0.5, -1.0, 1.0)
+        return pick(torch.where(torch.rand(n, generator=generator, device=dev) < 0.5,
+                                -1.0, 1.0))
 
-    angle = uniform(b) * math.radians(spec.rotation)
-    shift = uniform(b, 2) * 2 * spec.translation  # affine_grid spans [-1, 1]: side = 2
+    angle = uniform() * math.radians(spec.rotation)
+    shift = uniform(2) * 2 * spec.translation  # affine_grid spans [-1, 1]: side = 2
     cos, sin = torch.cos(angle), torch.sin(angle)
     sx, sy = flip(spec.hflip), flip(spec.vflip)
     # theta maps output coordinates to input ones: rotation * diag(flips), then shift.

@@ -47,6 +47,13 @@ class Distributed:
         """This rank's share of a global batch."""
         return index[self.rank::self.world] if self.enabled else index
 
+    def positions(self, size: int) -> tuple[int, torch.Tensor] | None:
+        """Where this rank's share sits in a global batch of ``size``: ``(size, rows)``
+        for the random draws made per sample (augmentation), None on one process."""
+        if self.world == 1:
+            return None
+        return size, torch.arange(self.rank, size, self.world)
+
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a tensor over ranks (in place; a no-op on one process)."""
         if self.enabled:

@@ -153,8 +153,9 @@ def _train_epochs(run: Run, state: dict[str, Any] | None, stop_after_steps: int 
             bad_step = torch.full((), -1, device=device, dtype=torch.int64)
             batch_task = bars.add_task(f"epoch {p.epoch}", total=len(run.sampler),
                                        completed=p.step, status="")
-            for x, y in run.train_data.batches(ctx.shard(b) for b in batches):
-                loss, correct = run.step(x, y)
+            shards = run.train_data.batches(ctx.shard(b) for b in batches)
+            for b, (x, y) in zip(batches, shards, strict=True):  # a global batch, its share
+                loss, correct = run.step(x, y, ctx.positions(len(b)))
                 sums += torch.stack([loss.double() * len(y), correct.double()])
                 bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss),
                                        p.global_step + 1, bad_step)

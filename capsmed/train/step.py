@@ -115,11 +115,14 @@ class TrainStep:
         device_type = next(model.parameters()).device.type
         self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns the batch loss and the number of correct predictions (device tensors)."""
+    def __call__(self, x: torch.Tensor, y: torch.Tensor,
+                 share: tuple[int, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the batch loss and the number of correct predictions (device tensors).
+        ``share``: where ``x`` sits in the global batch (torchrun), for augmentation."""
         s = self.settings
         if s.augment is not None:
-            x = augment_batch(x, s.augment, s.augment_rng)
+            x = augment_batch(x, s.augment, s.augment_rng, share)
         out = forward(self.model, x, y, s)
         loss, correct = loss_and_correct(out, x, y, s)
         self.optimizer.zero_grad(set_to_none=True)
