@@ -66,11 +66,11 @@ def test_ctrl_c_saves_a_resumable_state(tiny_h5, tmp_path, monkeypatch):
     calls = {"n": 0}
     original = TrainStep.__call__
 
-    def interrupting(self, x, y):
+    def interrupting(self, x, y, *share):
         calls["n"] += 1
         if calls["n"] == 3:  # as if the user pressed Ctrl-C during step 3
             os.kill(os.getpid(), signal.SIGINT)
-        return original(self, x, y)
+        return original(self, x, y, *share)
 
     monkeypatch.setattr(TrainStep, "__call__", interrupting)
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when started in the background

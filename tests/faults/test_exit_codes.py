@@ -44,11 +44,11 @@ def test_interrupted_training_exits_130_and_says_how_to_resume(toy_h5, tmp_path,
 
     original, calls = TrainStep.__call__, {"n": 0}
 
-    def interrupting(self, x, y):
+    def interrupting(self, x, y, *share):
         calls["n"] += 1
         if calls["n"] == 2:
             os.kill(os.getpid(), sig)
-        return original(self, x, y)
+        return original(self, x, y, *share)
 
     monkeypatch.setattr(TrainStep, "__call__", interrupting)
     run = tmp_path / "run"
@@ -67,11 +67,11 @@ def test_a_second_ctrl_c_stops_at_once_and_points_to_the_saved_state(toy_h5, tmp
 
     original, calls = TrainStep.__call__, {"n": 0}
 
-    def interrupting(self, x, y):
+    def interrupting(self, x, y, *share):
         calls["n"] += 1
         if calls["n"] == 5:  # epoch 2: epoch 1's end saved a state
             raise KeyboardInterrupt  # what StopRequest raises on a second Ctrl-C
-        return original(self, x, y)
+        return original(self, x, y, *share)
 
     monkeypatch.setattr(TrainStep, "__call__", interrupting)
     run = tmp_path / "run"

@@ -45,11 +45,11 @@ def test_a_run_killed_in_its_first_epoch_resumes_to_the_same_result(toy_h5, tmp_
     whole = train(_cfg(toy_h5, tmp_path / "whole"), disable_progress=True)
     original, calls = TrainStep.__call__, {"n": 0}
 
-    def dying(self, x, y):
+    def dying(self, x, y, *share):
         calls["n"] += 1
         if calls["n"] == 2:
             raise Killed
-        return original(self, x, y)
+        return original(self, x, y, *share)
 
     monkeypatch.setattr(TrainStep, "__call__", dying)
     with pytest.raises(Killed):
