@@ -10,7 +10,7 @@ import tifffile
 from typer.testing import CliRunner
 
 try:  # openslide-python imports fine but raises if the C library cannot be loaded
-    import openslide  # noqa: F401
+    import openslide
 except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machine
     pytest.skip(f"openslide cannot load its C library ({exc}); install openslide-bin",
                 allow_module_level=True)
@@ -127,3 +127,63 @@ def test_a_tupac16_run_warns_when_a_slide_is_read_at_another_scale(tiny_h5, tmp_
     predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "b",
             PredictOptions(device="cpu", heatmaps=False, overrides=Overrides(level=1)))
     assert "read at 0.5 um/px, but tupac16 images are 0.25 um/px" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def wsi_run(tmp_path_factory):
+    """A LeNet trained on tiles of three synthetic 0.25 um/px slides; their paths."""
+    root = tmp_path_factory.mktemp("wsi-run")
+    paths = write_wsi(root / "syn", slides=3, size=512, seed=1, levels=2,
+                      disable_progress=True)
+    data = preprocess_wsi(paths, root / "w.h5", WsiConfig(
+        tile_size=64, output_size=32, mask_downsample=8, workers=1, seed=0,
+        slide_labels_csv=str(root / "syn" / "slide_labels.csv"),
+        fractions={"train": 0.34, "val": 0.33, "test": 0.33}), disable_progress=True)
+    run_dir = train(TrainConfig(data=str(data), arch="lenet", epochs=1, batch_size=16, seed=0,
+                                out=str(root / "run")), disable_progress=True)
+    return run_dir, paths
+
+
+def test_a_wsi_run_refuses_centres_outside_the_slide(wsi_run, tmp_path):
+    run_dir, paths = wsi_run
+    (tmp_path / "c.csv").write_text(f"input,x,y\n{paths[0]},100,100\n{paths[0]},5000,50\n")
+    out = runner.invoke(app, ["-q", "predict", str(run_dir), str(paths[0]), "-o",
+                              str(tmp_path / "out"), "--centres", str(tmp_path / "c.csv"),
+                              "--device", "cpu"])
+    assert out.exit_code == 1 and not (tmp_path / "out").exists()
+    assert f"{paths[0]}: centre x=5000, y=50 lies outside the 512x512 slide" in out.stderr
+
+
+def test_a_wsi_run_warns_when_a_slide_is_scanned_at_another_resolution(wsi_run, tmp_path,
+                                                                        caplog):
+    run_dir, paths = wsi_run
+    with openslide.OpenSlide(str(paths[0])) as slide:
+        rgb = np.asarray(slide.read_region((0, 0), 0, slide.dimensions).convert("RGB"))
+    write_pyramid(tmp_path / "20x.svs", rgb, mpp=0.5, levels=2, tile=128)
+    options = PredictOptions(device="cpu", heatmaps=False)
+    predict(run_dir, [paths[0]], tmp_path / "a", options)
+    assert "another scale" not in caplog.text
+    predict(run_dir, [tmp_path / "20x.svs"], tmp_path / "b", options)
+    said = "read at 0.5 um/px, but the run's training tiles are 0.25 um/px"
+    assert said in caplog.text
+    noted = json.loads((tmp_path / "b" / "summary.json").read_text())["per_input"][0]
+    assert said in noted["scale_warning"] and noted["training_mpp"] == 0.25
+
+
+def test_a_tupac16_slide_keeps_windows_on_pale_unsaturated_tissue(tiny_h5, tmp_path,
+                                                                   monkeypatch):
+    """Grey tissue (optical density over the mask's, no saturation) in whole regions of
+    a slide: they are read and give the windows of the same pixels read as an image."""
+    run_dir = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                                seed=0, out=str(tmp_path / "run")), disable_progress=True)
+    rgb = render_tupac16_image(np.random.default_rng(4), 512).rgb.copy()
+    rgb[:, :256] = np.random.default_rng(0).normal(160, 6, (512, 256, 1)).clip(0, 255)
+    rgb[:, 448:] = 255  # blank glass: skipped, no window there either way
+    tifffile.imwrite(tmp_path / "image.tif", rgb)
+    write_pyramid(tmp_path / "slide.svs", rgb, mpp=0.25, levels=2, tile=128)
+    monkeypatch.setattr(slides, "REGION", 128)
+    options = PredictOptions(device="cpu", batch_size=32, heatmaps=False)
+    whole = predict(run_dir, [tmp_path / "image.tif"], tmp_path / "a", options).results[0]
+    tiled = predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "b", options).results[0]
+    assert (whole.x < 256).sum() > 5
+    assert sorted(zip(tiled.x, tiled.y, strict=True)) == sorted(zip(whole.x, whole.y, strict=True))

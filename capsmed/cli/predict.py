@@ -27,12 +27,13 @@ def predict(
     threshold: float = option(PredictOptions, "threshold", "A window is positive when its "
                               "score of --class is at least this"),
     stride: int = typer.Option(None, help="Window step in source pixels [the recorded "
-                               "stride, else half the patch]."),
+                               "stride, else half the patch; wsi: the tile]."),
     min_tissue: float = typer.Option(None, help="Least tissue (DIARETDB1: field-of-view) "
                                      "share of a window [as recorded]."),
-    level: int = typer.Option(None, help="Slide pyramid level to read [as recorded]."),
-    mpp: float = typer.Option(None, help="Microns per pixel to read slides at [as "
-                              "recorded]."),
+    level: int = typer.Option(None, help="Slide pyramid level to read (tupac16 and wsi "
+                              "runs; slides only) [as recorded]."),
+    mpp: float = typer.Option(None, help="Microns per pixel to read slides at (tupac16 "
+                              "and wsi runs; slides only) [as recorded]."),
     fov_mask: Path = typer.Option(None, help="DIARETDB1: field-of-view mask image "
                                   "[estimated per image]."),
     centres: Path = typer.Option(None, help="CSV of input,x,y window centres (pixels) to "

@@ -15,10 +15,10 @@ class Overrides:
 
     Attributes:
         stride: Step of the window grid in source pixels (default: the recorded stride,
-            else half the patch).
+            else half the patch; for wsi runs the tile).
         min_tissue: Least tissue (field-of-view) share of a kept window.
-        level: Slide pyramid level to read.
-        mpp: Microns per pixel to read slides at.
+        level: Slide pyramid level to read (tupac16 and wsi runs, slides only).
+        mpp: Microns per pixel to read slides at (tupac16 and wsi runs, slides only).
         fov_mask: DIARETDB1 field-of-view mask image (default: estimated per image).
     """
 

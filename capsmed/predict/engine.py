@@ -28,7 +28,13 @@ from capsmed.evaluate.evaluation import predict_scores
 from capsmed.evaluate.metrics import class_probabilities
 from capsmed.io import atomic_dir, replace_dir, write_text_atomic, writing
 from capsmed.predict.config import SHAPES, PredictOptions
-from capsmed.predict.inputs import InputFile, centres_for, gather_inputs, read_centres
+from capsmed.predict.inputs import (
+    InputFile,
+    check_out_dir,
+    gather_inputs,
+    match_centres,
+    read_centres,
+)
 from capsmed.predict.outputs import (
     InputResult,
     geojson,
@@ -166,13 +172,11 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     centres = read_centres(opts.centres) if opts.centres is not None else {}
     items = gather_inputs(inputs, slides=recipe.slides)
     if centres:
-        unmatched = set(centres) - {k for i in items
-                                    for k in (i.name, i.path.as_posix(), i.path.name)}
-        if unmatched:
-            raise CapsmedError(f"{opts.centres}: names input(s) not given: "
-                               f"{', '.join(sorted(unmatched)[:3])}")
+        centres = match_centres(centres, items, opts.centres)
     if out_dir.exists() and not out_dir.is_dir():
         raise CapsmedError(f"{out_dir}: exists and is not a folder")
+    check_out_dir(out_dir, inputs, items, [run_dir, *(p for p in (
+        opts.centres, opts.data, opts.overrides.fov_mask) if p is not None)], opts.overwrite)
     staging_of = replace_dir if opts.overwrite else atomic_dir
     with staging_of(out_dir) as staging, writing(out_dir):
         done = _predict_all(model, meta, record, recipe, items, centres, class_index, opts,
@@ -216,8 +220,7 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
             entry = _Open(item, Prepared((0, 0), 0.0, iter(()), 0))
             queue.append(entry)
             try:
-                entry.prepared = recipe.prepare(item.path, centres_for(centres, item)
-                                                if centres else None)
+                entry.prepared = recipe.prepare(item.path, centres.get(item.name))
                 progress.reset(windows, total=entry.prepared.expected,
                                description=item.path.name[:30])
                 for chunk, xy in entry.prepared.chunks:

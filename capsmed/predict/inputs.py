@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,8 @@ import numpy as np
 from capsmed.data.files import FolderWalk, check_file
 from capsmed.data.slides import SLIDE_SUFFIXES
 from capsmed.errors import CapsmedError
+
+log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 CENTRE_COLUMNS = ("input", "x", "y")
@@ -28,6 +32,9 @@ class InputFile:
 
 def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
     """Input files from files and folders (searched recursively, sorted).
+
+    A file reached twice (two folders, a link, ``a/../a/01.tif``) is predicted once,
+    under the first path it was reached by; how many were dropped is logged.
 
     Args:
         given: Files and folders, in the user's order.
@@ -48,22 +55,30 @@ def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
             found.append(check_file(item, "input file"))
         else:
             raise CapsmedError(f"{item}: no such input file or folder")
-    found = list(dict.fromkeys(found))
-    stems: dict[str, int] = {}
-    out = []
+    first: dict[str, Path] = {}  # real path -> the first path it was reached by
     for path in found:
+        first.setdefault(os.path.realpath(path), path)
+    if len(first) < len(found):
+        log.warning("%d input(s) name a file already given (the same file through another "
+                    "folder, a link or another spelling); each file is predicted once",
+                    len(found) - len(first))
+    taken: set[str] = set()
+    out = []
+    for path in first.values():
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(path.with_suffix("").parts[-2:]))
-        stems[stem] = stems.get(stem, 0) + 1
-        out.append(InputFile(path, str(path), stem if stems[stem] == 1
-                             else f"{stem}-{stems[stem]}"))
+        unique, n = stem, 1
+        while unique.casefold() in taken:  # casefold: one file on a case-blind disk
+            n += 1
+            unique = f"{stem}-{n}"
+        taken.add(unique.casefold())
+        out.append(InputFile(path, str(path), unique))
     return out
 
 
 def read_centres(path: Path) -> dict[str, np.ndarray]:
-    """``input,x,y`` rows (window centres, level-0 px) -> ``{input: int64 (K, 2)}``.
-
-    ``input`` is matched against each input's path as given and its file name.
-    """
+    """``input,x,y`` rows (window centres, level-0 px) -> ``{input: int64 (K, 2)}``;
+    a row repeating an earlier one is refused. :func:`match_centres` matches ``input``
+    to the inputs."""
     check_file(path, "centres CSV")
     try:
         with open(path, newline="", encoding="utf-8") as fh:
@@ -76,19 +91,86 @@ def read_centres(path: Path) -> dict[str, np.ndarray]:
         raise CapsmedError(f"{path}: expected a header with columns input,x,y and one row "
                            "per window" + (f" (missing: {', '.join(missing)})" if rows else ""))
     by_input: dict[str, list[tuple[int, int]]] = {}
+    lines: dict[tuple[str, int, int], int] = {}
     for number, row in enumerate(rows, start=2):
         try:
             xy = (int(row["x"]), int(row["y"]))
         except (TypeError, ValueError):
             raise CapsmedError(f"{path}: line {number}: x and y must be integers (pixels), "
                                f"got {row['x']!r}, {row['y']!r}") from None
+        if (row["input"], *xy) in lines:
+            raise CapsmedError(f"{path}: line {number}: the same window as line "
+                               f"{lines[row['input'], *xy]} ({row['input']}, x={xy[0]}, "
+                               f"y={xy[1]}); it would be scored twice")
+        lines[row["input"], *xy] = number
         by_input.setdefault(row["input"], []).append(xy)
     return {k: np.asarray(v, dtype=np.int64).reshape(-1, 2) for k, v in by_input.items()}
 
 
-def centres_for(centres: dict[str, np.ndarray], item: InputFile) -> np.ndarray | None:
-    """The given centres of ``item`` (by its path, else its file name), or None."""
-    for key in (item.name, item.path.as_posix(), item.path.name):
-        if key in centres:
-            return centres[key]
-    return None
+def match_centres(centres: dict[str, np.ndarray], items: list[InputFile],
+                  source: Path) -> dict[str, np.ndarray]:
+    """The given centres of every input, as ``{item.name: centres}``.
+
+    A CSV ``input`` names an input by its path (as given, or the same file by another
+    spelling) or, failing that, by its file name, which must then be unique among the
+    inputs. Refused: a name matching no input or several, an input named by two
+    different names, and an input the CSV does not name (it would be scored on a grid
+    mixed in with the given windows).
+    """
+    real = {i.name: os.path.realpath(i.path) for i in items}
+    owner: dict[str, str] = {}  # item.name -> the CSV name that gave its centres
+    for key in centres:
+        hits = [i for i in items if key in (i.name, i.path.as_posix())
+                or os.path.realpath(key) == real[i.name]]
+        hits = hits or [i for i in items if i.path.name == key]
+        if not hits:
+            raise CapsmedError(f"{source}: names input(s) not given: {key}")
+        if len(hits) > 1:
+            shown = ", ".join(i.name for i in hits[:3]) + (", ..." if len(hits) > 3 else "")
+            raise CapsmedError(f"{source}: '{key}' is ambiguous: it names {len(hits)} "
+                               f"inputs ({shown}); write the path as given instead")
+        name = hits[0].name
+        if name in owner:
+            raise CapsmedError(f"{source}: '{owner[name]}' and '{key}' both name {name}; "
+                               "use one name per input")
+        owner[name] = key
+    unnamed = [i.name for i in items if i.name not in owner]
+    if unnamed:
+        raise CapsmedError(f"{source}: names no centres for input {unnamed[0]}"
+                           + (f" (and {len(unnamed) - 1} more)" if len(unnamed) > 1 else "")
+                           + "; with --centres every input needs its windows")
+    return {name: centres[key] for name, key in owner.items()}
+
+
+def check_out_dir(out_dir: Path, given: list[Path], items: list[InputFile],
+                  protected: list[Path], overwrite: bool) -> None:
+    """Refuse an output folder that would read or delete what predict reads.
+
+    Refused, before anything is written: an output that is an input folder or lies
+    inside one (a later run would take the outputs for inputs), one that contains an
+    input or a ``protected`` path (the run folder, the centres CSV, ...), which
+    ``--overwrite`` would delete, and, with ``--overwrite``, an existing folder inside
+    the run folder that is not an earlier prediction (a folder of the run).
+
+    Args:
+        out_dir: The output folder asked for.
+        given: The inputs as given (files and folders).
+        items: The input files found.
+        protected: Other paths predict reads; ``protected[0]`` is the run folder.
+    """
+    out = Path(os.path.realpath(out_dir))
+    for folder in (p for p in map(Path, given) if p.is_dir()):
+        if out.is_relative_to(os.path.realpath(folder)):
+            raise CapsmedError(f"{out_dir}: the output folder is (or lies inside) the input "
+                               f"folder {folder}, whose files predict reads; choose a "
+                               "folder outside the inputs")
+    for path in [*(i.path for i in items), *protected]:
+        if Path(os.path.realpath(path)).is_relative_to(out):
+            raise CapsmedError(f"{out_dir}: the output folder contains {path}, which "
+                               "predict reads (--overwrite would delete it); choose "
+                               "another folder")
+    run = Path(os.path.realpath(protected[0]))
+    earlier = (out / "summary.json").is_file() and (out / "predictions.csv").is_file()
+    if overwrite and out.is_relative_to(run) and out.exists() and not earlier:
+        raise CapsmedError(f"{out_dir}: a folder of the run {protected[0]} and not an "
+                           "earlier prediction; --overwrite would delete it")

@@ -31,7 +31,7 @@ from capsmed.data.record import DatasetRecord
 from capsmed.data.stains import hematoxylin_channel, tissue_mask
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides
-from capsmed.predict.windows import Prepared, in_chunks, thumbnail
+from capsmed.predict.windows import Prepared, check_centres, in_chunks, thumbnail
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +39,32 @@ TIFF_SUFFIXES = (".tif", ".tiff")
 DIGIT_SETS = ("mnist", "fashion-mnist", "affnist")
 
 
+def read_8bit(path: Path) -> np.ndarray:
+    """An image file as stored, 16-bit scaled to uint8 by ``v >> 8`` as the TUPAC16 and
+    AML training readers scale 16-bit TIFFs (so a PNG gives the TIFF's pixels)."""
+    image = read_image(path)
+    return (image >> 8).astype(np.uint8) if image.dtype == np.uint16 else \
+        to_uint8(image, "full", path)
+
+
+def alpha_on_white(image: np.ndarray) -> np.ndarray:
+    """(H, W, C) uint8 with alpha (C 2 or 4) composited over white, ``rgb*a + 255*(1-a)``
+    as the AML reader blends unassociated alpha; without alpha, as it is."""
+    if image.ndim != 3 or image.shape[-1] not in (2, 4):
+        return image
+    alpha = image[..., -1:].astype(np.float32) / 255.0
+    colour = image[..., :-1].astype(np.float32) * alpha + 255.0 * (1.0 - alpha)
+    return np.clip(np.rint(colour), 0, 255).astype(np.uint8)
+
+
 def read_rgb(path: Path) -> np.ndarray:
-    """Any colour image file as (H, W, 3) uint8 RGB (TIFF as the TUPAC16 reader reads it)."""
+    """Any colour image file as (H, W, 3) uint8 RGB (TIFF as the TUPAC16 reader reads it;
+    other formats with 16 bits scaled as it does)."""
     if path.suffix.lower() in TIFF_SUFFIXES:
         from capsmed.data.sources.tupac16 import read_rgb_tiff
 
         return read_rgb_tiff(path)
-    image = convert_channels(to_uint8(read_image(path), "full", path), 3)
-    return np.ascontiguousarray(image)
+    return np.ascontiguousarray(convert_channels(read_8bit(path), 3))
 
 
 def _param(record: DatasetRecord, key: str) -> Any:
@@ -55,16 +73,6 @@ def _param(record: DatasetRecord, key: str) -> Any:
     except KeyError:
         raise CapsmedError(f"{record.origin}: the preprocessing record has no '{key}'; it "
                            f"was written by another capsmed version") from None
-
-
-def _given_rc(path: Path, centres: np.ndarray, h: int, w: int) -> np.ndarray:
-    """Given (x, y) centres as (row, col), checked to lie inside the image."""
-    rc = np.asarray(centres, dtype=np.int64).reshape(-1, 2)[:, ::-1]
-    outside = (rc < 0).any(axis=1) | (rc[:, 0] >= h) | (rc[:, 1] >= w)
-    if outside.any():
-        r, c = rc[np.argmax(outside)]
-        raise CapsmedError(f"{path}: centre x={c}, y={r} lies outside the {w}x{h} image")
-    return rc
 
 
 class PatchRecipe(abc.ABC):
@@ -96,6 +104,9 @@ class PatchRecipe(abc.ABC):
                 raise CapsmedError(f"{path}: a whole slide, but a {self.record.dataset} run "
                                    "predicts on photographs (PNG, JPEG, TIFF)")
             return SlideWindows(self, self.overrides).prepare(path, centres)
+        if self.overrides.level is not None or self.overrides.mpp is not None:
+            raise CapsmedError(f"{path}: a plain image, read whole at its own resolution; "
+                               "--level and --mpp apply to whole slides only")
         rgb = read_rgb(path)
         h, w = rgb.shape[:2]
         if h < self.size or w < self.size:
@@ -106,7 +117,7 @@ class PatchRecipe(abc.ABC):
             rc = grid_centres(h, w, self.size, self.stride)
             rc = rc[window_fraction(mask, rc, self.size) >= needed] if len(rc) else rc
         else:
-            rc = _given_rc(path, centres, h, w)
+            rc = check_centres(path, centres, w, h)[:, ::-1]
         return Prepared(size=(w, h), footprint=float(self.size),
                         chunks=in_chunks(rc[:, ::-1].copy(), lambda xy: self.cut(channel, xy)),
                         expected=len(rc), thumbnail=thumbnail(rgb), notes=notes)
@@ -122,12 +133,15 @@ class HematoxylinPatches(PatchRecipe):
 
     slides = True
 
+    def min_share(self) -> float:
+        """The tissue share a window needs (``--min-tissue``, else as recorded)."""
+        needed = self.overrides.min_tissue
+        return float(_param(self.record, "min_tissue") if needed is None else needed)
+
     def channel_and_mask(self, path: Path, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                      float, dict[str, Any]]:
-        needed = self.overrides.min_tissue
-        needed = float(_param(self.record, "min_tissue") if needed is None else needed)
         return (hematoxylin_channel(rgb, float(_param(self.record, "h_max"))),
-                tissue_mask(rgb), needed, {})
+                tissue_mask(rgb), self.min_share(), {})
 
 
 def estimate_fov(rgb: np.ndarray, threshold: int = 20) -> np.ndarray:
@@ -188,8 +202,9 @@ class WholeImage:
         if kind == "aml":
             from capsmed.data.sources.aml import cell_image, read_rgba_as_rgb
 
-            rgb = (read_rgba_as_rgb(path)[0] if path.suffix.lower() in TIFF_SUFFIXES
-                   else read_rgb(path))
+            # every format's alpha over white, as the AML reader does for its TIFFs
+            rgb = (read_rgba_as_rgb(path)[0] if path.suffix.lower() in TIFF_SUFFIXES else
+                   np.ascontiguousarray(convert_channels(alpha_on_white(read_8bit(path)), 3)))
             return cell_image(rgb, int(_param(self.record, "size")),
                               bool(p.get("grey"))), (rgb.shape[1], rgb.shape[0])
         if kind in DIGIT_SETS:
@@ -236,6 +251,10 @@ def make_recipe(record: DatasetRecord, overrides: Overrides) -> Any:
     kind, p = record.dataset, record.preprocessing
     if overrides.fov_mask is not None and kind != "diaretdb1":
         raise CapsmedError(f"--fov-mask applies to diaretdb1 runs, not {kind}")
+    for name, value in (("--level", overrides.level), ("--mpp", overrides.mpp)):
+        if value is not None and kind not in ("tupac16", "wsi"):
+            raise CapsmedError(f"{name} applies to runs that read whole slides (tupac16, "
+                               f"wsi), not {kind}")
     if kind == "tupac16":
         return HematoxylinPatches(record, overrides)
     if kind == "diaretdb1":

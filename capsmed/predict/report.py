@@ -15,7 +15,8 @@ def summary_table(result: Prediction) -> Any:
     """Per input: windows, positives of the chosen class and the most frequent class."""
     from rich.table import Table
 
-    inputs = [Path(r.name) for r in result.results]
+    # absolute first: commonpath refuses a mix of absolute and relative paths
+    inputs = [Path(os.path.abspath(r.name)) for r in result.results]
     root = Path(os.path.commonpath([p.parent for p in inputs])) if inputs else Path()
     title = f"positives: {result.class_name} >= {result.threshold:g}"
     table = Table(title=title, title_justify="left", caption_justify="left",
@@ -30,7 +31,8 @@ def summary_table(result: Prediction) -> Any:
         for k in res.predicted.tolist():
             counts[k] = counts.get(k, 0) + 1
         top = max(counts, key=counts.get) if counts else None
-        table.add_row(Path(row["input"]).relative_to(root).as_posix(), str(row["windows"]),
+        shown = Path(os.path.abspath(row["input"])).relative_to(root).as_posix()
+        table.add_row(shown, str(row["windows"]),
                       str(row.get("positives", "-")),
                       "-" if top is None else names[top])
     if len(result.results) > SHOWN:

@@ -32,11 +32,10 @@ from capsmed.data.sources.wsi import (
     grid_edges,
     read_tiles,
     slide_mask,
-    tissue_mask,
 )
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides
-from capsmed.predict.windows import CHUNK, THUMBNAIL_SIDE, Prepared
+from capsmed.predict.windows import CHUNK, THUMBNAIL_SIDE, Prepared, check_centres
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +67,7 @@ class SlideTiles:
     def __init__(self, record: DatasetRecord, overrides: Overrides) -> None:
         self.cfg = wsi_config(record, overrides)
         self.given_stride = overrides.stride is not None
+        self.trained_mpp = training_mpp(record)
 
     def prepare(self, path: Path, centres: np.ndarray | None) -> Prepared:
         cfg = self.cfg
@@ -82,7 +82,8 @@ class SlideTiles:
             rows, cols = np.nonzero(frac >= cfg.min_tissue)  # top to bottom, left to right
             lefts = np.stack([xs[cols], ys[rows]], axis=1).astype(np.int64).reshape(-1, 2)
         else:
-            lefts = np.round(np.asarray(centres, np.float64) - footprint / 2).astype(np.int64)
+            xy = check_centres(path, centres, *info.dimensions, what="slide")
+            lefts = np.round(xy - footprint / 2).astype(np.int64)
         w0, h0 = info.dimensions
         scale = min(1.0, THUMBNAIL_SIDE / max(w0, h0))
         with open_slide(path) as slide:
@@ -91,7 +92,9 @@ class SlideTiles:
         notes = {"level": res.level, "downsample": res.downsample, "mpp": res.mpp,
                  "read_size": res.read_size, "tile_size": cfg.tile_size,
                  "stride": cfg.step, "min_tissue": cfg.min_tissue,
-                 "mask_threshold": threshold, "tissue_share": float(mask.mean())}
+                 "mask_threshold": threshold, "tissue_share": float(mask.mean()),
+                 "training_mpp": self.trained_mpp,
+                 **scale_note(path, res.mpp, self.trained_mpp, "the run's training tiles")}
         return Prepared(size=(w0, h0), footprint=footprint,
                         chunks=self._tiles(path, lefts, res, footprint),
                         expected=len(lefts), thumbnail=picture, notes=notes)
@@ -108,7 +111,43 @@ class SlideTiles:
 
 REGION = 2048  # side (level px) of the slide regions a patch-level run reads at a time
 TRAINING_MPP = {"tupac16": 0.25}  # the sources' scanning resolution (TUPAC16: 40x)
+SCALE_TOLERANCE = 0.25  # a read mpp this far (relative) from the training one is warned
 BLUR_MARGIN = 8  # the tissue mask's box blur (15 px) reaches 7 px beyond a window
+TISSUE_OD = 0.15  # capsmed.data.stains.tissue_mask's optical-density threshold
+
+
+def training_mpp(record: DatasetRecord) -> float | None:
+    """The microns per pixel a ``wsi`` run's tiles were read at (the median over its
+    slides, from the record's ``per_slide``), or None where unrecorded."""
+    per_slide = record.preprocessing.get("per_slide") or {}
+    known = [s["mpp"] for s in per_slide.values() if isinstance(s, dict) and s.get("mpp")]
+    return float(np.median(known)) if known else None
+
+
+def scale_note(path: Path, mpp: float | None, trained: float | None, what: str
+               ) -> dict[str, str]:
+    """Warn (and say so in the input's notes) when a slide is read at a resolution more
+    than :data:`SCALE_TOLERANCE` away from the one the model was trained at."""
+    if not mpp or not trained or abs(mpp / trained - 1) <= SCALE_TOLERANCE:
+        return {}
+    message = (f"read at {mpp:.3g} um/px, but {what} are {trained:.3g} um/px; the model "
+               "sees cells at another scale (choose --level or --mpp)")
+    log.warning("%s: %s", path, message)
+    return {"scale_warning": message}
+
+
+def blank_od(size: int, needed: float, block: float) -> float:
+    """The most optical density (the thumbnail's, of :data:`TISSUE_OD`'s formula) a
+    slide region may show and hold no window the recipe keeps.
+
+    A kept window (``size`` px) has a share ``needed`` of pixels whose blurred density
+    exceeds :data:`TISSUE_OD`; the blur moves density at most 7 px, so the window grown
+    by 7 px holds density ``TISSUE_OD * needed * size**2``, and the thumbnail pixels
+    (``block`` level px each) over it cover at most ``(size + 14 + 2 * block)**2`` px:
+    one of them shows at least that density over that area (a thumbnail pixel is the
+    mean of its block). With ``needed`` 0 every window is kept: nothing is blank.
+    """
+    return TISSUE_OD * needed * size ** 2 / (size + 14 + 2 * block) ** 2
 SLIDE_ONLY = (".svs", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".dcm")
 
 
@@ -154,8 +193,9 @@ class SlideWindows:
 
     The slide is read at one level in :data:`REGION` px regions with a margin, and each
     region goes through the recipe's own channel and tissue mask, so a window's pixels
-    are what the image recipe would cut from the same pixels. Regions without tissue in
-    the slide's thumbnail mask are not read.
+    are what the image recipe would cut from the same pixels. A region is not read only
+    where the slide's thumbnail is too pale to hold a window the recipe's mask keeps
+    (:func:`blank_od`).
     """
 
     def __init__(self, recipe: Any, overrides: Overrides) -> None:
@@ -171,24 +211,22 @@ class SlideWindows:
             raise CapsmedError(f"{path}: level {level} is {w}x{h} px, smaller than one "
                                f"{size} px window")
         given = centres is not None
-        rc = (np.round(np.asarray(centres, np.float64)[:, ::-1] / ds).astype(np.int64)
-              if given else grid_centres(h, w, size, self.recipe.stride))
-        if given and ((rc < 0).any() or (rc >= [h, w]).any()):
-            raise CapsmedError(f"{path}: a given centre lies outside the slide")
         w0, h0 = info.dimensions
+        rc = (np.round(check_centres(path, centres, w0, h0, what="slide")[:, ::-1] / ds)
+              .astype(np.int64).clip(0, [h - 1, w - 1])
+              if given else grid_centres(h, w, size, self.recipe.stride))
         scale = min(1.0, THUMBNAIL_SIDE / max(w0, h0))
         with open_slide(path) as slide:
             picture = np.asarray(slide.get_thumbnail(
                 (max(1, round(w0 * scale)), max(1, round(h0 * scale)))).convert("RGB"))
-        # a coarse tissue mask, only to skip empty regions (the recipe's own mask decides)
-        tissue, _ = tissue_mask(picture, WsiConfig(slide_labels_csv="-"))
+        # where a region may hold tissue, only to skip blank ones (the recipe's mask decides)
+        od = -np.log((picture.astype(np.float32) + 1.0) / 256.0).mean(axis=-1)
+        tissue = od > blank_od(size, self.recipe.min_share(), w / picture.shape[1])
         notes = {"level": level, "downsample": ds, "mpp": None if info.mpp is None
                  else info.mpp * ds, "region": REGION}
-        trained = TRAINING_MPP.get(self.recipe.record.dataset)
-        if trained and notes["mpp"] and abs(notes["mpp"] / trained - 1) > 0.25:
-            log.warning("%s: read at %.3g um/px, but %s images are %.3g um/px; the model "
-                        "sees cells at another scale (choose --level or --mpp)", path,
-                        notes["mpp"], self.recipe.record.dataset, trained)
+        dataset = self.recipe.record.dataset
+        notes.update(scale_note(path, notes["mpp"], TRAINING_MPP.get(dataset),
+                                f"{dataset} images"))
         return Prepared(size=(w0, h0), footprint=size * ds,
                         chunks=self._regions(path, rc, level, ds, tissue, not given, (w, h)),
                         expected=None, thumbnail=picture, notes=notes)

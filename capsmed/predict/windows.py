@@ -9,6 +9,8 @@ from typing import Any
 import cv2
 import numpy as np
 
+from capsmed.errors import CapsmedError
+
 CHUNK = 256  # windows cut at a time: bounds memory on big images and feeds progress bars
 THUMBNAIL_SIDE = 1024  # long side of the picture under a heatmap
 
@@ -43,3 +45,15 @@ def in_chunks(centres: np.ndarray, cut: Callable[[np.ndarray], np.ndarray]
     for start in range(0, len(centres), CHUNK):
         part = centres[start:start + CHUNK]
         yield cut(part), part
+
+
+def check_centres(path: Any, centres: np.ndarray, w: int, h: int, what: str = "image"
+                  ) -> np.ndarray:
+    """Given (x, y) centres as int64 (K, 2), refused unless all lie inside ``w`` x ``h``
+    level-0 px: a window outside would be scored on blank padding."""
+    xy = np.asarray(centres, dtype=np.int64).reshape(-1, 2)
+    outside = (xy < 0).any(axis=1) | (xy[:, 0] >= w) | (xy[:, 1] >= h)
+    if outside.any():
+        x, y = xy[np.argmax(outside)].tolist()
+        raise CapsmedError(f"{path}: centre x={x}, y={y} lies outside the {w}x{h} {what}")
+    return xy

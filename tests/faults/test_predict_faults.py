@@ -99,6 +99,7 @@ def test_bad_options_are_refused(lenet_run, images, tmp_path, extra, names, text
     ("input,x,y\nimg0.tif,1.5,2\n", "line 2: x and y must be integers"),
     ("input,x,y\nimg0.tif,5000,2\n", "lies outside the 256x256 image"),
     ("input,x,y\nother.tif,5,5\n", "names input(s) not given: other.tif"),
+    ("input,x,y\nimg0.tif,5,5\nimg0.tif,5,5\n", "line 3: the same window as line 2"),
 ])
 def test_bad_centres_are_refused(lenet_run, images, tmp_path, content, text):
     centres = tmp_path / "centres.csv"
@@ -135,3 +136,23 @@ def test_a_folder_that_is_not_a_run_is_refused(images, tmp_path):
     out = tmp_path / "out"
     result = invoke(predict_args(tmp_path, images / "img0.tif", out=out))
     assert result.exit_code == 1 and str(tmp_path) in result.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("where", ["input", "inside", "parent"])
+def test_an_output_folder_among_the_inputs_is_refused(lenet_run, images, tmp_path, where):
+    """The input folder itself, a folder inside it (a later run would read the outputs)
+    or a folder holding it (--overwrite would delete the images): nothing touched."""
+    (images / "img3.tif").unlink()
+    out = {"input": images, "inside": images / "pred", "parent": tmp_path}[where]
+    before = {p: p.read_bytes() for p in images.iterdir()}
+    result = invoke(predict_args(lenet_run, images, out=out, extra=["--overwrite"]))
+    text = "contains" if where == "parent" else "is (or lies inside) the input folder"
+    assert_refused(result, out, text=text, unchanged=before)
+    assert sorted(images.iterdir()) == sorted(before)
+
+
+def test_level_on_a_plain_image_is_refused(lenet_run, images, tmp_path):
+    out = tmp_path / "out"
+    assert_refused(invoke(predict_args(lenet_run, images / "img0.tif", out=out,
+                                       extra=["--level", "1"])), images / "img0.tif",
+                   text="--level and --mpp apply to whole slides only", absent=[out])

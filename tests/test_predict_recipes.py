@@ -1,0 +1,56 @@
+"""The training preprocessing replayed on odd files: alpha, 16 bits, options that
+cannot apply (no model needed)."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+import tifffile
+
+from capsmed.data.record import DatasetRecord
+from capsmed.errors import CapsmedError
+from capsmed.predict.config import Overrides
+from capsmed.predict.recipes import make_recipe, read_rgb
+
+AML = DatasetRecord("aml", ("LYT", "MON"), 3, (28, 28), {"size": 28, "grey": False})
+TUPAC16 = DatasetRecord("tupac16", ("non-mitosis", "mitosis"), 1, (32, 32),
+                        {"patch_size": 64, "output_size": 32, "min_tissue": 0.5,
+                         "h_max": 1.0})
+
+
+def cell_rgba(size: int = 64) -> np.ndarray:
+    """A cell on a transparent surround whose colour is black (alpha 0)."""
+    rgb = np.random.default_rng(0).integers(60, 200, (size, size, 3), dtype=np.uint8)
+    yy, xx = np.mgrid[:size, :size]
+    alpha = np.where((yy - size / 2) ** 2 + (xx - size / 2) ** 2 < (size / 3) ** 2, 255, 0)
+    alpha[:4] = 128  # and a half-transparent band
+    return np.dstack([rgb * (alpha[..., None] > 0), alpha]).astype(np.uint8)
+
+
+def test_an_aml_run_composites_alpha_over_white_in_every_format(tmp_path):
+    rgba = cell_rgba()
+    tifffile.imwrite(tmp_path / "cell.tiff", rgba, photometric="rgb", extrasamples=[2])
+    cv2.imwrite(str(tmp_path / "cell.png"), rgba[..., [2, 1, 0, 3]])
+    recipe = make_recipe(AML, Overrides())
+    tiff, _ = recipe.convert(tmp_path / "cell.tiff")
+    png, _ = recipe.convert(tmp_path / "cell.png")
+    assert np.array_equal(png, tiff) and (tiff[:, -1, 0] == 255).all()  # a white corner
+
+
+def test_16_bit_images_scale_alike_in_tiff_and_png(tmp_path):
+    rgb16 = np.random.default_rng(1).integers(0, 65536, (32, 32, 3)).astype(np.uint16)
+    tifffile.imwrite(tmp_path / "x.tif", rgb16, photometric="rgb")
+    cv2.imwrite(str(tmp_path / "x.png"), rgb16[..., ::-1])
+    tiff, png = read_rgb(tmp_path / "x.tif"), read_rgb(tmp_path / "x.png")
+    assert np.array_equal(tiff, (rgb16 >> 8).astype(np.uint8)) and np.array_equal(png, tiff)
+
+
+def test_level_and_mpp_are_refused_where_they_cannot_apply(tmp_path):
+    for overrides in (Overrides(level=1), Overrides(mpp=0.5)):
+        with pytest.raises(CapsmedError, match="applies to runs that read whole slides"):
+            make_recipe(AML, overrides)
+        image = tmp_path / "plain.png"
+        cv2.imwrite(str(image), np.full((80, 80, 3), 200, np.uint8))
+        with pytest.raises(CapsmedError, match="plain.png: a plain image"):
+            make_recipe(TUPAC16, overrides).prepare(image, None)
