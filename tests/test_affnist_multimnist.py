@@ -10,7 +10,7 @@ import scipy.io
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from capsmed.data.contract import load_split, read_info
+from capsmed.data.contract import DatasetWriter, load_split, read_info
 from capsmed.data.sources.affnist import AffnistConfig, preprocess_affnist, read_affnist_mat
 from capsmed.data.sources.idx import read_idx_images
 from capsmed.data.sources.mnist import MnistConfig, place_on_canvas, preprocess_mnist
@@ -252,7 +252,7 @@ def test_draw_partners_is_uniform_over_other_classes():
 
 
 def test_two_digit_hits_on_hand_made_scores():
-    from capsmed.evaluate.analyses.multimnist import two_digit_hits
+    from capsmed.evaluate.analyses.common import two_digit_hits
 
     scores = np.array([[0.9, 0.8, 0.1], [0.9, 0.1, 0.8], [0.1, 0.2, 0.9]])
     both, a, b = two_digit_hits(scores, np.array([0, 0, 2]), np.array([1, 1, 0]))
@@ -296,6 +296,29 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
     test = load_split(multi, "test", with_meta=True)
     assert report["samples"] == len(test)
     assert report["two_digit_accuracy"] <= min(report["first_found"], report["second_found"])
+    # two digits per image: transfer scores both in the top two (its base B is this run
+    # on this test split, so it must equal analyze multimnist's figure); affine, which
+    # scores one class per image, refuses the file
+    tiny = [x for k, v in TINY_CAPSNET.items() for x in ("--model-arg", f"{k}={json.dumps(v)}")]
+    result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(multi), "--b",
+                                 str(multi), "--base-a", str(run), "--base-b", str(run),
+                                 "--layers", "conv.0", "--out", str(tmp_path / "tr"),
+                                 "--epochs", "1", "--batch-size", "16",
+                                 "--steps-per-epoch", "1", *tiny])
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "tr" / "analysis" / "transfer" / "transfer.json"
+                         ).read_text())
+    assert record["results"][0]["accuracy"] == report["two_digit_accuracy"]
+    result = runner.invoke(app, ["-q", "analyze", "affine", str(run)])
+    assert result.exit_code == 1 and "two labels per image" in result.stderr
+    info, dup = read_info(multi), tmp_path / "dup.h5"  # a hand-made file, same class twice
+    with DatasetWriter(dup, dataset="multimnist", class_names=list(info.class_names),
+                       image_shape=(info.channels, *info.image_size), preprocessing={},
+                       source={}) as w:
+        w.append("test", test.images[:2], np.array([1, 2]), np.array(["g0", "g1"]),
+                 meta={"label2": np.array([1, 3])})
+    result = runner.invoke(app, ["-q", "analyze", "multimnist", str(run), "--data", str(dup)])
+    assert result.exit_code == 1 and "two labels are the same class" in result.stderr
     with pytest.raises(CapsmedError, match="does not support --augment"):
         train(TrainConfig(data=str(multi), arch="capsnet", augment=True,
                           out=str(tmp_path / "no"), model_kwargs=TINY_CAPSNET))

@@ -264,6 +264,42 @@ def test_routing_without_logged_entropy_analyses_the_checkpoint(tiny_h5, tmp_pat
         "routing.json", "routing_entropy_test.png", "routing_epochs.csv", "routing_test.csv"]
 
 
+def test_routing_into_a_used_folder_leaves_no_figure_of_the_earlier_runs(caps_run, tiny_h5,
+                                                                         tmp_path):
+    """Figures that only some calls draw (the epoch curves) must not survive from an
+    earlier call into the same --out, where they would pass for the new runs'."""
+    from capsmed.models import create_model
+
+    out = tmp_path / "figs"
+    result = runner.invoke(app, ["-q", "analyze", "routing", str(caps_run), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "routing_entropy_epochs.png").is_file()
+    kwargs = {"in_channels": 1, "num_classes": 2, "input_size": [28, 28], **TINY_CAPSNET}
+    old = tmp_path / "old"  # no routing entropy logged: no curves to draw
+    old.mkdir()
+    save_checkpoint(old, create_model("capsnet", **kwargs),
+                    {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
+                     "data": str(tiny_h5), "class_names": ["non-mitosis", "mitosis"]})
+    (old / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train_loss": 0.5}) + "\n")
+    result = runner.invoke(app, ["-q", "analyze", "routing", str(old), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert not (out / "routing_entropy_epochs.png").exists()
+    assert not (out / "routing_entropy_vs_accuracy.png").exists()
+
+
+def test_analyses_refuse_a_run_whose_dataset_file_changed(caps_run, tmp_path):
+    """As capsmed evaluate does: the run's own data, by the digest config.yaml holds."""
+    import yaml
+
+    run = _fresh_copy(caps_run, tmp_path)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["dataset"]["digest"] = "sha256:" + "0" * 64
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    for analysis in ("routing", "affine"):
+        result = runner.invoke(app, ["-q", "analyze", analysis, str(run)])
+        assert_clean_failure(result, "the dataset file changed since", run / "analysis")
+
+
 # ------------------------------------------------------------------ compactness
 
 

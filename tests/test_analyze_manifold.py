@@ -157,3 +157,21 @@ def test_manifold_cli_end_to_end(tiny_h5, tmp_path):
     bad = runner.invoke(app, ["-q", "analyze", "manifold", str(run), "--radius", "2",
                               "--layer", "nope"])
     assert bad.exit_code == 1 and "has no layer 'nope'" in bad.stderr
+
+
+@pytest.mark.parametrize("arch, size, kwargs, where", [
+    ("capsnet", 28, {}, "after the first routing"),
+    ("parallel-em", 64, {"branches": 2},
+     "after the last routing, not paper 003's Cap1 after the first")])
+def test_the_capsule_representation_says_which_routing_it_follows(arch, size, kwargs, where):
+    """Paper 003's Cap1 is the layer after the first routing; with more routed layers the
+    class capsules come later, and the label must not claim otherwise."""
+    from capsmed.evaluate.analyses.manifold import representations
+    from capsmed.models import create_model
+
+    channels = 1 if arch == "capsnet" else 3
+    model = create_model(arch, in_channels=channels, num_classes=2, input_size=[size, size],
+                         **kwargs)
+    images = np.zeros((2, channels, size, size), np.uint8)
+    label, features = representations(model, images, torch.device("cpu"))
+    assert label == f"class capsules ({where})" and len(features) == 2

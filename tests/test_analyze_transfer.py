@@ -4,11 +4,14 @@ at tiny size (frozen layers equal their source, the rest retrained, reruns reuse
 from __future__ import annotations
 
 import json
+import shutil
 
+import h5py
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch import nn
 from typer.testing import CliRunner
 
 from capsmed.cli import app
@@ -112,3 +115,48 @@ def test_transfer_refuses_inputs_of_another_shape_before_training(tiny_h5, tmp_p
                               "--out", str(out), *TINY_ARGS])
     assert bad.exit_code == 1 and "layer 'nope' matches no parameter" in bad.stderr
     assert not (out / "A1B").exists()
+
+
+def test_a_base_run_must_be_trained_on_its_task(tiny_h5, tmp_path):
+    """--base-b is "base B": a network trained on --b; one trained on other data would
+    fill the table with another task's numbers."""
+    other = tmp_path / "other.h5"
+    shutil.copy(tiny_h5, other)
+    with h5py.File(other, "a") as f:  # same classes and shapes, other content
+        f.attrs["created"] = "elsewhere"
+    base = train(TrainConfig(data=str(tiny_h5), arch="capsnet", epochs=1, batch_size=8,
+                             steps_per_epoch=1, out=str(tmp_path / "on-a"),
+                             model_kwargs=TINY_CAPSNET), disable_progress=True)
+    out = tmp_path / "t"
+    result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b",
+                                 str(other), "--base-b", str(base), "--layers", "conv.0",
+                                 "--out", str(out), *FAST, *TINY_ARGS])
+    assert result.exit_code == 1 and "was not trained on --b" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("arch", ["parallel-dr", "resnext50", "em-capsnet"])
+def test_networks_with_branches_or_shortcuts_need_named_layers(tiny_h5, tmp_path, arch):
+    result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b",
+                                 str(tiny_h5), "--arch", arch, "--out", str(tmp_path / "t")])
+    assert result.exit_code == 1 and "name the layers with --layers" in result.stderr
+
+
+def test_transfer_copies_batch_norm_statistics_with_the_weights(tmp_path):
+    from capsmed.models import create_model
+    from capsmed.train.checkpoint import save_checkpoint
+    from capsmed.train.run import transfer_parameters
+
+    kwargs = {"in_channels": 1, "num_classes": 2, "input_size": [28, 28]}
+    source = create_model("em-capsnet", **kwargs)  # a ResNeXt stem: batch norms
+    norms = [(n, m) for n, m in source.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    name, norm = norms[0]
+    norm.running_mean.fill_(0.25)
+    norm.running_var.fill_(4.0)
+    save_checkpoint(tmp_path, source, {"arch": "em-capsnet", "model_kwargs": kwargs,
+                                       "epoch": 1, "data": "x.h5", "class_names": ["a", "b"]})
+    target = create_model("em-capsnet", **kwargs)
+    transfer_parameters(target, tmp_path, [name], freeze=True)
+    copied = dict(target.named_modules())[name]
+    assert torch.equal(copied.running_mean, norm.running_mean)
+    assert torch.equal(copied.running_var, norm.running_var)

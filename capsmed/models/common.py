@@ -39,6 +39,9 @@ class CapsmedModel(nn.Module):
         decoder: The reconstruction decoder over the class capsules, or None.
         returns_couplings: ``forward(..., return_couplings=True)`` fills
             :attr:`ModelOutput.couplings` (routing coefficients; capsule networks).
+        layers_in_order: Its parameters are registered in the order the forward pass
+            uses them, one path (no branches or shortcuts), so "the first k layers" can
+            be read off them (``capsmed analyze transfer``).
 
     ``forward(x, target=None, **kwargs) -> ModelOutput``: ``x`` is [B, C, H, W] in
     [0, 1]; ``target`` (class indices) picks the capsule the decoder reconstructs.
@@ -47,6 +50,7 @@ class CapsmedModel(nn.Module):
     loss_kind: str = "ce"
     decoder: nn.Module | None  # an instance attribute (see __init__), never a class one
     returns_couplings: bool = False
+    layers_in_order: bool = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -160,6 +160,8 @@ class ClassMatrixCapsules(nn.Module):
 class EMCapsNet(CapsmedModel):
     """ResNeXt stem -> Primary-Caps -> (Mid-Caps 3x3/2) -> Class-Caps, EM routing."""
 
+    layers_in_order = False  # residual shortcuts / parallel branches
+
     returns_couplings = True
 
     loss_kind = "spread"

@@ -76,6 +76,8 @@ class ParallelDRCapsNet(CapsmedModel):
     """Shared stem -> N branches (CNN block + primary capsules [+ one mid capsule]) ->
     dynamic routing to class capsules."""
 
+    layers_in_order = False  # residual shortcuts / parallel branches
+
     returns_couplings = True
 
     loss_kind = "margin"
@@ -216,6 +218,8 @@ class ParallelEMCapsNet(CapsmedModel):
     (2 layers); the defaults here give 19.95M and 8.12M at 400x400x3. Nearly all of
     the parameters are in the CNN blocks, whose widths the paper does not state.
     """
+
+    layers_in_order = False  # residual shortcuts / parallel branches
 
     returns_couplings = True
 

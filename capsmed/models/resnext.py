@@ -96,6 +96,8 @@ def capsule_stem(in_channels: int, stem_channels: int, planes: tuple[int, ...],
 class ResNeXt(CapsmedModel):
     """Stem, four ResNeXt stages, global average pooling, class layer."""
 
+    layers_in_order = False  # residual shortcuts / parallel branches
+
     loss_kind = "ce"
 
     def __init__(self, in_channels: int, num_classes: int, layers: tuple[int, ...],

@@ -105,7 +105,9 @@ def _save_rows(run_dir: Path, rows: RunRows) -> None:
 def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str],
                         freeze: bool) -> list[str]:
     """Copy the parameters whose names start with one of ``prefixes`` from the checkpoint
-    in run directory ``source`` (paper 003's layer transfer); optionally freeze them.
+    in run directory ``source`` (paper 003's layer transfer), with their buffers (batch
+    norms' running statistics, which the copied weights were trained with); optionally
+    freeze the parameters.
 
     Raises:
         CapsmedError: if a prefix matches nothing or shapes differ.
@@ -134,6 +136,11 @@ def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str
                 params[name].copy_(weights[name])
             params[name].requires_grad_(not freeze)
             copied.append(name)
+        for name, buffer in model.named_buffers():  # batch norms' running statistics
+            if (name == prefix or name.startswith(prefix + ".")) and name in weights \
+                    and weights[name].shape == buffer.shape:
+                with torch.no_grad():
+                    buffer.copy_(weights[name])
     log.info("transferred %d parameter tensors from %s%s", len(copied), source,
              " (frozen)" if freeze else "")
     return copied

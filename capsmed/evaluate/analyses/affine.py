@@ -350,6 +350,7 @@ def analyze_affine(run_dir: Path, data: Path | None = None, affnist: Path | None
     run = common.load_run(run_dir, device, data)
     if affnist is not None:  # fail before the long part
         check_affnist(run, Path(affnist))
+    common.refuse_two_label(run.data_path, cfg.split, "affine")
     samples = common.load_samples(run, cfg.split, max_samples=cfg.max_samples, seed=cfg.seed)
     result = affine_robustness(run.model, samples.images, samples.labels, run.device, cfg)
     if affnist is not None:

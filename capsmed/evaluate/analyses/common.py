@@ -20,10 +20,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsmed.data.contract import DatasetInfo, SplitData, load_split, read_info
+from capsmed.data.contract import DatasetInfo, SplitData, load_split, meta_names, read_info
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.models.common import ModelOutput
+from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
+from capsmed.train.run_data import SECOND_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,8 @@ def load_run(run_dir: Path, device: str = "auto", data: Path | None = None) -> L
     if data is None and not data_path.exists():
         raise CapsmedError(f"{data_path}: the run's dataset file is gone; pass --data with "
                            "a file of the same classes and image size")
+    if data is None and (run_dir / CONFIG).is_file():  # the run's own data, as it was?
+        check_dataset_unchanged(read_run_config(run_dir), run_dir, data_path)
     info = read_info(data_path)
     check_compatible(meta, data_path, info)
     return LoadedRun(run_dir, model, meta, dev, data_path, info)
@@ -150,8 +154,40 @@ def predict(model: nn.Module, images: np.ndarray, device: torch.device, batch_si
     return torch.cat(preds).numpy() if preds else np.empty(0, dtype=np.int64)
 
 
+def class_scores(model: nn.Module, images: np.ndarray, device: torch.device,
+                 batch_size: int) -> np.ndarray:
+    """Class scores [N, K] of uint8 ``images``."""
+    scores = [out.scores.float().cpu() for _, _, out in
+              forward_batches(model, images, device, batch_size)]
+    return torch.cat(scores).numpy()
+
+
 def accuracy(predicted: np.ndarray, labels: np.ndarray) -> float:
     return float((np.asarray(predicted) == np.asarray(labels)).mean()) if len(labels) else 0.0
+
+
+def two_digit_hits(scores: np.ndarray, first: np.ndarray, second: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per image: both digits in the top two, the first found, the second found (paper
+    004 s3.2: an image is right when its two highest classes are its two digits)."""
+    top2 = np.argsort(-scores, axis=1, kind="stable")[:, :2]
+    a = (top2 == first[:, None]).any(1)
+    b = (top2 == second[:, None]).any(1)
+    return a & b, a, b
+
+
+def is_two_label(path: Path, split: str) -> bool:
+    """Whether ``split`` of ``path`` has a second label per image (MultiMNIST)."""
+    return SECOND_LABEL in meta_names(path, split)
+
+
+def refuse_two_label(path: Path, split: str, analysis: str) -> None:
+    """Refuse a two-label split for an analysis that scores one class per image: its
+    top-1 accuracy would only ask whether the first digit ranks highest."""
+    if is_two_label(path, split):
+        raise CapsmedError(f"{path}: split '{split}' has two labels per image ({SECOND_LABEL}"
+                           f"); analyze {analysis} scores one class per image, so use "
+                           "capsmed analyze multimnist for two-digit accuracy")
 
 
 def last_linear(model: nn.Module) -> tuple[str, nn.Linear]:

@@ -217,7 +217,12 @@ def representations(model: nn.Module, images: np.ndarray, device: torch.device,
     if layer is None and probe.capsules is not None:
         feats = [out.capsules.flatten(1).float().cpu() for _, _, out in
                  common.forward_batches(model, images, device, batch_size)]
-        return "class capsules (after the first routing)", torch.cat(feats).numpy()
+        routed = sum(1 for m in model.modules() if getattr(m, "iterations", None))
+        if getattr(model, "capsule_layers", 3) == 4:  # parallel-dr routes per branch too
+            routed += 1
+        where = ("after the first routing" if routed <= 1 else
+                 "after the last routing, not paper 003's Cap1 after the first")
+        return f"class capsules ({where})", torch.cat(feats).numpy()
     if layer is None:
         layer = next((n for n, m in model.named_modules() if isinstance(m, nn.Linear)
                       and not n.startswith("decoder")), None)

@@ -13,19 +13,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses.common import (
     analysis_dir,
-    forward_batches,
+    class_scores,
     load_run,
     load_samples,
+    two_digit_hits,
     write_csv,
     write_json,
 )
-
-SECOND_LABEL = "label2"
+from capsmed.train.run_data import SECOND_LABEL
 
 
 @dataclass(frozen=True)
@@ -41,15 +40,6 @@ class MultiMnistResult:
     per_class_found: dict[str, float]
 
 
-def two_digit_hits(scores: np.ndarray, first: np.ndarray, second: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per image: both digits in the top two, the first found, the second found."""
-    top2 = np.argsort(-scores, axis=1, kind="stable")[:, :2]
-    a = (top2 == first[:, None]).any(1)
-    b = (top2 == second[:, None]).any(1)
-    return a & b, a, b
-
-
 def analyze_multimnist(run_dir: Path, device: str = "auto", data: Path | None = None,
                        split: str = "test", batch_size: int = 256) -> tuple[MultiMnistResult,
                                                                              Path]:
@@ -59,10 +49,13 @@ def analyze_multimnist(run_dir: Path, device: str = "auto", data: Path | None = 
     if SECOND_LABEL not in samples.meta:
         raise CapsmedError(f"{run.data_path}: split '{split}' has no second label (meta "
                            f"'{SECOND_LABEL}'); make it with capsmed preprocess multimnist")
-    scores = torch.cat([out.scores.float().cpu() for _, _, out in
-                        forward_batches(run.model, samples.images, run.device, batch_size)])
     first, second = samples.labels, np.asarray(samples.meta[SECOND_LABEL], dtype=np.int64)
-    both, a, b = two_digit_hits(scores.numpy(), first, second)
+    if (first == second).any():  # paper 004: the two digits are of different classes
+        raise CapsmedError(f"{run.data_path}: split '{split}' has "
+                           f"{int((first == second).sum())} image(s) whose two labels are "
+                           "the same class; two-digit accuracy needs two different classes")
+    scores = class_scores(run.model, samples.images, run.device, batch_size)
+    both, a, b = two_digit_hits(scores, first, second)
     found = np.concatenate([a, b])
     digits = np.concatenate([first, second])
     per_class = {name: float(found[digits == c].mean())

@@ -252,5 +252,8 @@ def analyze_routing(run_dirs: list[Path], out: Path | None = None, device: str =
     if any(r.curve for r in results):
         _plot_epochs(results, labels, out)
         _plot_against_accuracy(results, labels, out)
+    else:  # figures of an earlier call into this folder would pass for these runs'
+        for name in ("routing_entropy_epochs.png", "routing_entropy_vs_accuracy.png"):
+            (out / name).unlink(missing_ok=True)
     _plot_test(results, labels, out)
     return results, out

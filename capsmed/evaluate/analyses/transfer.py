@@ -40,10 +40,11 @@ import numpy as np
 import yaml
 from torch import nn
 
-from capsmed.data.contract import read_info
+from capsmed.data.contract import read_info, read_meta
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import pyplot, save_figure
+from capsmed.train.run_data import SECOND_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,24 @@ def _normalised(values: dict[str, Any]) -> dict[str, Any]:
     return yaml.safe_load(yaml.safe_dump(values))  # tuples -> lists, as config.yaml holds
 
 
+def _check_trained_on(run_dir: Path, data: Path, what: str) -> None:
+    """Refuse a run that was not trained on ``data``'s content: by the digest its
+    config.yaml recorded (its path, for runs from before digests)."""
+    from capsmed.data.digest import file_digest
+
+    config_path = Path(run_dir) / "config.yaml"
+    config = (yaml.safe_load(config_path.read_text(encoding="utf-8"))
+              if config_path.is_file() else {}) or {}
+    saved = (config.get("dataset") or {}).get("digest")
+    trained = (config.get("train") or {}).get("data") or _meta(run_dir).get("data")
+    same = (saved == file_digest(data) if saved else
+            trained is not None and Path(trained).resolve() == data.resolve())
+    if not same:
+        raise CapsmedError(f"{run_dir}: was not trained on {what} {data} (trained on "
+                           f"{trained}{', whose content differs' if saved else ''}); "
+                           "pass a run trained on it, or remove it to train one")
+
+
 def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
     """Train ``cfg`` (a TrainConfig) unless its run directory already holds the same
     finished run (reused) or an interrupted one (resumed)."""
@@ -137,6 +156,7 @@ def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
         if not same:
             raise CapsmedError(f"{out}: holds a run with other options; choose another "
                                "--out or remove it")
+        _check_trained_on(out, Path(cfg.data), "its data")
         if (out / "summary.json").is_file():
             log.info("reusing the finished run %s", out)
             return out
@@ -167,8 +187,17 @@ def _accuracy(run_dir: Path, data: Path, batch_size: int, device: str) -> float:
     dev = select_device(device)
     model, _ = load_checkpoint(run_dir, dev)
     samples = load_run_split(run_dir, data, "test")
-    return common.accuracy(common.predict(model, samples.images, dev, batch_size),
-                           samples.labels)
+    if not common.is_two_label(data, "test"):
+        return common.accuracy(common.predict(model, samples.images, dev, batch_size),
+                               samples.labels)
+    # two digits per image (paper 003 s3.3's multi-MNIST tasks): both in the top two
+    if (run_dir / "test_indices.npy").is_file():
+        raise CapsmedError(f"{data}: a two-label file with cross-validation folds is not "
+                           "supported by analyze transfer")
+    second = read_meta(data, "test", SECOND_LABEL).astype(np.int64)
+    both, _, _ = common.two_digit_hits(
+        common.class_scores(model, samples.images, dev, batch_size), samples.labels, second)
+    return float(both.mean()) if len(both) else 0.0
 
 
 def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
@@ -187,6 +216,8 @@ def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
     options = dict(cfg.train_options)
     seed = int(options.pop("seed", 0))
     given = {t: Path(r) for t, r in (("A", cfg.base_a), ("B", cfg.base_b)) if r is not None}
+    for task, run in given.items():  # "base B" must be a network trained on B
+        _check_trained_on(run, Path(cfg.a if task == "A" else cfg.b), f"--{task.lower()}")
     bases = {t: (r, _meta(r)) for t, r in given.items()}
     archs = {meta["arch"] for _, meta in bases.values()} | ({cfg.arch} if cfg.arch else set())
     if len(archs) > 1:
@@ -199,6 +230,10 @@ def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
     probe = create_model(arch, in_channels=info_b.channels, num_classes=info_b.num_classes,
                          input_size=list(info_b.image_size), **probe_kwargs)
     if cfg.layers is None:
+        if not getattr(probe, "layers_in_order", True):
+            raise CapsmedError(f"'{arch}' has residual shortcuts or parallel branches, so "
+                               "its parameter order is not its layer order; name the layers "
+                               "with --layers (e.g. --layers stem,...; the docs list them)")
         layers = transferable_layers(probe)[:-1]
     else:
         layers = _split_layers(cfg.layers)
