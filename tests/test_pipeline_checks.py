@@ -83,6 +83,11 @@ REFUSED = {  # id: (change to the smoke pipeline, text of the one-line error)
                                   "must be a whole argument"),
     "evaluate-agreement-word": (lambda r: r["evaluate"][0].update({"agreement": "no"}),
                                 "evaluate: agreement must be true or false, got 'no'"),
+    "executor-key": (lambda r: r.update({"executor": {"kind": "local", "jbos": 2}}),
+                     "executor: unknown key(s) jbos"),
+    "requires-key": (lambda r: next(iter(r["datasets"].values())).update(
+        {"requires": [{"path": "x", "mak": "capsmed synth ..."}]}),
+        ".requires: each entry is {path: ..., make: ...}"),
 }
 
 

@@ -38,6 +38,8 @@ from capsmed.train.config import TrainConfig
 TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "exclude",
             "train", "rules", "evaluate", "analyses", "report", "executor"}
 STAGE_KEYS = {"output", "requires", "commands", "scratch", "note"}
+REQUIRE_KEYS = {"path", "make"}
+EXECUTOR_KEYS = {"kind", "jobs", "gpus", "slurm"}
 EVALUATE_KEYS = {"name", "split", "data", "agreement", "batch_size"}
 ANALYSIS_KEYS = {"name", "output", "command", "note"}
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.:=,+-]*)\}")
@@ -167,6 +169,10 @@ def _stages(raw: dict[str, Any], names: dict[str, Any], path: Path) -> dict[str,
         if bad:
             raise _fail(path, f"datasets.{name}: unknown key(s) {', '.join(bad)}")
         where = f"datasets.{name}"
+        for r in spec.get("requires") or []:
+            if not isinstance(r, dict) or "path" not in r or set(r) - REQUIRE_KEYS:
+                raise _fail(path, f"{where}.requires: each entry is {{path: ..., make: ...}}"
+                            f", got {r!r}")
         output = Path(str(interpolate(spec["output"], names, where, path)))
         local = {**names, "output": str(output)}
         commands = tuple(tuple(str(a) for a in interpolate(c, local, where, path))
@@ -345,6 +351,10 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     if bad:
         raise _fail(path, f"unknown key(s) {', '.join(bad)} (allowed: "
                     f"{', '.join(sorted(TOP_KEYS))})")
+    bad = sorted(set(raw.get("executor") or {}) - EXECUTOR_KEYS)
+    if bad:  # a misspelt setting would be dropped without a word
+        raise _fail(path, f"executor: unknown key(s) {', '.join(bad)} (allowed: "
+                    f"{', '.join(sorted(EXECUTOR_KEYS))})")
     names = _variables(raw, overrides or {}, path)
     # absolute, so Slurm jobs and child processes find it from any working directory
     out = Path(str(names.get("out", f"runs/{raw['name']}"))).absolute()
