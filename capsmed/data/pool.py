@@ -7,8 +7,12 @@ deterministic for a seed whatever the number of workers).
 
 Workers never outlive the run: each asks the kernel for SIGTERM when its parent dies
 (``PR_SET_PDEATHSIG``; elsewhere a thread watches ``os.getppid()``), so a ``kill -9``
-of the main process takes them along, and a run that stops early (bad input, Ctrl-C)
-terminates them instead of waiting for their current job. Workers ignore SIGINT: a
+of the main process takes them along. A run that stops early (bad input, Ctrl-C)
+cancels the queued jobs and lets each worker finish the job it holds (a few seconds at
+most) before it exits; one still busy after :data:`STOP_GRACE_S` is terminated. Killing
+a worker while it sends its result leaves half a message in the result pipe, and the
+pool's manager thread then waits for the rest forever, so the process never exits
+(Python < 3.14). Workers ignore SIGINT: a
 Ctrl-C to the terminal's process group is the main process's to handle, with one
 ``error: interrupted`` line, not one traceback per worker.
 """
@@ -40,6 +44,7 @@ R = TypeVar("R")
 
 MAX_DEFAULT_WORKERS = 8
 AHEAD_PER_WORKER = 4  # jobs in flight per worker: keeps workers busy, bounds memory
+STOP_GRACE_S = 60.0  # a stopping run waits this long for workers to finish their job
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -87,16 +92,19 @@ def _submit(pool: ProcessPoolExecutor, fn: Callable[[J], R], job: J) -> Future[R
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel what is queued and terminate the workers now (the run is not finishing)."""
-    if hasattr(pool, "terminate_workers"):  # Python 3.14+
-        pool.terminate_workers()
-        return
+    """Cancel what is queued and let the workers finish their current job and exit (the
+    run is not finishing); terminate one still busy after ``STOP_GRACE_S``."""
     workers = list((getattr(pool, "_processes", None) or {}).values())  # pid -> Process
     pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + STOP_GRACE_S
     for process in workers:
-        process.terminate()
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
     for process in workers:
-        process.join(timeout=5)
+        if process.is_alive():  # a job that hangs: the pipe may be left half-written
+            log.warning("worker %d still busy after %.0f s: terminated", process.pid,
+                        STOP_GRACE_S)
+            process.terminate()
+            process.join(timeout=5)
 
 
 def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | None = None,
