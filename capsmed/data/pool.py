@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
+from multiprocessing.connection import wait
 from typing import Any, TypeVar
 
 from capsmed.data.output import raise_if_interrupted
@@ -95,16 +96,24 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     """Cancel what is queued and let the workers finish their current job and exit (the
     run is not finishing); terminate one still busy after ``STOP_GRACE_S``."""
     workers = list((getattr(pool, "_processes", None) or {}).values())  # pid -> Process
+    manager = getattr(pool, "_executor_manager_thread", None)  # it reaps the workers
     pool.shutdown(wait=False, cancel_futures=True)
+    # Exits are watched on the processes' sentinels, not with join()/is_alive(): the
+    # pool's manager thread reaps the workers too, and a process it reaped first looks
+    # alive forever to another thread's waitpid.
+    running = {p.sentinel: p for p in workers}
     deadline = time.monotonic() + STOP_GRACE_S
-    for process in workers:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for process in workers:
-        if process.is_alive():  # a job that hangs: the pipe may be left half-written
-            log.warning("worker %d still busy after %.0f s: terminated", process.pid,
-                        STOP_GRACE_S)
-            process.terminate()
-            process.join(timeout=5)
+    while running and time.monotonic() < deadline:
+        for sentinel in wait(list(running), timeout=deadline - time.monotonic()):
+            running.pop(sentinel)
+    for process in running.values():  # a job that hangs: the pipe may be left half-written
+        log.warning("worker %d still busy after %.0f s: terminated", process.pid,
+                    STOP_GRACE_S)
+        process.terminate()
+    if running:
+        wait(list(running), timeout=5)
+    if manager is not None:
+        manager.join(timeout=5)
 
 
 def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | None = None,
