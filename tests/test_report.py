@@ -385,3 +385,21 @@ def test_runs_ls_and_report_share_one_protocol_label():
     moved = protocol_settings({"transfer_from": "runs/a", "transfer_layers": ["conv"]})
     assert protocol_label(moved) == "transferred conv (frozen)"
     assert protocol_settings({"freeze_transferred": False}) == protocol_settings({})
+
+
+def test_the_terminal_table_shows_labels_with_brackets_and_keeps_numbers_whole():
+    """`tupac16 [tupac16.h5 5e125ea9]` is a label, not rich markup; and in 80 columns the
+    label column wraps, never a number."""
+    from rich.console import Console
+
+    from capsmed.evaluate.tables import TextTable, rich_table
+
+    label = "tupac16 [tupac16.h5 5e125ea9]"
+    table = TextTable(title=f"{label} / full", columns=["Dataset", *(f"m{i}" for i in range(8))],
+                      rows=[[label, *(f"-0.{i}23 ± 0.045" for i in range(8))]])
+    console = Console(width=80, record=True)
+    console.print(rich_table(table))
+    text = console.export_text()
+    assert "[tupac16.h5" in text and "5e125ea9]" in text
+    for i in range(8):
+        assert f"-0.{i}23" in text and text.count("0.045") == 8

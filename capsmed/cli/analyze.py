@@ -17,13 +17,14 @@ app = typer.Typer(help="Analyses of trained runs: affine robustness, MultiMNIST 
 def _print_table(title: str, header: list[str], rows: list[list[str]],
                  caption: str | None = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title, caption=caption)
+    table = Table(title=escape(title), caption=escape(caption) if caption else None)
     for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
+        table.add_column(escape(name), justify="left" if i == 0 else "right", overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(escape(str(cell)) for cell in row))
     Console().print(table)
 
 

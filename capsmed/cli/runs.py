@@ -16,6 +16,7 @@ app = typer.Typer(help="List and inspect training runs.", no_args_is_help=True)
 def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs.")) -> None:
     """Runs below ROOT: architecture, dataset, protocol, best epoch, validation metrics."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from capsmed.errors import CapsmedError
@@ -35,7 +36,8 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
     for column in ("ep", "best", "loss", "acc", "rep"):
         table.add_column(column, no_wrap=True, justify="right")
     for r in runs:
-        table.add_row(str(r.path.relative_to(root)) or ".", r.arch, r.dataset, r.protocol,
+        table.add_row(escape(str(r.path.relative_to(root)) or "."), r.arch, escape(r.dataset),
+                      escape(r.protocol),
                       str(r.epochs_run), str(r.best_epoch or "-"),
                       f"{r.val_loss:.4f}" if r.val_loss is not None else "-",
                       f"{r.val_acc:.3f}" if r.val_acc is not None else "-",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 PLUS_MINUS = "±"
@@ -147,17 +148,28 @@ def latex(tables: Sequence[TextTable]) -> str:
 
 
 def rich_table(t: TextTable) -> Table:
-    """The table for the terminal; spanned headers are stacked above their leaves."""
-    table = Table(title=t.title, caption="\n".join(t.notes) or None, caption_justify="left")
+    """The table for the terminal; spanned headers are stacked above their leaves.
+
+    Every text is escaped: a label such as ``tupac16 [tupac16.h5 5e125ea9]`` is not rich
+    markup, and read as markup its file part vanished. In a narrow terminal number cells
+    wrap at their spaces, never inside a number.
+    """
+    table = Table(title=escape(t.title), caption=escape("\n".join(t.notes)) or None,
+                  caption_justify="left")
     leaf_spans = []
     for label, n in t.spans or [("", len(t.columns))]:
         leaf_spans += [label] * n
     for i, (leaf, span) in enumerate(zip(t.columns, leaf_spans, strict=True)):
-        header = f"{span}\n{leaf}" if span else leaf
-        table.add_column(header, justify="left" if i < t.stub_columns else "right",
-                         overflow="fold")
+        header = escape(f"{span}\n{leaf}" if span else leaf)
+        if i < t.stub_columns:
+            table.add_column(header, overflow="fold")
+        else:  # wrap at spaces ("0.81 ± 0.02"), never inside a number or a word
+            longest = max([len(word) for row in t.rows for word in str(row[i]).split()]
+                          + [len(word) for word in f"{span} {leaf}".split()] + [1])
+            table.add_column(header, justify="right", overflow="fold", min_width=longest)
     first_total = len(t.rows) - t.total_rows
     for k, row in enumerate(t.rows):
-        table.add_row(*row, style="bold" if k >= first_total else None,
+        table.add_row(*(escape(str(cell)) for cell in row),
+                      style="bold" if k >= first_total else None,
                       end_section=bool(t.total_rows) and k == first_total - 1)
     return table
