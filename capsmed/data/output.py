@@ -163,6 +163,8 @@ def claims_output(preprocess: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
+        log.debug("%s(%s)", preprocess.__name__, ", ".join(
+            f"{k}={v!r}" for k, v in bound.arguments.items() if k != "disable_progress"))
         with claim_output(Path(bound.arguments["output"]), bound.arguments["overwrite"]):
             return preprocess(*args, **kwargs)
 

@@ -112,6 +112,8 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         raise CapsmedError(f"{data_path}: --agreement needs square images (90-degree "
                            f"rotations), got {info.image_size[0]}x{info.image_size[1]}")
     split_data = evaluated_split(run_dir, data_path, split)
+    log.debug("%s: checkpoint of epoch %s (%s) on %s, %s split '%s': %d samples", run_dir,
+              meta["epoch"], meta["arch"], dev, data_path, split, len(split_data))
     if not len(split_data):
         raise CapsmedError(f"{data_path}: split '{split}' has no samples")
 

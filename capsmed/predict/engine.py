@@ -165,6 +165,8 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
         check_dataset_unchanged(read_run_config(run_dir), run_dir, Path(record.origin))
     _check_model(record, meta, run_dir)
     recipe = make_recipe(record, opts.overrides)
+    log.debug("run %s (%s, epoch %s) on %s: recipe %s, preprocessing from %s", run_dir,
+              meta["arch"], meta["epoch"], device, type(recipe).__name__, record.origin)
     class_index = _class_index(record, opts.class_name)
     if opts.centres is not None and not recipe.windowed:
         raise CapsmedError(f"--centres applies to patch and slide runs; a {record.dataset} "

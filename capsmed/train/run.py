@@ -238,6 +238,10 @@ class Run:
                             "parameters": count_parameters(self.model),
                             "precision": str(self.settings.autocast_dtype or "float32"),
                             "world_size": ctx.world}
+        log.debug("environment %s; training rows %d (%s), validation %s; %d steps per "
+                  "epoch; options %s", self.environment, len(self.train_data),
+                  self.rows.train_split, self.rows.val_split or "none", len(self.sampler),
+                  cfg.to_dict())
         if new:
             if ctx.is_main:
                 self._create_folder()

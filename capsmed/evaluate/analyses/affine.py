@@ -229,8 +229,8 @@ def affine_robustness(model: nn.Module, images: np.ndarray, labels: np.ndarray,
     applied = float(torch.cat(shifts).mean()) if shifts else 0.0
     if cfg.keep_inside and cfg.translation > 0 and applied < 0.25 * float(limit.mean()) / 2:
         log.warning("the content fills most of the canvas: keeping it inside left a mean "
-                    "shift of %.2f px of the +-%.1f px range (turn keep_inside off to "
-                    "translate freely)", applied, float(limit.mean()))
+                    "shift of %.2f px of the +-%.1f px range (--free-translation, or "
+                    "keep_inside: false, translates freely)", applied, float(limit.mean()))
 
     angles = np.arange(-180.0, 180.0 + 1e-9, cfg.sweep_step)
     if angles[-1] < 180.0:
