@@ -63,11 +63,13 @@ class RunBoard:
         return Group(head, table)
 
     def _line(self, text: str) -> None:
+        """An event or note, whole: wrapped at the terminal's width, never cut (a cut
+        line lost the run it was about); plain text, not rich markup."""
         if self.live is not None:
-            self.live.console.print(_fit(text, 79))
+            self.live.console.print(Text(text))
             self.live.update(self._render())
         else:
-            self.console.print(_fit(text, 79), soft_wrap=True)
+            self.console.print(Text(text), soft_wrap=True)
 
     def note(self, text: str) -> None:
         self._line(text)
