@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_key_values
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_key_values
 
 app = typer.Typer(help="Analyses of trained runs: affine robustness, MultiMNIST two-digit "
                   "accuracy, routing entropy, semantic compactness, t-SNE manifold, "
@@ -31,7 +31,7 @@ def _print_table(title: str, header: list[str], rows: list[list[str]],
 def _done(out: Path) -> None:
     from capsmed.evaluate.analyses.common import written
 
-    typer.echo(f"written to {out}/ ({', '.join(written(out))})")
+    echo_wrapped(f"written to {out}/ ({', '.join(written(out))})")
 
 
 @app.command("affine")

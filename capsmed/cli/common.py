@@ -18,6 +18,17 @@ from capsmed.errors import CapsmedError, Interrupted
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def echo_wrapped(text: str) -> None:
+    """``text`` wrapped at the terminal's width (80 columns in a log), paths unbroken:
+    a list of the files written reads as lines, not one 300-column line."""
+    import shutil
+    import textwrap
+
+    width = shutil.get_terminal_size((80, 24)).columns
+    typer.echo(textwrap.fill(text, width=max(40, width), subsequent_indent="  ",
+                             break_long_words=False, break_on_hyphens=False))
+
+
 def handles_errors(command: F | None = None, *, sigterm: bool = True) -> Any:
     """Report a failure as one ``error: <message>`` line on stderr and an exit code.
 

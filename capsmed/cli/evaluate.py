@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 
 
 @handles_errors
@@ -42,4 +42,4 @@ def evaluate(
     if result.agreement is not None:
         accs = ", ".join(f"{k} {v:.3f}" for k, v in result.agreement.accuracy.items())
         console.print(f"accuracy by orientation: {accs}", highlight=False)
-    typer.echo(f"report written to {result.report_dir}/ ({', '.join(result.files)})")
+    echo_wrapped(f"report written to {result.report_dir}/ ({', '.join(result.files)})")

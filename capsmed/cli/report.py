@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 
 
 @handles_errors
@@ -45,5 +45,5 @@ def report(
     for table in result.printed:
         console.print(rich_table(table))
     skipped = f", {len(result.skipped)} skipped" if result.skipped else ""
-    typer.echo(f"{result.runs} run(s) in {result.groups} group(s){skipped}; report written "
+    echo_wrapped(f"{result.runs} run(s) in {result.groups} group(s){skipped}; report written "
                f"to {result.out_dir}/ ({', '.join(result.files)})")
