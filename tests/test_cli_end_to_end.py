@@ -32,6 +32,9 @@ def test_help_lists_every_command():
 def test_models_lists_paper_counts():
     out = _ok(["models", "--input-size", "28", "--channels", "1", "--num-classes", "10"]).output
     assert "8,215,568" in out and "61,706" in out
+    # 80 columns, with no option name split across lines
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "reconstruction=conditional" in out and "primary_kernel=9" in out
 
 
 @pytest.fixture(scope="module")

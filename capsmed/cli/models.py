@@ -19,6 +19,7 @@ def models(
     """List architectures with their parameter count at the given input setting."""
     import torch
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from capsmed.errors import CapsmedError
@@ -26,11 +27,9 @@ def models(
 
     table = Table(title=f"Architectures at {channels}x{input_size}x{input_size}, "
                         f"{num_classes} classes")
-    for column in ("name", "parameters", "description", "options (--model-arg key=value)",
-                   "reference"):
-        table.add_column(column, justify="right" if column == "parameters" else "left",
-                         overflow="fold")
+    rows = []
     for entry in list_models():
+        note = ""
         try:
             # The meta device allocates no storage: counting the 6.7 billion parameters
             # of the baseline at 400x400 must not need 27 GB of memory.
@@ -39,8 +38,19 @@ def models(
                                      num_classes=num_classes, input_size=input_size)
             params = f"{count_parameters(model):,}"
         except CapsmedError as exc:
-            params = f"n/a ({exc})"
+            params, note = "n/a", f" Not at this input: {exc}"
         options = " ".join(f"{k}={v}".replace(" ", "") for k, v in entry.defaults().items()
-                            if k not in UNIFORM_ARGUMENTS)
-        table.add_row(entry.name, params, entry.description, options, entry.paper)
+                           if k not in UNIFORM_ARGUMENTS)
+        rows.append((f"{entry.name}\n{params}", f"{entry.description}{note}\n"
+                     f"[{entry.paper}]", options))
+    # three columns fit 80: name over its count, description over its reference, and
+    # the options, whose key=value words are never split
+    for i, column in enumerate(("name\nparameters", "description\n[reference]",
+                                "options (--model-arg key=value)")):
+        longest = max(len(word) for row in rows for word in row[i].split())
+        table.add_column(escape(column), justify="left", overflow="fold",
+                         min_width=longest if i != 1 else None,
+                         max_width=longest if i == 0 else None)
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row), end_section=True)
     Console().print(table)
