@@ -15,6 +15,7 @@ app = typer.Typer(help="List and inspect training runs.", no_args_is_help=True)
 @handles_errors
 def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs.")) -> None:
     """Runs below ROOT: architecture, dataset, protocol, best epoch, validation metrics."""
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -28,11 +29,15 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
     if not runs:
         typer.echo(f"no runs under {root} (train one with: capsmed train ...)")
         return
-    table = Table(title=f"Runs under {root}")
+    # light rules, no outer edge: 80 columns hold the numbers and wide enough labels
+    table = Table(title=escape(f"Runs under {root}"), box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, padding=(0, 1), collapse_padding=True)
     table.caption = ("ep: epochs run; best: kept epoch; loss/acc: validation at the kept "
                      "epoch; rep: evaluated")
-    for column, width in (("run", 8), ("arch", 7), ("data", 7), ("protocol", 10)):
-        table.add_column(column, overflow="fold", min_width=width)
+    arch = max(len(r.arch) for r in runs)
+    for column, width, most in (("run", 12, 16), ("arch", arch, arch), ("data", 7, 9),
+                                ("protocol", 10, 12)):
+        table.add_column(column, overflow="fold", min_width=width, max_width=most)
     for column in ("ep", "best", "loss", "acc", "rep"):
         table.add_column(column, no_wrap=True, justify="right")
     for r in runs:
