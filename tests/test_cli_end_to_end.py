@@ -200,7 +200,7 @@ def test_runs_ls_summarises_runs_and_skips_broken_ones(cli_dataset, tmp_path):
     (root / "broken" / "config.yaml").write_text("not: [a run")
     result = runner.invoke(app, ["runs", "ls", str(root)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.stderr
-    row = next(line for line in result.output.splitlines() if line.startswith("│ a "))
+    row = next(line for line in result.output.splitlines() if line.startswith("a "))
     assert "lenet" in row and "tupac16" in row and "fraction" in row and "yes" in row
     metrics = [json.loads(x) for x in (root / "a" / "metrics.jsonl").read_text().splitlines()]
     best = min(metrics, key=lambda m: m["val_loss"])
