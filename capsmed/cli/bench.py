@@ -50,16 +50,20 @@ def train(
     results: Path = typer.Option(None, help=RESULTS_HELP),
 ) -> None:
     """Training and evaluation images/s, step time and peak memory per architecture."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from capsmed.train.bench import append_result, bench_train
 
-    table = Table(title=f"capsmed bench train (batch {batch_size}, {steps} timed steps)")
+    # light rules and collapsed padding: seven columns in 80, none cut
+    table = Table(title=f"capsmed bench train (batch {batch_size}, {steps} timed steps)",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1),
+                  collapse_padding=True)
     for column in ("arch", "input", "precision", "train img/s", "step ms", "eval img/s",
                    "peak MiB"):
         table.add_column(column, justify="left" if column in ("arch", "input", "precision")
-                         else "right")
+                         else "right", overflow="fold")
     kwargs = parse_key_values(model_arg, "--model-arg")
     results = results or DEFAULT_RESULTS
     for name in arch:
