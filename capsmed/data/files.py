@@ -71,6 +71,15 @@ def check_file(path: Path, what: str = "file", allow_empty: bool = False) -> Pat
     return path
 
 
+def _once(seen: dict[str, Path], path: Path, real: str, what: str, why: str) -> None:
+    """Record ``path`` (whose real path is ``real``) in ``seen``; one reached before,
+    through a symbolic link, is an error."""
+    if real in seen:
+        raise CapsmedError(f"{shown(path)}: the same {what} as {shown(seen[real])} (through "
+                           f"a symbolic link); {why}")
+    seen[real] = path
+
+
 class FolderWalk:
     """Walks folders for files with given extensions, following symbolic links.
 
@@ -87,12 +96,7 @@ class FolderWalk:
         """``path``, checked; a real file reached a second time (a linked file) is an
         error, as a folder reached twice is."""
         check_file(path, allow_empty=True)
-        real = os.path.realpath(path)
-        if real in self._seen_files:
-            raise CapsmedError(f"{shown(path)}: the same file as "
-                               f"{shown(self._seen_files[real])} (through a symbolic link); "
-                               "it would be read twice")
-        self._seen_files[real] = path
+        _once(self._seen_files, path, os.path.realpath(path), "file", "it would be read twice")
         return path
 
     def _enter(self, folder: Path, ancestors: tuple[str, ...]) -> str:
@@ -100,11 +104,7 @@ class FolderWalk:
         if real in ancestors:
             raise CapsmedError(f"{shown(folder)}: symbolic link loop (it leads back to "
                                f"{shown(real)}, a folder that contains it)")
-        if real in self._seen:
-            raise CapsmedError(f"{shown(folder)}: the same folder as "
-                               f"{shown(self._seen[real])} (through a symbolic link); its "
-                               "files would be read twice")
-        self._seen[real] = folder
+        _once(self._seen, folder, real, "folder", "its files would be read twice")
         return real
 
     def files(self, root: Path, suffixes: Iterable[str], *, recursive: bool = True,
