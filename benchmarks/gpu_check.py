@@ -224,16 +224,19 @@ def batch_sizes(arch: str, quick: bool) -> tuple[int, ...]:
     return (4,) if quick else BATCHES.get(side, BATCHES[28] if side <= 40 else BATCHES[400])
 
 
-def speed_schedule(archs: list[str], quick: bool) -> list[tuple[str, str, int]]:
+def speed_schedule(archs: list[str], quick: bool, first: int = 1
+                   ) -> list[tuple[str, str, int]]:
     """The speed cells in the order they are timed: (arch, mode, batch), with a
     ("reference", "", batch) entry after capsnet's last cell at each batch.
+    ``first`` (1-based) skips each architecture's smaller batches, to go on from an
+    invocation whose budget ran out.
 
     Breadth first, so a time budget (``--budget-s``) cuts the least informative cells:
     every architecture's eager cells at its first batch, then its compiled and graph
     cells at that batch, and only then the second batch of each, and so on."""
     sizes = {arch: batch_sizes(arch, quick) for arch in archs}
     plan: list[tuple[str, str, int]] = []
-    for i in range(max(len(s) for s in sizes.values())):
+    for i in range(first - 1, max((len(s) for s in sizes.values()), default=0)):
         for tier in (MODES[:2], MODES[2:]):
             for arch in (a for a in archs if i < len(sizes[a])):
                 bs = sizes[arch][i]
@@ -268,11 +271,12 @@ def bench_cell(arch: str, mode: str, bs: int, dev: torch.device, quick: bool
 
 
 def part_speed(report: Report, dev: torch.device, quick: bool, archs: list[str],
-               deadline: float) -> None:
+               deadline: float, first: int = 1) -> None:
+    plan = speed_schedule(archs, quick, first)
     rows, best, references = [], {}, []
     dynamic = torch._dynamo.config.automatic_dynamic_shapes
     torch._dynamo.config.automatic_dynamic_shapes = False
-    for arch, mode, bs in speed_schedule(archs, quick):
+    for arch, mode, bs in plan:
         if arch == "reference":  # the textbook yardstick, right after capsnet's cells
             if ("capsnet", bs) in best and time.monotonic() <= deadline:
                 references.append(reference_ratio(report, dev, quick, bs, best))
@@ -339,7 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="stop starting new speed cells after this many seconds (cells run "
                     "breadth first: every arch's first batch before any second batch)")
+    ap.add_argument("--from-batch", type=int, default=1, metavar="N",
+                    help="time only each architecture's N-th batch size and larger ones "
+                    "(to go on where a budget stopped an earlier invocation) [1]")
     args = ap.parse_args(argv)
+    if args.from_batch < 1:
+        ap.error("--from-batch counts from 1")
     started = time.monotonic()
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -352,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}",
               file=sys.stderr)
         return 1
+    archs = [a.strip() for a in args.archs.split(",") if a.strip()]
+    if "speed" in parts and not speed_schedule(archs, args.quick, args.from_batch):
+        print(f"error: --from-batch {args.from_batch}: none of {', '.join(archs)} has that "
+              "many batch sizes", file=sys.stderr)
+        return 1
     from capsmed.device import device_name
 
     report = Report(args.out, device_name(dev))
@@ -360,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         "correctness": lambda: part_correctness(report, dev, args.quick),
         "demo": lambda: check_demo(report, dev, args.quick, work),
         "ddp": lambda: check_ddp(report, dev, args.quick, work),
-        "speed": lambda: part_speed(report, dev, args.quick, args.archs.split(","),
-                                    started + args.budget_s),
+        "speed": lambda: part_speed(report, dev, args.quick, archs,
+                                    started + args.budget_s, args.from_batch),
         "memory": lambda: check_memory(report, dev, args.quick),
         "concurrent": lambda: check_concurrent(report, dev, args.quick, work),
     }

@@ -112,7 +112,7 @@ def check_ddp(report: Any, dev: torch.device, quick: bool, work: Path) -> None:
         report.record("ddp", name="data", ok=False, detail=problem[-500:])
         return
     base = ["train", "--data", str(data), "--arch", "capsnet", "--epochs", "2",
-            "--batch-size", "32", "--precision", "fp32", "--seed", "0",
+            "--batch-size", "32", "--precision", "fp32", "--seed", "0", "--augment",
             "--device", "cuda" if dev.type == "cuda" else "cpu",
             *(TINY_ARGS if quick else [])]
     single = work / "ddp" / "single"
@@ -144,7 +144,8 @@ def check_ddp(report: Any, dev: torch.device, quick: bool, work: Path) -> None:
                      f"{diff:.1e} {'ok' if diff <= tolerance else 'FAIL'}"])
     report.section("torchrun against one process", ["run", "backend",
                    "train/val loss per epoch", "max rel. diff"], rows,
-                   note="capsnet, 2 epochs, fp32, seed 0, global batch 32 on the demo data. "
+                   note="capsnet, 2 epochs, fp32, seed 0, --augment, global batch 32 on the demo "
+                   "data. "
                    "Tolerance: 1e-5 for one process, 2e-2 for several.")
 
 

@@ -70,6 +70,28 @@ def test_speed_cells_run_breadth_first_so_a_budget_cuts_large_batches_last():
         assert plan[i - 1] == ("capsnet", "graph-bf16", bs)
 
 
+def test_from_batch_goes_on_where_an_earlier_budget_stopped():
+    archs = ["capsnet", "lenet", "resnext50"]
+    full = gpu_check.speed_schedule(archs, quick=False)
+    later = gpu_check.speed_schedule(archs, quick=False, first=2)
+    second = {a: gpu_check.batch_sizes(a, False)[1:] for a in archs}
+    assert later == [c for c in full if c[0] == "reference" and c[2] != 256
+                     or c[0] != "reference" and c[2] in second[c[0]]]
+    assert ("resnext50", "eager-fp32", 64) in later
+    assert not any(bs == gpu_check.batch_sizes(a, False)[0] for a, _, bs in later
+                   if a != "reference")
+    # resnext50 has two sizes: a third batch leaves only the 28 px networks
+    assert {a for a, _, _ in gpu_check.speed_schedule(archs, False, first=3)} == {
+        "capsnet", "lenet", "reference"}
+
+
+def test_from_batch_past_every_size_is_a_one_line_error(tmp_path, capsys):
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                           "--parts", "speed", "--archs", "lenet", "--from-batch", "2"]) == 1
+    assert "--from-batch 2: none of lenet has that many batch sizes" in capsys.readouterr().err
+    assert not (tmp_path / "gpu_check.md").exists()
+
+
 def test_a_spent_budget_skips_every_speed_cell_and_still_reports(tmp_path):
     assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
                            "--parts", "speed", "--archs", "capsnet,lenet",
