@@ -16,6 +16,7 @@ from capsmed.data.contract import (
     load_split,
     read_info,
 )
+from capsmed.data.schema import DATA_REVISION
 from capsmed.errors import CapsmedError
 
 
@@ -51,6 +52,7 @@ def test_round_trip_keeps_everything(tmp_path):
         assert f["train/images"].chunks is not None
         assert json.loads(f.attrs["class_names"]) == ["neg", "pos"]
         assert f.attrs["created"].endswith("+00:00")
+        assert int(f.attrs["data_revision"]) == DATA_REVISION >= 1
 
 
 def test_group_in_two_splits_is_refused_and_nothing_written(tmp_path):

@@ -67,6 +67,43 @@ def test_runs_on_data_to_be_remade_are_outdated_not_done(tmp_path):
     record.write_text(json.dumps({"commands": "made-by-other-commands"}))
     rows = runner.status_rows(pipeline, state, pipeline.runs)
     assert {(r["status"], r["id"]) for r in rows} == {("outdated", None)}
+    assert runner.foreign_run_dirs(pipeline, state) == []  # their identity is unknown yet
+
+
+def test_a_new_protocol_revision_trains_finished_runs_again(tmp_path, monkeypatch, capsys):
+    from capsmed.cli.run import _print_table
+    from capsmed.pipeline import identity
+
+    pipeline, state = _pipeline(tmp_path)
+    old = _finished(state, pipeline.runs[0])
+    assert runner.status_rows(pipeline, state, pipeline.runs)[0]["status"] == "done"
+    assert runner.foreign_run_dirs(pipeline, state) == []
+    monkeypatch.setattr(identity, "PROTOCOL_REVISION", identity.PROTOCOL_REVISION + 1)
+    row = runner.status_rows(pipeline, state, pipeline.runs)[0]
+    assert row["status"] == "pending" and row["id"] not in old.name
+    assert runner.foreign_run_dirs(pipeline, state) == [old]
+    _print_table(pipeline, [], [], _console(), estimates=False)
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"1 folder(s) in {old.parent} belong to no run of this pipeline now" in out
+            and old.name in out)
+
+
+def test_data_made_by_an_older_data_revision_is_made_again(tmp_path, monkeypatch):
+    pipeline, state = _pipeline(tmp_path)
+    stage = pipeline.stages["tupac16"]
+    record = state.records / "stages" / "tupac16.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"commands": execute.command_hash(stage.commands)}))
+    assert execute.stage_done(state, stage)
+    monkeypatch.setattr(execute, "DATA_REVISION", execute.DATA_REVISION + 1)
+    assert not execute.stage_done(state, stage)
+    assert execute.remade_outputs(pipeline, state) == {str(stage.output)}
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=80, force_terminal=False)
 
 
 def test_analyses_run_again_when_a_dataset_they_read_is_remade(tmp_path, monkeypatch):

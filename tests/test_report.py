@@ -259,6 +259,24 @@ def test_groups_that_mix_settings_are_flagged(runs_root):
     assert any("appear(s) more than once" in n for n in dup)
 
 
+def test_runs_of_two_protocol_revisions_are_flagged(real_run, tmp_path):
+    from capsmed.train.protocol import PROTOCOL_REVISION
+
+    new = make_run(real_run, tmp_path / "new", "lenet", 1, FULL["lenet", 1])
+    old = make_run(real_run, tmp_path / "old", "lenet", 2, FULL["lenet", 2])
+    config = yaml.safe_load((old / "config.yaml").read_text())
+    assert config["environment"]["protocol_revision"] == PROTOCOL_REVISION >= 1
+    del config["environment"]["protocol_revision"]  # as runs made before it was recorded
+    (old / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    notes = group_warnings(group_runs(collect_runs([tmp_path]).runs))
+    assert [n for n in notes if "revision" in n] == [
+        f"tupac16 / full / lenet: runs of capsmed protocol revisions 0, {PROTOCOL_REVISION} "
+        "are averaged together, but capsmed changed what such a run computes between "
+        "them (capsmed/train/protocol.py); train the older runs again"]
+    assert not any("differ in" in n for n in notes)
+    assert not group_warnings(group_runs(collect_runs([new]).runs))
+
+
 def test_val_split_and_other_data_are_labelled_apart(runs_root, tmp_path):
     from capsmed.evaluate.aggregate import load_evaluated_run
 

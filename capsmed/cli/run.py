@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, parse_key_values
+from capsmed.cli.common import echo_wrapped, handles_errors, parse_key_values
 from capsmed.errors import CapsmedError
 
 EPILOG = ("Examples: capsmed run pipelines/smoke.yaml | capsmed run --dry-run "
@@ -84,11 +84,17 @@ def _print_table(pipeline, only: list[str], exclude: list[str], console, estimat
         load_throughput,
         split_sizes_of,
     )
-    from capsmed.pipeline.runner import count_by_status, select_runs, status_rows
+    from capsmed.pipeline.runner import (
+        count_by_status,
+        foreign_run_dirs,
+        select_runs,
+        status_rows,
+    )
     from capsmed.pipeline.state import PipelineState
 
     runs = select_runs(pipeline, only, exclude)
-    rows = status_rows(pipeline, PipelineState(pipeline.out), runs)
+    state = PipelineState(pipeline.out)
+    rows = status_rows(pipeline, state, runs)
     fields = list(dict.fromkeys(k for r in runs for k in r.fields))
     per_run: dict[str, str] = {}
     total, source = 0.0, ""
@@ -105,6 +111,12 @@ def _print_table(pipeline, only: list[str], exclude: list[str], console, estimat
     console.print(status_table(pipeline.name, rows, fields, per_run if estimates else None))
     counts = ", ".join(f"{n} {s}" for s, n in count_by_status(rows).items())
     console.print(f"{len(rows)} runs ({counts}); output: {pipeline.out}")
+    foreign = foreign_run_dirs(pipeline, state)
+    if foreign:
+        echo_wrapped(f"{len(foreign)} folder(s) in {foreign[0].parent} belong to no run "
+                     "of this pipeline now (their options, data or capsmed's protocol "
+                     "revision changed) and are not counted, e.g. "
+                     f"{foreign[0].name}; remove them when you no longer need them")
     if estimates:
         known = len(per_run)
         console.print(f"estimated training time: {human(total)} for the {known} runs with "

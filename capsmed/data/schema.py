@@ -20,6 +20,12 @@ import numpy as np
 from capsmed.errors import CapsmedError, first_line
 
 FORMAT_VERSION = 1
+# What the readers and the preprocessing make of the same raw files and options. Bumped
+# by any change after which the same command writes different images or labels, so that
+# `capsmed run` makes its data stages again instead of training on the older file.
+#   1 (2026-11-22): torchvision roots read MNIST and Fashion-MNIST apart; TIFFs read as
+#     they look (palette, MINISWHITE); AML alpha blended; folder grey/colour per file.
+DATA_REVISION = 1
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")
 
 

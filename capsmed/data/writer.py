@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 
 from capsmed import __version__
-from capsmed.data.schema import FORMAT_VERSION, STRING_DTYPE
+from capsmed.data.schema import DATA_REVISION, FORMAT_VERSION, STRING_DTYPE
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path
 
@@ -229,6 +229,7 @@ class DatasetWriter:
         attrs["preprocessing"] = json.dumps(self.preprocessing, sort_keys=True)
         attrs["source"] = json.dumps(self.source, sort_keys=True)
         attrs["capsmed_version"] = __version__
+        attrs["data_revision"] = DATA_REVISION
         attrs["created"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         attrs["group_leak_allowed"] = bool(leaks)
         log.info("wrote %s: %s", self.path,

@@ -39,6 +39,7 @@ CONTEXT_KEYS = frozenset({"run_dir", "arch", "dataset", "data", "split", "checkp
                           "samples", "class_names", "per_class", "total",
                           "confusion_matrix", "notes"})
 COUNT_KEYS = frozenset({"support", "samples"})
+REVISION = "protocol_revision"  # config.yaml environment key: see PROTOCOL_REVISION
 REQUIRED_KEYS = ("class_names", "per_class", "total", "accuracy", "balanced_accuracy",
                  "confusion_matrix")
 # Shown first, in this order; any other metric a report carries (AUC, ...) follows.
@@ -188,6 +189,8 @@ def load_evaluated_run(run_dir: Path, report_name: str = "report") -> EvaluatedR
     # the standardisation statistics follow the training subset; they are not a choice
     other["model_kwargs"] = {k: v for k, v in (config.get("model_kwargs") or {}).items()
                              if k not in ("input_mean", "input_std")}
+    # 0: made before capsmed recorded it
+    other[REVISION] = int((config.get("environment") or {}).get(REVISION, 0))
     fold = train.get("fold")
     return EvaluatedRun(
         path=run_dir, dataset=dataset, arch=str(report.get("arch") or train.get("arch")),
@@ -331,6 +334,13 @@ def group_warnings(groups: Sequence[Group]) -> list[str]:
         where = f"{g.dataset} / {g.protocol} / {g.arch}"
         differing = sorted({k for r in g.runs for k in r.other
                             if any(r.other.get(k) != o.other.get(k) for o in g.runs)})
+        if REVISION in differing:
+            differing.remove(REVISION)
+            revisions = sorted({r.other[REVISION] for r in g.runs})
+            notes.append(f"{where}: runs of capsmed protocol revisions "
+                         f"{', '.join(map(str, revisions))} are averaged together, but "
+                         "capsmed changed what such a run computes between them "
+                         "(capsmed/train/protocol.py); train the older runs again")
         if differing:
             notes.append(f"{where}: runs differ in {', '.join(differing)} but are averaged "
                          "together (group key is dataset, arch and protocol only)")

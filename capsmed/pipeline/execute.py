@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from capsmed.data.digest import file_digest
+from capsmed.data.schema import DATA_REVISION
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.checks import run_filter
@@ -58,7 +59,10 @@ def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = N
 
 
 def command_hash(commands: Sequence[Sequence[str]]) -> str:
-    return hashlib.sha256(json.dumps([list(c) for c in commands]).encode()).hexdigest()[:16]
+    """The stage's commands and capsmed's :data:`~capsmed.data.schema.DATA_REVISION`:
+    a file made by older readers is made again, as one made by other commands is."""
+    payload = {"commands": [list(c) for c in commands], "revision": DATA_REVISION}
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
 def _stage_record(state: PipelineState, name: str) -> Path:

@@ -1,5 +1,9 @@
 """A run's identity: one hash of what it computes, so a changed run gets a new folder.
 
+What it computes is its options, its input files' contents and capsmed's
+:data:`~capsmed.train.protocol.PROTOCOL_REVISION`: after a capsmed change that alters
+what the same options compute, finished runs of the older code are not taken as done.
+
 The same payload serves twice: with the content digests of the ``.h5`` files
 (:func:`run_identity`, the folder name) and, when the file is read, with their paths
 (:func:`capsmed.pipeline.checks.check_distinct_runs`), so that two grid points that
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from capsmed.data.digest import file_digest
+from capsmed.train.protocol import PROTOCOL_REVISION
 
 # Options that change how fast a run goes or where it writes, not what it computes.
 NOT_IDENTITY = frozenset({"out", "device", "data_loading", "loader_workers", "tensorboard",
@@ -47,7 +52,8 @@ def identity_payload(run: RunLike, digest: Callable[[str], str | None]
         evaluations.append({**{k: v for k, v in dataclasses.asdict(e).items()
                                if k != "batch_size"}, "data": other})  # speed only
     train = {k: v for k, v in run.train.items() if k not in NOT_IDENTITY and k != "data"}
-    return {"train": train, "data": data, "evaluate": evaluations}
+    return {"train": train, "data": data, "evaluate": evaluations,
+            "revision": PROTOCOL_REVISION}
 
 
 def _digest_or_none(value: str) -> str | None:

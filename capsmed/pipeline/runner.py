@@ -259,6 +259,23 @@ def status_rows(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec
     return rows
 
 
+def foreign_run_dirs(pipeline: Pipeline, state: PipelineState) -> list[Path]:
+    """Folders under ``out/runs`` that belong to no run of the pipeline as it is now:
+    their options, data or capsmed's protocol revision changed since. Folders of a run
+    whose identity cannot be known yet (its data not made) are never counted."""
+    current, unknown = set(), set()
+    for run, run_id, _ in plan(pipeline, pipeline.runs, state):
+        if run_id is None:
+            unknown.add(run.label)
+        else:
+            current.add(state.run_dir(run, run_id))
+    folder = state.out / "runs"
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and p not in current
+                  and p.name.rpartition("-")[0] not in unknown)
+
+
 def count_by_status(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in rows:

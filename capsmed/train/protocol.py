@@ -23,6 +23,17 @@ from typing import Any
 
 from capsmed.train.config import TrainConfig
 
+# What a run with the same options and data computes. Bumped by any change after which
+# such a run trains or scores differently, so that `capsmed run` (whose run identity
+# holds it) trains it again instead of taking the older run as finished, and `capsmed
+# report` warns when it averages runs of two revisions.
+#   0: runs made before capsmed recorded a revision.
+#   1 (2026-11-22): --per-class-limit with --fold spreads the limit over the folds;
+#     rotating non-square images no longer shears them; augment_recipe implies
+#     augment; fold runs keep and report their last epoch; torchrun ranks draw
+#     per-sample augmentation shares; layer transfer copies batch-norm statistics.
+PROTOCOL_REVISION = 1
+
 PROTOCOL_FIELDS = ("fraction", "imbalance", "augment", "augment_recipe", "sampler",
                    "class_weights", "folds", "per_class_limit", "transfer_layers",
                    "freeze_transferred")

@@ -40,6 +40,7 @@ from capsmed.train.config import TrainConfig
 from capsmed.train.losses import balanced_class_weights
 from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer, build_schedule
+from capsmed.train.protocol import PROTOCOL_REVISION
 from capsmed.train.run_data import (
     RunRows,
     channel_statistics,
@@ -232,7 +233,8 @@ class Run:
                          if augment is not None else None),
             decoder=self.model.decoder)
         self.step = TrainStep(module, self.optimizer, self.settings)
-        self.environment = {"capsmed": __version__, "torch": str(torch.__version__),
+        self.environment = {"capsmed": __version__, "protocol_revision": PROTOCOL_REVISION,
+                            "torch": str(torch.__version__),
                             "device": device_name(device),
                             "python": platform.python_version(),
                             "parameters": count_parameters(self.model),
