@@ -29,6 +29,29 @@ def test_help_lists_every_command():
         assert command in out
 
 
+def test_help_lists_whole_summaries_within_80_columns(monkeypatch, capsys):
+    import typer
+
+    from capsmed.cli import whole_summaries
+
+    monkeypatch.setenv("COLUMNS", "80")
+    command = whole_summaries(typer.main.get_command(app))  # as the capsmed script runs
+
+    def help_of(*group):
+        command.main([*group, "--help"], prog_name="capsmed", standalone_mode=False)
+        return capsys.readouterr().out
+
+    groups = [()] + [(name,) for name, sub in command.commands.items()
+                     if getattr(sub, "commands", None)]
+    assert len(groups) >= 8
+    for group in groups:
+        out = help_of(*group)
+        assert "..." not in out.split("Commands:")[1], (group, out)  # not cut mid-word
+        assert max(len(line) for line in out.splitlines()) <= 80
+    # a summary is the first sentence, not cut at an abbreviation
+    assert "(paper 003 Fig. 3), and the kept" in " ".join(help_of("analyze").split())
+
+
 def test_models_lists_paper_counts():
     out = _ok(["models", "--input-size", "28", "--channels", "1", "--num-classes", "10"]).output
     assert "8,215,568" in out and "61,706" in out

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
+import re
+from typing import Any
 
 import typer
 
@@ -77,6 +80,19 @@ app.command("demo")(demo.demo)
 app.add_typer(bench.app, name="bench")
 
 
+def whole_summaries(command: Any) -> Any:
+    """Give every sub-command its whole first sentence as the line ``--help`` lists it
+    by. Click otherwise cuts a summary at the terminal's width with '...', which in 80
+    columns cut most of capsmed's mid-word. A long summary now wraps instead."""
+    for sub in getattr(command, "commands", {}).values():
+        if sub.short_help is None and sub.help:
+            paragraph = " ".join(inspect.cleandoc(sub.help).split("\n\n")[0].split())
+            sentence = re.split(r"(?<=[a-z0-9)])\.\s+(?=[A-Z])", paragraph, maxsplit=1)[0]
+            sub.short_help = sentence.rstrip(".")
+        whole_summaries(sub)
+    return command
+
+
 def main() -> None:
     """Console-script entry point."""
-    app()
+    whole_summaries(typer.main.get_command(app))()
