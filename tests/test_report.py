@@ -277,6 +277,47 @@ def test_runs_of_two_protocol_revisions_are_flagged(real_run, tmp_path):
     assert not group_warnings(group_runs(collect_runs([new]).runs))
 
 
+def test_a_report_older_than_the_kept_checkpoint_is_refused_and_shown_stale(real_run,
+                                                                            tmp_path):
+    run = make_run(real_run, tmp_path / "runs" / "a", "lenet", 1, FULL["lenet", 1])
+    meta = json.loads((run / "checkpoint.json").read_text())
+    report_path = run / "report" / "report.json"
+    report = json.loads(report_path.read_text())
+    assert report["checkpoint_epoch"] == meta["epoch"]
+    def rep_column():
+        ls = runner.invoke(app, ["runs", "ls", str(tmp_path / "runs")], terminal_width=80)
+        assert ls.exit_code == 0, ls.output
+        return next(line for line in ls.output.splitlines()
+                    if line.lstrip().startswith("a ")).split()[-1]
+
+    assert rep_column() == "yes"
+    # the run trained on (--resume) after it was evaluated: a new kept epoch
+    (run / "checkpoint.json").write_text(json.dumps({**meta, "epoch": meta["epoch"] + 3}))
+    assert rep_column() == "stale"
+    result = runner.invoke(app, ["report", str(tmp_path / "runs"), "-o", str(tmp_path / "r")])
+    assert_clean_failure(result, f"{report_path}: scored the epoch {meta['epoch']} checkpoint, "
+                         f"but the run now keeps epoch {meta['epoch'] + 3}")
+    assert not (tmp_path / "r").exists()
+
+
+def test_runs_ls_skips_broken_configs_and_reads_past_a_partial_metrics_line(real_run,
+                                                                            tmp_path, caplog):
+    from capsmed.train.run_index import find_runs
+
+    good = make_run(real_run, tmp_path / "good", "lenet", 1, FULL["lenet", 1])
+    epochs = len((good / "metrics.jsonl").read_text().splitlines())
+    with (good / "metrics.jsonl").open("a") as fh:
+        fh.write('{"epoch": 9, "train_lo')  # a full disk cut the last record
+    for name, text in (("empty", ""), ("list", "- 1\n"), ("no-train", "dataset: {}\n")):
+        shutil.copytree(real_run, tmp_path / name)
+        (tmp_path / name / "config.yaml").write_text(text)
+    with caplog.at_level(logging.WARNING):
+        runs = find_runs(tmp_path)
+    assert [r.path.name for r in runs] == ["good"] and runs[0].epochs_run == epochs
+    assert sorted(m.split(":")[0] for m in caplog.messages) == sorted(
+        str(tmp_path / n) for n in ("empty", "list", "no-train"))
+
+
 def test_val_split_and_other_data_are_labelled_apart(runs_root, tmp_path):
     from capsmed.evaluate.aggregate import load_evaluated_run
 

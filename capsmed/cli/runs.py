@@ -33,7 +33,7 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
     table = Table(title=escape(f"Runs under {root}"), box=box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False, padding=(0, 1), collapse_padding=True)
     table.caption = ("ep: epochs run; best: kept epoch; loss/acc: validation at the kept "
-                     "epoch; rep: evaluated")
+                     "epoch; rep: evaluated (stale: the run trained on after it)")
     arch = max(len(r.arch) for r in runs)
     for column, width, most in (("run", 12, 16), ("arch", arch, arch), ("data", 7, 9),
                                 ("protocol", 10, 12)):
@@ -46,5 +46,5 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
                       str(r.epochs_run), str(r.best_epoch or "-"),
                       f"{r.val_loss:.4f}" if r.val_loss is not None else "-",
                       f"{r.val_acc:.3f}" if r.val_acc is not None else "-",
-                      "yes" if r.evaluated else "no")
+                      "stale" if r.report_stale else "yes" if r.evaluated else "no")
     Console().print(table)

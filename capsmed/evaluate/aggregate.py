@@ -242,6 +242,12 @@ def collect_runs(paths: Sequence[Path]) -> Collection:
     runs: list[EvaluatedRun] = []
     skipped = [SkippedRun(p, "not a readable run directory") for p in broken]
     for summary in summaries:
+        if summary.report_stale:
+            raise CapsmedError(
+                f"{summary.path / 'report' / 'report.json'}: scored the epoch "
+                f"{summary.report_epoch} checkpoint, but the run now keeps epoch "
+                f"{summary.best_epoch} (it trained on after the evaluation); run: "
+                f"capsmed evaluate {summary.path}")
         if not summary.evaluated:
             reason = f"not evaluated yet; run: capsmed evaluate {summary.path}"
             log.warning("%s: skipped, %s", summary.path, reason)

@@ -28,6 +28,7 @@ from capsmed.io import replace_dir, writing
 from capsmed.train.checkpoint import load_checkpoint
 from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 from capsmed.train.run_data import load_run_split
+from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,10 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     run_dir = Path(run_dir)
     dev = select_device(device)
     model, meta = load_checkpoint(run_dir, dev)
+    if (run_dir / RESUME_FILE).is_file():
+        log.warning("%s: its training has not finished (%s is there), so this scores the "
+                    "epoch %s checkpoint; after capsmed train --resume %s, evaluate again",
+                    run_dir, RESUME_FILE, meta["epoch"], run_dir)
     data_path = Path(data) if data is not None else Path(meta["data"])
     info = read_info(data_path)
     if data is None and (run_dir / CONFIG).is_file():  # the run's own data, as it was?

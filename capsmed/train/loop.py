@@ -25,6 +25,7 @@ from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.curves import plot_training_curves
 from capsmed.train.run import Run
+from capsmed.train.run_index import metric_records
 from capsmed.train.state import RESUME_FILE, Progress, StopRequest, restore_rng
 from capsmed.train.step import coupling_entropy, forward, loss_and_correct
 
@@ -89,22 +90,9 @@ def _truncate_metrics(path: Path, epoch: int) -> None:
     of a line when the disk filled up)."""
     if not path.is_file():
         return
-    records = [r for r in _records(path.read_text(encoding="utf-8").splitlines())
+    records = [r for r in metric_records(path.read_text(encoding="utf-8").splitlines())
                if r["epoch"] < epoch]
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
-
-
-def _records(lines: list[str]) -> list[dict[str, Any]]:
-    """The epoch records of ``metrics.jsonl`` lines; a partial line is skipped."""
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("epoch"), int):
-            records.append(record)
-    return records
 
 
 def _save(run: Run, progress: Progress, sampler_state: torch.Tensor) -> None:
@@ -271,7 +259,7 @@ def _finish_run(run: Run, p: Progress, stopped_early: bool) -> None:
     epochs_run = p.epoch - 1
     lines = (run.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     with writing(run.run_dir / "curves.png"):
-        plot_training_curves(_records(lines), run.run_dir / "curves.png")
+        plot_training_curves(metric_records(lines), run.run_dir / "curves.png")
     write_text_atomic(run.run_dir / "summary.json", json.dumps({
         "best_epoch": p.best_epoch, "best_selection_loss": p.best, "epochs_run": epochs_run,
         "stopped_early": stopped_early, "train_samples": len(run.train_data),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -27,6 +29,12 @@ class RunSummary:
     val_loss: float | None
     val_acc: float | None
     evaluated: bool
+    report_epoch: int | None = None  # the checkpoint epoch report/report.json scored
+
+    @property
+    def report_stale(self) -> bool:
+        """The run trained on after its evaluation: its report scored an older model."""
+        return self.report_epoch is not None and self.report_epoch != self.best_epoch
 
 
 def _protocol(train: dict) -> str:
@@ -35,20 +43,51 @@ def _protocol(train: dict) -> str:
     return label + (f", fold {train['fold']}" if train.get("fold") is not None else "")
 
 
+def _object(path: Path, text: str, kind: str) -> dict:
+    value = yaml.safe_load(text) if kind == "yaml" else json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path.name} is not a mapping")
+    return value
+
+
+def metric_records(lines: list[str]) -> list[dict[str, Any]]:
+    """The epoch records of ``metrics.jsonl`` lines; a partial line (a full disk, a
+    killed writer) or a line of another shape is skipped."""
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int):
+            records.append(record)
+    return records
+
+
 def summarise_run(run_dir: Path) -> RunSummary:
     """Read a run's config, metrics and checkpoint metadata (raises on a broken run)."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    config_path = run_dir / "config.yaml"
+    config = _object(config_path, config_path.read_text(encoding="utf-8"), "yaml")
+    train, dataset = config.get("train"), config.get("dataset")
+    if not isinstance(train, dict) or not isinstance(dataset, dict):
+        raise ValueError("config.yaml has no train and dataset sections")
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    metrics = [json.loads(line) for line in lines if line.strip()]
+    metrics = metric_records(lines)
     meta_path = run_dir / "checkpoint.json"
-    best = json.loads(meta_path.read_text(encoding="utf-8"))["epoch"] if meta_path.is_file() \
-        else None
+    best = (_object(meta_path, meta_path.read_text(encoding="utf-8"), "json").get("epoch")
+            if meta_path.is_file() else None)
+    report_path = run_dir / "report" / "report.json"
+    report_epoch = None
+    if report_path.is_file():
+        with contextlib.suppress(ValueError):  # capsmed report says what is wrong
+            report_epoch = _object(report_path, report_path.read_text(encoding="utf-8"),
+                                   "json").get("checkpoint_epoch")
     at_best = next((m for m in metrics if m["epoch"] == best), {})
-    return RunSummary(path=run_dir, arch=config["train"]["arch"],
-                      dataset=config["dataset"]["name"], protocol=_protocol(config["train"]),
+    return RunSummary(path=run_dir, arch=str(train.get("arch")),
+                      dataset=str(dataset.get("name")), protocol=_protocol(train),
                       epochs_run=len(metrics), best_epoch=best,
                       val_loss=at_best.get("val_loss"), val_acc=at_best.get("val_acc"),
-                      evaluated=(run_dir / "report" / "report.json").is_file())
+                      evaluated=report_path.is_file(), report_epoch=report_epoch)
 
 
 def find_runs(root: Path) -> list[RunSummary]:
@@ -60,6 +99,6 @@ def find_runs(root: Path) -> list[RunSummary]:
     for config in sorted(Path(root).rglob("config.yaml")):
         try:
             runs.append(summarise_run(config.parent))
-        except (OSError, KeyError, ValueError, yaml.YAMLError) as exc:
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
             log.warning("%s: skipped, not a readable run (%s)", config.parent, exc)
     return runs
