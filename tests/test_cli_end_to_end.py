@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.contract import DatasetWriter, load_split
-from tests.helpers import TINY_CAPSNET
+from tests.helpers import TINY_CAPSNET, assert_clean_failure
 
 runner = CliRunner()
 
@@ -164,6 +164,50 @@ def test_partial_yaml_config_is_completed_by_flags(cli_dataset, tmp_path):
     assert result.exit_code == 1 and "unknown training option(s) epocs" in result.stderr
     result = runner.invoke(app, ["train", "--arch", "lenet", "--out", str(tmp_path / "r3")])
     assert result.exit_code == 1 and "missing required option(s) data" in result.stderr
+
+
+def test_no_augment_overrides_a_yaml_recipe(cli_dataset, tmp_path):
+    options = tmp_path / "aug.yaml"
+    options.write_text("epochs: 1\naugment_recipe: paper001\n")
+    base = ["train", "--data", str(cli_dataset / "t.h5"), "--arch", "lenet", "--config",
+            str(options)]
+    _ok([*base, "--no-augment", "--out", str(tmp_path / "off")])
+    config = yaml.safe_load((tmp_path / "off" / "config.yaml").read_text())["train"]
+    assert config["augment"] is False and config["augment_recipe"] is None
+    _ok([*base, "--out", str(tmp_path / "on")])  # the YAML's recipe alone augments
+    assert yaml.safe_load((tmp_path / "on" / "config.yaml").read_text())["train"][
+        "augment"] is True
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--no-augment", "--augment-recipe", "paper001"],
+     "--no-augment and --augment-recipe contradict each other"),
+    (["--augment-spec", "rotation=nan"], "augmentation spec 'rotation=nan': rotation >= 0"),
+    (["--augment-spec", "rotation=inf"], "augmentation spec 'rotation=inf': rotation >= 0"),
+    (["--model-arg", "num_classes=5"], "model option(s) num_classes come from the data file"),
+    (["--model-arg", "in_channels=3"], "model option(s) in_channels come from the data"),
+    (["--imbalance", "mitosis=20,mitosis=50"], "--imbalance names class 'mitosis' twice"),
+    (["--seed", "-1"], "seed must be >= 0, got -1"),
+    (["--branches", "2", "--model-arg", "branches=5"],
+     "--branches 2 and --model-arg branches=5 contradict each other"),
+    (["--sampler", "balanced", "--batch-size", "1"],
+     "--sampler balanced puts every class in each batch: --batch-size 1 is below the 2"),
+])
+def test_contradictory_or_impossible_training_options_are_refused(cli_dataset, tmp_path,
+                                                                   args, message):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
+                                 "lenet", "--epochs", "1", *args, "--out", str(out)])
+    assert_clean_failure(result, message)
+    assert not out.exists()
+
+
+def test_a_yaml_turning_augmentation_off_beside_a_recipe_is_refused(cli_dataset, tmp_path):
+    options = tmp_path / "aug.yaml"
+    options.write_text("augment: false\naugment_recipe: paper001\n")
+    result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
+                                 "lenet", "--config", str(options), "--out", str(tmp_path / "r")])
+    assert_clean_failure(result, "augment is off but augment_recipe 'paper001' is set")
 
 
 def test_branches_flag_reaches_the_model(cli_dataset, tmp_path):

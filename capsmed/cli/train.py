@@ -78,6 +78,11 @@ def train(
     from capsmed.train.engine import train as run_training
 
     base = read_options_yaml(config) if config else {}
+    if augment is False:  # --no-augment: the flag overrides a recipe in the YAML
+        if augment_recipe:
+            raise CapsmedError("--no-augment and --augment-recipe contradict each other; "
+                               "drop one")
+        base.pop("augment_recipe", None)
     overrides = only_set(data=str(data) if data else None, arch=arch, epochs=epochs,
                          batch_size=batch_size, lr=lr, recon_weight=recon_weight, seed=seed,
                          device=device, out=str(out) if out else None, fraction=fraction,
@@ -99,8 +104,11 @@ def train(
         typer.echo(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")
         return
     merged = {**base, **overrides}
-    merged["model_kwargs"] = {**base.get("model_kwargs", {}),
-                              **parse_key_values(model_arg, "--model-arg"),
+    given = parse_key_values(model_arg, "--model-arg")
+    if branches is not None and given.get("branches", branches) != branches:
+        raise CapsmedError(f"--branches {branches} and --model-arg "
+                           f"branches={given['branches']} contradict each other; drop one")
+    merged["model_kwargs"] = {**base.get("model_kwargs", {}), **given,
                               **only_set(branches=branches)}
     run_dir = run_training(TrainConfig.from_dict(merged, origin="capsmed train"))
     typer.echo(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")

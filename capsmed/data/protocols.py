@@ -64,6 +64,8 @@ def parse_imbalance(text: str | None) -> dict[str, float]:
         try:
             if not sep or not name.strip():
                 raise ValueError
+            if name.strip() in out:
+                raise CapsmedError(f"--imbalance names class '{name.strip()}' twice")
             out[name.strip()] = float(pct)
         except ValueError:
             raise CapsmedError(f"--imbalance expects CLASS=PERCENT[,CLASS=PERCENT], got "

@@ -70,7 +70,7 @@ def get_recipe(name: str) -> AugmentSpec:
             raise CapsmedError(f"augmentation spec '{name}': cannot read '{item}' (use "
                                "rotation=DEG, translation=SHARE, hflip, vflip)") from None
     spec = AugmentSpec(**values)  # type: ignore[arg-type]
-    if not 0 <= spec.translation < 1 or spec.rotation < 0:
+    if not 0 <= spec.translation < 1 or not 0 <= spec.rotation < math.inf:  # NaN too
         raise CapsmedError(f"augmentation spec '{name}': rotation >= 0 degrees and "
                            "translation in [0, 1) of the image side")
     return spec

@@ -18,6 +18,7 @@ from capsmed.data.loader import LOADINGS
 from capsmed.data.protocols import Protocol
 from capsmed.errors import CapsmedError
 from capsmed.train.augment import DEFAULT_RECIPE, get_recipe
+from capsmed.train.model_options import FROM_DATA
 from capsmed.train.optim import OPTIMIZERS, SCHEDULES
 from capsmed.train.sampling import SAMPLERS
 
@@ -126,6 +127,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             check_option(f.name, getattr(self, f.name))
+        # the standardisation may be given (layer transfer keeps its source's); these not
+        from_data = sorted(set(self.model_kwargs) & (FROM_DATA - {"input_mean", "input_std"}))
+        if from_data:
+            raise CapsmedError(f"model option(s) {', '.join(from_data)} come from the data "
+                               "file (its channels, classes and image size); drop them")
         if self.augment_recipe and not self.augment:  # as --augment-recipe: a recipe
             object.__setattr__(self, "augment", True)  # in a YAML alone was ignored
         self.protocol  # noqa: B018 -- validates fraction / imbalance / per-class limit
@@ -169,6 +175,9 @@ class TrainConfig:
         if missing:
             raise CapsmedError(f"{origin}: missing required option(s) "
                                f"{', '.join(missing)} (give --{missing[0]})")
+        if values.get("augment") is False and values.get("augment_recipe"):
+            raise CapsmedError(f"{origin}: augment is off but augment_recipe "
+                               f"{values['augment_recipe']!r} is set; drop one of them")
         try:
             return cls(**values)
         except CapsmedError as exc:
@@ -203,6 +212,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "patience": (lambda v: v >= 1, ">= 1"),
     "lr_decay": (lambda v: 0 < v <= 1, "within (0, 1]"),
     "fold": (lambda v: v >= 0, ">= 0"),
+    "seed": (lambda v: v >= 0, ">= 0"),
     "folds": (lambda v: v >= 2, ">= 2"),
     "loader_workers": (lambda v: v >= 0, ">= 0"),
 }

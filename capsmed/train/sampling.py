@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 
 import torch
+
+from capsmed.errors import CapsmedError
+
+log = logging.getLogger(__name__)
 
 SAMPLERS = ("shuffle", "balanced")
 
@@ -15,7 +20,8 @@ class BatchSampler:
 
     Args:
         labels: [N] class of each training sample.
-        batch_size: Samples per batch (balanced: per class is ``batch_size // K``, >= 1).
+        batch_size: Samples per batch (balanced: ``batch_size // K`` per class; a
+            batch below K classes is refused).
         mode: ``shuffle``: passes over a fresh permutation. ``balanced`` (paper 001):
             every batch holds the same number of samples of each class, drawn at random
             within the class and shuffled in the batch.
@@ -33,7 +39,16 @@ class BatchSampler:
         self.batch_size, self.mode, self.generator = batch_size, mode, generator
         self.classes = [torch.nonzero(self.labels == c).flatten()
                         for c in torch.unique(self.labels)]
-        self.per_class = max(1, batch_size // max(1, len(self.classes)))
+        k = max(1, len(self.classes))
+        if mode == "balanced" and batch_size < k:
+            raise CapsmedError(f"--sampler balanced puts every class in each batch: "
+                               f"--batch-size {batch_size} is below the {k} classes of the "
+                               f"training rows (use {k} or a multiple)")
+        if mode == "balanced" and batch_size % k:
+            log.warning("--sampler balanced: batches hold %d images (%d of each of %d "
+                        "classes), not --batch-size %d", batch_size // k * k, batch_size // k,
+                        k, batch_size)
+        self.per_class = max(1, batch_size // k)
         per_batch = self.per_class * len(self.classes) if mode == "balanced" else batch_size
         self.steps = steps if steps is not None else math.ceil(len(self.labels) / per_batch)
         self.one_pass = steps is None and mode == "shuffle"
