@@ -62,6 +62,8 @@ class DemoConfig:
 
 def _claim_workdir(workdir: Path) -> None:
     """Create ``workdir`` or reuse one an earlier demo made; never clobber anything else."""
+    if workdir.exists() and not workdir.is_dir():
+        raise CapsmedError(f"{workdir}: is a file; choose a folder as --workdir")
     if workdir.exists() and any(workdir.iterdir()) and not (workdir / MARKER).exists():
         raise CapsmedError(f"{workdir}: exists and was not made by capsmed demo; "
                            "choose another --workdir")

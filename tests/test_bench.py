@@ -56,3 +56,21 @@ def test_bench_train_writes_to_the_user_data_folder_not_the_current_one(tmp_path
     assert json.loads(expected.read_text())["arch"] == "lenet"
     assert f"appended to {expected}" in result.output
     assert not (tmp_path / "benchmarks").exists()
+
+
+def test_bench_and_models_refuse_impossible_settings_and_record_nothing(tmp_path):
+    from tests.helpers import assert_clean_failure
+
+    results = tmp_path / "bench.jsonl"
+    base = ["bench", "train", "--arch", "lenet", "--device", "cpu", "--steps", "1",
+            "--warmup", "0", "--results", str(results)]
+    for args, message in ((["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+                          (["--steps", "0"], "--steps must be >= 1, got 0"),
+                          (["--input-size", "0"], "--input-size must be >= 1, got 0"),
+                          (["--num-classes", "1"], "--num-classes must be >= 2, got 1"),
+                          (["--precision", "foo"], "--precision must be one of auto"),
+                          (["--model-arg", "widths=abc"], "model option widths='abc' must")):
+        assert_clean_failure(CliRunner().invoke(app, [*base, *args]), message)
+    assert not results.exists()  # the history that run --dry-run estimates from
+    assert_clean_failure(CliRunner().invoke(app, ["models", "--channels", "0"]),
+                         "--channels must be >= 1, got 0")

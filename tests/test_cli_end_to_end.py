@@ -278,3 +278,11 @@ def test_runs_ls_summarises_runs_and_skips_broken_ones(cli_dataset, tmp_path):
     assert "no runs under" in _ok(["runs", "ls", str(empty)]).output
     result = runner.invoke(app, ["runs", "ls", str(tmp_path / "missing")])
     assert result.exit_code == 1 and "no such folder" in result.stderr
+
+
+def test_demo_refuses_a_file_as_its_workdir(tmp_path):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("keep me")
+    result = runner.invoke(app, ["demo", "--workdir", str(afile)])
+    assert_clean_failure(result, f"{afile}: is a file; choose a folder as --workdir")
+    assert afile.read_text() == "keep me"

@@ -229,3 +229,11 @@ def test_cli_offline(tmp_path):
     assert_clean_failure(result, str(victim), victim)
     assert "connection refused" in result.stderr
     assert "zalandoresearch/fashion-mnist by hand" in result.stderr
+
+
+def test_a_mirror_that_is_not_a_url_or_a_bad_timeout_is_refused_before_anything(tmp_path):
+    for args, message in ((["--mirror", "notaurl"], "--mirror notaurl: not a URL"),
+                          (["--timeout", "0"], "--timeout must be > 0 seconds")):
+        result = runner.invoke(app, ["fetch", "mnist", str(tmp_path / "m"), *args])
+        assert_clean_failure(result, message)
+        assert not (tmp_path / "m").exists()

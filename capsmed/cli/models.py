@@ -25,6 +25,11 @@ def models(
     from capsmed.errors import CapsmedError
     from capsmed.models import count_parameters, create_model, list_models
 
+    for name, value, least in (("--input-size", input_size, 1), ("--channels", channels, 1),
+                               ("--num-classes", num_classes, 2)):
+        if value < least:
+            raise CapsmedError(f"{name} must be >= {least}, got {value}")
+
     table = Table(title=f"Architectures at {channels}x{input_size}x{input_size}, "
                         f"{num_classes} classes")
     rows = []

@@ -15,6 +15,7 @@ import http.client
 import logging
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -172,6 +173,12 @@ def fetch_dataset(dataset: RemoteDataset, dest: Path, *, mirror: str | None = No
             did not match (the bad file is deleted); the message says how to place
             the files by hand.
     """
+    if mirror is not None and urllib.parse.urlsplit(mirror).scheme not in (
+            "http", "https", "ftp", "file"):
+        raise CapsmedError(f"--mirror {mirror}: not a URL (give a base URL such as "
+                           "https://host/path/ or file:///folder/)")
+    if not timeout > 0:
+        raise CapsmedError(f"--timeout must be > 0 seconds, got {timeout}")
     dest = Path(dest)
     ensure_writable_dir(dest)
     mirrors: Sequence[str] = (mirror,) if mirror else dataset.mirrors

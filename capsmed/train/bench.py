@@ -25,7 +25,9 @@ from capsmed import __version__
 from capsmed.device import device_name, select_device
 from capsmed.errors import CapsmedError
 from capsmed.io import append_line, ensure_writable_dir
-from capsmed.models import count_parameters, create_model
+from capsmed.models import count_parameters
+from capsmed.train.config import PRECISIONS
+from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer
 from capsmed.train.step import (
     GraphedTrainStep,
@@ -93,12 +95,22 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
     ``cuda_graph`` captures the whole training step (with the Adam update) as one CUDA
     graph after its warm-up (:class:`GraphedTrainStep`); CUDA only, fp32 or bf16.
     """
+    for name, value, least in (("--batch-size", batch_size, 1), ("--steps", steps, 1),
+                               ("--warmup", warmup, 0), ("--input-size", input_size, 1),
+                               ("--channels", channels, 1), ("--num-classes", num_classes, 2)):
+        if value is not None and value < least:
+            raise CapsmedError(f"{name} must be >= {least}, got {value}")
+    if precision not in PRECISIONS:
+        raise CapsmedError(f"--precision must be one of {', '.join(PRECISIONS)}, got "
+                           f"{precision!r}")
     dev = select_device(device)
     c, side, k = PAPER_SETTINGS.get(arch, (1, 28, 10))
-    c, side, k = channels or c, input_size or side, num_classes or k
+    c = c if channels is None else channels
+    side = side if input_size is None else input_size
+    k = k if num_classes is None else num_classes
     torch.manual_seed(seed)
-    model = create_model(arch, in_channels=c, num_classes=k, input_size=side,
-                         **(model_kwargs or {})).to(dev)
+    model = build_model(arch, {"in_channels": c, "num_classes": k, "input_size": side,
+                               **(model_kwargs or {})}, (c, side, side)).to(dev)
     use_cl = channels_last if channels_last is not None else dev.type == "cuda"
     if use_cl:
         model = model.to(memory_format=torch.channels_last)
