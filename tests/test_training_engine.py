@@ -61,6 +61,29 @@ def test_resume_equals_uninterrupted_run(tiny_h5, tmp_path, stop_at):
         resume(resumed)
 
 
+def test_resume_refuses_edited_rows_and_an_older_protocol_revision(tiny_h5, tmp_path):
+    import yaml
+
+    cut = tmp_path / "cut"
+    with pytest.raises(TrainingInterrupted):
+        train(_cfg(tiny_h5, cut, fraction=0.5), disable_progress=True, stop_after_steps=6)
+    config_path = cut / "config.yaml"
+    original = config_path.read_text()
+    config = yaml.safe_load(original)
+    config["train"]["fraction"] = 0.9  # edited by hand between the two sessions
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(CapsmedError, match="train_indices.npy: the run trained on other "
+                       "rows than its config.yaml selects now"):
+        resume(cut, disable_progress=True)
+    config = yaml.safe_load(original)
+    del config["environment"]["protocol_revision"]  # started by an older capsmed
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(CapsmedError, match="started by a capsmed of protocol revision 0"):
+        resume(cut, disable_progress=True)
+    config_path.write_text(original)
+    assert (resume(cut, disable_progress=True) / "summary.json").is_file()
+
+
 def test_ctrl_c_saves_a_resumable_state(tiny_h5, tmp_path, monkeypatch):
     whole = train(_cfg(tiny_h5, tmp_path / "whole", epochs=2), disable_progress=True)
     calls = {"n": 0}
@@ -143,6 +166,10 @@ def test_cross_validation_fold_trains_on_the_others_and_evaluates_the_held_out_f
                                       "--report-name", "other", "--no-grids", "--split", "all"])
     assert result.exit_code == 0, result.output
     assert json.loads((run / "other" / "report.json").read_text())["samples"] == len(labels)
+    (run / "test_indices.npy").write_bytes((run / "train_indices.npy").read_bytes())
+    result = CliRunner().invoke(app, ["-q", "evaluate", str(run), "--no-grids"])
+    assert result.exit_code == 1 and f"{run / 'test_indices.npy'}: {len(train_rows)} of its" \
+        in result.stderr and "are training rows of the run" in result.stderr
     with pytest.raises(CapsmedError, match="has 3 folds, not --folds 5"):
         train(TrainConfig(**{**cfg.to_dict(), "folds": 5, "out": str(tmp_path / "x")}))
     with pytest.raises(CapsmedError, match="has no 'train' split.*--fold"):

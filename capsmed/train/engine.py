@@ -20,6 +20,7 @@ from capsmed.errors import CapsmedError
 from capsmed.train import distributed
 from capsmed.train.config import TrainConfig
 from capsmed.train.loop import run_loop
+from capsmed.train.protocol import PROTOCOL_REVISION
 from capsmed.train.run import Run
 from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 from capsmed.train.state import load_state
@@ -61,6 +62,12 @@ def resume(run_dir: Path, disable_progress: bool | None = None,
     saved = read_run_config(run_dir)
     config_path = run_dir / CONFIG
     state = load_state(run_dir)
+    revision = (saved.get("environment") or {}).get("protocol_revision", 0)
+    if revision != PROTOCOL_REVISION:
+        raise CapsmedError(f"{config_path}: the run was started by a capsmed of protocol "
+                           f"revision {revision}; this one is revision {PROTOCOL_REVISION} "
+                           "and computes such a run differently (capsmed/train/protocol.py)"
+                           "; train a new run")
     cfg = TrainConfig.from_dict(saved["train"], origin=str(config_path))
     info = read_info(Path(cfg.data))
     check_dataset_unchanged(saved, run_dir, info.path)

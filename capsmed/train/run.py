@@ -31,7 +31,7 @@ from capsmed.data.contract import DatasetInfo
 from capsmed.data.digest import file_digest
 from capsmed.data.record import write_record
 from capsmed.device import device_name, seed_everything
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_dir, atomic_path, write_text_atomic, writing
 from capsmed.models import count_parameters
 from capsmed.train import distributed
@@ -92,6 +92,26 @@ def _check_new_run_dir(path: Path) -> None:
         raise CapsmedError(f"{path}: run directory already exists and is not empty; "
                            "choose another --out, remove it, or continue it with "
                            f"capsmed train --resume {path}")
+
+
+def _check_saved_rows(run_dir: Path, rows: RunRows) -> None:
+    """On resume: the options in config.yaml still select the rows the run trained on
+    (an edited fraction, seed or fold would train the rest of the run on others)."""
+    for name, values in (("train_indices.npy", rows.train_rows),
+                         ("test_indices.npy", rows.test_rows)):
+        path = run_dir / name
+        if values is None or not path.is_file():
+            continue
+        try:
+            saved = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise CapsmedError(f"{path}: cannot read the saved rows ({first_line(exc)})"
+                               ) from None
+        if not np.array_equal(saved, values):
+            raise CapsmedError(f"{path}: the run trained on other rows than its "
+                               f"config.yaml selects now ({len(saved)} saved, "
+                               f"{len(values)} now): its options were edited after it "
+                               "started; restore them, or train a new run")
 
 
 def _save_rows(run_dir: Path, rows: RunRows) -> None:
@@ -195,6 +215,8 @@ class Run:
             check_free_space(path, self.model)
             run_dir = path
         self.run_dir = run_dir
+        if not new:
+            _check_saved_rows(run_dir, self.rows)
         self.train_data = make_loader(info, self.rows.train_split, self.rows.train_rows, cfg,
                                       device)
         self.val_data = (make_loader(info, self.rows.val_split, None, cfg, device)

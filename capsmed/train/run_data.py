@@ -197,6 +197,14 @@ def load_run_split(run_dir: Path, data: Path, split: str) -> SplitData:
     if split == "test" and test_rows.is_file() and is_run_file(run_dir, data):
         whole = load_split(data, CV_SPLIT)
         rows = read_rows(test_rows, len(whole), f"{data}'s split '{CV_SPLIT}'")
+        trained = Path(run_dir) / "train_indices.npy"
+        if trained.is_file():
+            seen = np.intersect1d(rows, read_rows(trained, len(whole), f"{data}'s split "
+                                                  f"'{CV_SPLIT}'"))
+            if len(seen):
+                raise CapsmedError(f"{test_rows}: {len(seen)} of its {len(rows)} test rows "
+                                   f"are training rows of the run ({trained}); the files "
+                                   "are not from one run")
         return SplitData(whole.images[rows], whole.labels[rows], whole.groups[rows])
     return load_split(data, split)
 
