@@ -171,7 +171,32 @@ def _meta(value):
     return edit
 
 
+def _meta_field(**changes):
+    def edit(run):
+        import json
+
+        path = run / "checkpoint.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+        return path
+    return edit
+
+
+def _other_weights(run):
+    """Weights of the same shapes from another training (as a copied-in file)."""
+    from safetensors.torch import load_file, save_file
+
+    path = run / "checkpoint.safetensors"
+    save_file({k: v + 0.01 if v.is_floating_point() else v
+               for k, v in load_file(str(path)).items()}, str(path))
+    return path
+
+
 EVALUATE_FAULTS = {  # id: (edit returning the file to name, text of the error line)
+    "weights-from-another-checkpoint": (_other_weights, "not the weights checkpoint.json"),
+    "checkpoint-of-another-arch": (_meta_field(arch="convnet-avg"),
+                                   "its arch differ from"),
+    "checkpoint-of-other-classes": (_meta_field(class_names=["a", "b"]),
+                                    "its classes differ from"),
     "rows-object-array": (_save_rows(np.array([1, "x"], dtype=object), allow_pickle=True),
                           "cannot read the saved rows"),
     "rows-truncated": (_truncate_rows, "cannot read the saved rows"),
@@ -195,4 +220,4 @@ def test_evaluate_refuses_a_tampered_run_in_one_line(fold_run, tmp_path, fault):
     named = edit(run)
     line = assert_refused(invoke(["evaluate", run]), named, text=text,
                           absent=[run / "report"])
-    assert "safetensors" not in line
+    assert "safetensors" not in line.replace("checkpoint.safetensors", "")  # no internals
