@@ -20,6 +20,7 @@ from capsmed.errors import CapsmedError
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import resume, train
 from capsmed.train.loop import TrainingInterrupted
+from capsmed.train.run import hold_run_lock
 from capsmed.train.step import TrainStep
 from tests.helpers import TINY_CAPSNET
 
@@ -81,6 +82,10 @@ def test_resume_refuses_edited_rows_and_an_older_protocol_revision(tiny_h5, tmp_
     with pytest.raises(CapsmedError, match="started by a capsmed of protocol revision 0"):
         resume(cut, disable_progress=True)
     config_path.write_text(original)
+    held = hold_run_lock(cut)  # as another process training it right now
+    with pytest.raises(CapsmedError, match=f"{cut}: is being trained by pid {os.getpid()}"):
+        resume(cut, disable_progress=True)
+    held.close()
     assert (resume(cut, disable_progress=True) / "summary.json").is_file()
 
 

@@ -46,7 +46,10 @@ def train(config: TrainConfig, disable_progress: bool | None = None,
     ctx, dev = distributed.setup(cfg.device)
     try:
         run = Run(cfg, info, ctx, select_device(dev), None, None, disable_progress)
-        return run_loop(run, None, stop_after_steps)
+        try:
+            return run_loop(run, None, stop_after_steps)
+        finally:
+            run.release()
     finally:
         distributed.teardown(ctx)
 
@@ -81,6 +84,9 @@ def resume(run_dir: Path, disable_progress: bool | None = None,
                   disable_progress)
         log.info("resuming %s at epoch %d, step %d", run_dir, state["progress"]["epoch"],
                  state["progress"]["step"])
-        return run_loop(run, state, stop_after_steps)
+        try:
+            return run_loop(run, state, stop_after_steps)
+        finally:
+            run.release()
     finally:
         distributed.teardown(ctx)

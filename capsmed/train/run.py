@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,33 @@ def _check_new_run_dir(path: Path) -> None:
         raise CapsmedError(f"{path}: run directory already exists and is not empty; "
                            "choose another --out, remove it, or continue it with "
                            f"capsmed train --resume {path}")
+
+
+LOCK = ".training.lock"
+
+
+def hold_run_lock(run_dir: Path) -> Any:
+    """Hold ``run_dir``'s lock while this process trains it: a second ``capsmed train
+    --resume`` of a run in progress would append every epoch twice. An advisory lock
+    (flock): the system releases it when the process ends, however it ends."""
+    try:
+        import fcntl
+    except ImportError:  # not on this platform: no lock
+        return None
+    handle = open(run_dir / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 -- held open
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise CapsmedError(f"{run_dir}: is being trained by {holder}; wait for it to "
+                           "finish, or stop it first") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle
 
 
 def _check_saved_rows(run_dir: Path, rows: RunRows) -> None:
@@ -208,6 +236,9 @@ class Run:
             transfer_parameters(self.model, Path(cfg.transfer_from), cfg.transfer_layers,
                                 cfg.freeze_transferred)
         new = run_dir is None
+        self._lock: Any = None
+        if not new and ctx.is_main:
+            self._lock = hold_run_lock(run_dir)
         if new:
             path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
             path = Path(ctx.broadcast_text(str(path)))
@@ -269,7 +300,14 @@ class Run:
         if new:
             if ctx.is_main:
                 self._create_folder()
+                self._lock = hold_run_lock(self.run_dir)
             ctx.barrier()
+
+    def release(self) -> None:
+        """Let another process train this run directory (:func:`hold_run_lock`)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _create_folder(self) -> None:
         """Write the new run's folder whole or not at all: its rows, ``config.yaml`` and
