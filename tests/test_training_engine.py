@@ -83,9 +83,9 @@ def test_resume_refuses_edited_rows_and_an_older_protocol_revision(tiny_h5, tmp_
         resume(cut, disable_progress=True)
     config_path.write_text(original)
     held = hold_run_lock(cut)  # as another process training it right now
-    with pytest.raises(CapsmedError, match=f"{cut}: is being trained by pid {os.getpid()}"):
+    with pytest.raises(CapsmedError, match=f"{cut}: is being trained by another process"):
         resume(cut, disable_progress=True)
-    held.close()
+    os.close(held)
     assert (resume(cut, disable_progress=True) / "summary.json").is_file()
 
 

@@ -19,7 +19,6 @@ import math
 import os
 import platform
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -95,31 +94,23 @@ def _check_new_run_dir(path: Path) -> None:
                            f"capsmed train --resume {path}")
 
 
-LOCK = ".training.lock"
-
-
-def hold_run_lock(run_dir: Path) -> Any:
+def hold_run_lock(run_dir: Path) -> int | None:
     """Hold ``run_dir``'s lock while this process trains it: a second ``capsmed train
     --resume`` of a run in progress would append every epoch twice. An advisory lock
-    (flock): the system releases it when the process ends, however it ends."""
+    (flock) on the folder itself: no file to leave behind, and the system releases it
+    when the process ends, however it ends. Returns the descriptor to close."""
     try:
         import fcntl
     except ImportError:  # not on this platform: no lock
         return None
-    handle = open(run_dir / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 -- held open
+    fd = os.open(run_dir, os.O_RDONLY)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise CapsmedError(f"{run_dir}: is being trained by {holder}; wait for it to "
-                           "finish, or stop it first") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
-    return handle
+        os.close(fd)
+        raise CapsmedError(f"{run_dir}: is being trained by another process; wait for it "
+                           "to finish, or stop it first") from None
+    return fd
 
 
 def _check_saved_rows(run_dir: Path, rows: RunRows) -> None:
@@ -236,9 +227,6 @@ class Run:
             transfer_parameters(self.model, Path(cfg.transfer_from), cfg.transfer_layers,
                                 cfg.freeze_transferred)
         new = run_dir is None
-        self._lock: Any = None
-        if not new and ctx.is_main:
-            self._lock = hold_run_lock(run_dir)
         if new:
             path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
             path = Path(ctx.broadcast_text(str(path)))
@@ -297,16 +285,17 @@ class Run:
                   "epoch; options %s", self.environment, len(self.train_data),
                   self.rows.train_split, self.rows.val_split or "none", len(self.sampler),
                   cfg.to_dict())
+        if new and ctx.is_main:
+            self._create_folder()
+        # last: a Run that exists holds its lock, which train() and resume() release
+        self._lock = hold_run_lock(self.run_dir) if ctx.is_main else None
         if new:
-            if ctx.is_main:
-                self._create_folder()
-                self._lock = hold_run_lock(self.run_dir)
             ctx.barrier()
 
     def release(self) -> None:
         """Let another process train this run directory (:func:`hold_run_lock`)."""
         if self._lock is not None:
-            self._lock.close()
+            os.close(self._lock)
             self._lock = None
 
     def _create_folder(self) -> None:
