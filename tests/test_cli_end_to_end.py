@@ -164,6 +164,11 @@ def test_partial_yaml_config_is_completed_by_flags(cli_dataset, tmp_path):
     assert result.exit_code == 1 and "unknown training option(s) epocs" in result.stderr
     result = runner.invoke(app, ["train", "--arch", "lenet", "--out", str(tmp_path / "r3")])
     assert result.exit_code == 1 and "missing required option(s) data" in result.stderr
+    options.write_text("lr: 1e-4\n")  # YAML 1.1 reads this as a string
+    result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
+                                 "lenet", "--config", str(options), "--out", str(tmp_path / "r4")])
+    assert_clean_failure(result, "lr must be a finite number or unset, got '1e-4' (YAML reads "
+                         "1e-4 as text: write it with a point, e.g. 1.0e-4)")
 
 
 def test_no_augment_overrides_a_yaml_recipe(cli_dataset, tmp_path):

@@ -233,7 +233,11 @@ def check_option(name: str, value: Any) -> None:
     if value is None and _allows_none(hint):
         return
     if not _fits(hint, value):
-        raise CapsmedError(f"{name} must be {_describe(hint)}, got {value!r}")
+        number = _as_number(value) if isinstance(value, str) else None
+        yaml_text = number is not None and _fits(hint, number)
+        raise CapsmedError(f"{name} must be {_describe(hint)}, got {value!r}" + (
+            f" (YAML reads {value} as text: write it with a point, e.g. 1.0e-4)"
+            if yaml_text else ""))
     if name in _RULES and not _RULES[name][0](value):
         raise CapsmedError(f"{name} must be {_RULES[name][1]}, got {value!r}")
     if name in _CHOICES and value not in _CHOICES[name]:
@@ -243,6 +247,13 @@ def check_option(name: str, value: Any) -> None:
         raise CapsmedError(f"{name} must be {what}, got {value!r}")
     if name == "augment_recipe":
         get_recipe(value)
+
+
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 @functools.cache
