@@ -318,6 +318,20 @@ def test_runs_ls_skips_broken_configs_and_reads_past_a_partial_metrics_line(real
         str(tmp_path / n) for n in ("empty", "list", "no-train"))
 
 
+def test_runs_ls_shows_unfinished_runs_even_before_their_first_epoch(real_run, tmp_path):
+    from capsmed.train.run_index import find_runs
+
+    run = tmp_path / "cut"
+    shutil.copytree(real_run, run)
+    (run / "resume.pt").write_bytes(b"state")  # interrupted in its first epoch
+    (run / "metrics.jsonl").unlink()
+    (summary,) = find_runs(tmp_path)
+    planned = yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"]
+    assert (summary.epochs_run, summary.epochs_planned) == (0, planned)
+    ls = runner.invoke(app, ["runs", "ls", str(tmp_path)], terminal_width=80)
+    assert ls.exit_code == 0 and f" 0/{planned} " in ls.output
+
+
 def test_val_split_and_other_data_are_labelled_apart(runs_root, tmp_path):
     from capsmed.evaluate.aggregate import load_evaluated_run
 

@@ -32,7 +32,8 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
     # light rules, no outer edge: 80 columns hold the numbers and wide enough labels
     table = Table(title=escape(f"Runs under {root}"), box=box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False, padding=(0, 1), collapse_padding=True)
-    table.caption = ("ep: epochs run; best: kept epoch; loss/acc: validation at the kept "
+    table.caption = ("ep: epochs run (2/10: unfinished; capsmed train --resume "
+                     "continues it); best: kept epoch; loss/acc: validation at the kept "
                      "epoch; rep: evaluated (stale: the run trained on after it)")
     arch = max(len(r.arch) for r in runs)
     for column, width, most in (("run", 12, 16), ("arch", arch, arch), ("data", 7, 9),
@@ -43,7 +44,9 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
     for r in runs:
         table.add_row(escape(str(r.path.relative_to(root)) or "."), r.arch, escape(r.dataset),
                       escape(r.protocol),
-                      str(r.epochs_run), str(r.best_epoch or "-"),
+                      str(r.epochs_run) + (f"/{r.epochs_planned}" if r.epochs_planned
+                                           else ""),
+                      str(r.best_epoch or "-"),
                       f"{r.val_loss:.4f}" if r.val_loss is not None else "-",
                       f"{r.val_acc:.3f}" if r.val_acc is not None else "-",
                       "stale" if r.report_stale else "yes" if r.evaluated else "no")

@@ -30,6 +30,7 @@ class RunSummary:
     val_acc: float | None
     evaluated: bool
     report_epoch: int | None = None  # the checkpoint epoch report/report.json scored
+    epochs_planned: int | None = None  # set while the run is unfinished (resume.pt)
 
     @property
     def report_stale(self) -> bool:
@@ -71,8 +72,12 @@ def summarise_run(run_dir: Path) -> RunSummary:
     train, dataset = config.get("train"), config.get("dataset")
     if not isinstance(train, dict) or not isinstance(dataset, dict):
         raise ValueError("config.yaml has no train and dataset sections")
-    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    metrics = metric_records(lines)
+    unfinished = (run_dir / "resume.pt").is_file()
+    metrics_path = run_dir / "metrics.jsonl"
+    if unfinished and not metrics_path.exists():  # stopped in its first epoch
+        metrics = []
+    else:
+        metrics = metric_records(metrics_path.read_text(encoding="utf-8").splitlines())
     meta_path = run_dir / "checkpoint.json"
     best = (_object(meta_path, meta_path.read_text(encoding="utf-8"), "json").get("epoch")
             if meta_path.is_file() else None)
@@ -87,7 +92,8 @@ def summarise_run(run_dir: Path) -> RunSummary:
                       dataset=str(dataset.get("name")), protocol=_protocol(train),
                       epochs_run=len(metrics), best_epoch=best,
                       val_loss=at_best.get("val_loss"), val_acc=at_best.get("val_acc"),
-                      evaluated=report_path.is_file(), report_epoch=report_epoch)
+                      evaluated=report_path.is_file(), report_epoch=report_epoch,
+                      epochs_planned=train.get("epochs") if unfinished else None)
 
 
 def find_runs(root: Path) -> list[RunSummary]:
