@@ -77,6 +77,11 @@ def test_resume_refuses_edited_rows_and_an_older_protocol_revision(tiny_h5, tmp_
                        "rows than its config.yaml selects now"):
         resume(cut, disable_progress=True)
     config = yaml.safe_load(original)
+    config["train"]["arch"] = "lenet"  # its model options are capsnet's
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(CapsmedError, match=f"{config_path}: .*lenet"):
+        resume(cut, disable_progress=True)
+    config = yaml.safe_load(original)
     del config["environment"]["protocol_revision"]  # started by an older capsmed
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     with pytest.raises(CapsmedError, match="started by a capsmed of protocol revision 0"):

@@ -222,7 +222,13 @@ class Run:
                 raise CapsmedError("--tensorboard needs the tensorboard package: pip install "
                                    "'capsmed[tensorboard]'") from None
         seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
-        self.model = build_model(cfg.arch, model_kwargs, (info.channels, *info.image_size))
+        try:
+            self.model = build_model(cfg.arch, model_kwargs,
+                                     (info.channels, *info.image_size))
+        except CapsmedError as exc:
+            if run_dir is None:
+                raise
+            raise CapsmedError(f"{run_dir / 'config.yaml'}: {exc}") from None  # resumed
         if cfg.transfer_from:
             transfer_parameters(self.model, Path(cfg.transfer_from), cfg.transfer_layers,
                                 cfg.freeze_transferred)

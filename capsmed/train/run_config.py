@@ -53,6 +53,10 @@ def check_dataset_unchanged(config: dict[str, Any], run_dir: Path, data: Path) -
     if saved is None:
         return
     now = file_digest(Path(data))
+    recorded = (config.get("train") or {}).get("data")
+    if now != saved and recorded and Path(recorded).resolve() != Path(data).resolve():
+        raise CapsmedError(f"{data}: not the data {run_dir} was trained on ({recorded}, "
+                           f"content digest {_short(saved)}; this file's is {_short(now)})")
     if now != saved:
         raise CapsmedError(f"{data}: the dataset file changed since {run_dir} was trained "
                            f"(content digest {_short(saved)}, now {_short(now)}); restore "

@@ -194,6 +194,10 @@ def load_run_split(run_dir: Path, data: Path, split: str) -> SplitData:
     file's split as is (the fold's row numbers mean nothing in another file).
     """
     test_rows = Path(run_dir) / "test_indices.npy"
+    if split == "test" and not test_rows.is_file() and _is_fold_run(run_dir) \
+            and is_run_file(run_dir, data):
+        raise CapsmedError(f"{test_rows}: missing; this cross-validation run's held-out "
+                           "rows are kept there (train the fold again to restore them)")
     if split == "test" and test_rows.is_file() and is_run_file(run_dir, data):
         whole = load_split(data, CV_SPLIT)
         rows = read_rows(test_rows, len(whole), f"{data}'s split '{CV_SPLIT}'")
@@ -207,6 +211,12 @@ def load_run_split(run_dir: Path, data: Path, split: str) -> SplitData:
                                    "are not from one run")
         return SplitData(whole.images[rows], whole.labels[rows], whole.groups[rows])
     return load_split(data, split)
+
+
+def _is_fold_run(run_dir: Path) -> bool:
+    if not (Path(run_dir) / "config.yaml").is_file():
+        return False
+    return (read_run_config(run_dir).get("train") or {}).get("fold") is not None
 
 
 def is_run_file(run_dir: Path, data: Path) -> bool:

@@ -77,7 +77,7 @@ def test_a_run_without_its_preprocessing_record_is_refused(lenet_run, images, tm
         f.attrs["created"] = "2000-01-01T00:00:00+00:00"
     assert_refused(invoke(predict_args(run, images / "img0.tif", out=tmp_path / "o2",
                                        extra=["--data", other])), other,
-                   text="changed since", absent=[tmp_path / "o2"])
+                   text="not the data", absent=[tmp_path / "o2"])
 
 
 @pytest.mark.parametrize("extra, names, text", [

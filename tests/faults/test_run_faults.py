@@ -200,6 +200,8 @@ EVALUATE_FAULTS = {  # id: (edit returning the file to name, text of the error l
     "rows-object-array": (_save_rows(np.array([1, "x"], dtype=object), allow_pickle=True),
                           "cannot read the saved rows"),
     "rows-truncated": (_truncate_rows, "cannot read the saved rows"),
+    "rows-missing": (lambda run: (run / "test_indices.npy").unlink() or
+                     run / "test_indices.npy", "missing; this cross-validation run's"),
     "rows-out-of-range": (_save_rows(np.array([0, 1, 60])), "within 0..59"),
     "rows-negative": (_save_rows(np.array([-1, 2])), "within 0..59"),
     "rows-floats": (_save_rows(np.array([0.0, 1.5])), "expected a 1-D array of row numbers"),
