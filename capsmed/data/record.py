@@ -84,9 +84,30 @@ def run_record(run_dir: Path, data: Path | None) -> DatasetRecord:
     dataset file (``data``, when it still exists); refuse when there is neither."""
     path = Path(run_dir) / RECORD
     if path.is_file():
-        return read_record(path)
+        record = read_record(path)
+        _check_of_run(record, Path(run_dir))
+        return record
     if data is not None and Path(data).is_file():
         return DatasetRecord.from_info(read_info(Path(data)))
     raise CapsmedError(f"{run_dir}: the run has no {RECORD} and its dataset file "
                        f"{data or '(unknown)'} is gone, so the preprocessing the model was "
                        "trained with is unknown; pass the dataset with --data")
+
+
+def _check_of_run(record: DatasetRecord, run_dir: Path) -> None:
+    """The record is of the dataset the run's ``config.yaml`` names (a record copied in
+    from another run would replay another preprocessing)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # no config to compare with
+    dataset = (config.get("dataset") or {}) if isinstance(config, dict) else {}
+    for key, ours in (("name", record.dataset), ("created", record.created),
+                      ("class_names", list(record.class_names))):
+        theirs = dataset.get(key)
+        if theirs is not None and ours and theirs != ours:
+            raise CapsmedError(f"{run_dir / RECORD}: its dataset {key} {ours!r} is not the "
+                               f"{theirs!r} of {run_dir / 'config.yaml'} (the record comes "
+                               "from another run)")

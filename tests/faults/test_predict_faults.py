@@ -156,3 +156,17 @@ def test_level_on_a_plain_image_is_refused(lenet_run, images, tmp_path):
     assert_refused(invoke(predict_args(lenet_run, images / "img0.tif", out=out,
                                        extra=["--level", "1"])), images / "img0.tif",
                    text="--level and --mpp apply to whole slides only", absent=[out])
+
+
+def test_a_preprocessing_record_of_another_dataset_is_refused(lenet_run, images, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run)
+    record_path = run / "preprocessing.json"
+    record = json.loads(record_path.read_text())
+    # a record copied in from a run on a remade file (other patch size, same name)
+    record["created"] = "2000-01-01T00:00:00+00:00"
+    record_path.write_text(json.dumps(record))
+    out = tmp_path / "out"
+    assert_refused(invoke(predict_args(run, images / "img0.tif", out=out)), record_path,
+                   text="its dataset created '2000-01-01T00:00:00+00:00' is not the",
+                   absent=[out])
