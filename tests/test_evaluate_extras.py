@@ -274,3 +274,28 @@ def test_the_per_class_table_reads_whole_at_80_columns(names):
     text = "\n".join(lines)
     for words in ("Total (macro)", "balanced accuracy", "macro F1", "weighted F1", "AUC"):
         assert words in text
+
+
+def test_another_file_putting_training_patients_in_the_split_is_warned_about(
+        tiny_h5, tmp_path, caplog):
+    import h5py
+
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train
+
+    run = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                            out=str(tmp_path / "run"),
+                            model_kwargs={"widths": [3, 4], "hidden": [8]}),
+                disable_progress=True)
+    other = tmp_path / "remade.h5"  # the same cases, written again
+    shutil.copy(tiny_h5, other)
+    with h5py.File(other, "a") as f:
+        f.attrs["created"] = "2000-01-01T00:00:00+00:00"
+    with caplog.at_level(logging.WARNING):
+        evaluate_run(run, data=other, split="test", report_name="t", grids=False)
+    assert not [m for m in caplog.messages if "unseen patients" in m]  # its own test cases
+    with caplog.at_level(logging.WARNING):
+        evaluate_run(run, data=other, split="train", report_name="tr", grids=False)
+    (warning,) = [m for m in caplog.messages if "unseen patients" in m]
+    assert warning.startswith(f"{other}: 3 of the 3 groups (cases, patients) of its split "
+                              f"'train' are in the training split of {tiny_h5}")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsmed.data.contract import SplitData, read_info
+from capsmed.data.contract import DatasetInfo, SplitData, groups_by_split, read_info
 from capsmed.data.digest import file_digest
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
@@ -27,7 +27,7 @@ from capsmed.evaluate.run_report import write_report
 from capsmed.io import replace_dir, writing
 from capsmed.train.checkpoint import load_checkpoint
 from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
-from capsmed.train.run_data import load_run_split
+from capsmed.train.run_data import is_run_file, load_run_split
 from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,24 @@ def predict_scores(model: torch.nn.Module, images: np.ndarray, device: torch.dev
         x = torch.from_numpy(images[start:start + batch_size]).to(device).float().div_(255.0)
         out.append(model(x).scores.float().cpu())
     return torch.cat(out).numpy() if out else np.empty((0, 0), dtype=np.float32)
+
+
+def _warn_seen_groups(run_dir: Path, trained_on: Path, info: DatasetInfo, split: str,
+                      split_data: SplitData) -> None:
+    """Warn when another file of the same dataset (a re-preprocessed one, say) puts
+    patients the run trained on into the split evaluated: not unseen patients."""
+    if not trained_on.is_file() or not (run_dir / CONFIG).is_file():
+        return
+    train_split = (read_run_config(run_dir).get("dataset") or {}).get("train_split")
+    if read_info(trained_on).dataset != info.dataset or not train_split:
+        return  # another dataset's group names mean other things
+    seen = sorted(set(split_data.groups) & groups_by_split(trained_on).get(train_split, set()))
+    if seen:
+        log.warning("%s: %d of the %d groups (cases, patients) of its split '%s' are in "
+                    "the training split of %s, which %s was trained on (%s): these are not "
+                    "scores on unseen patients", info.path, len(seen),
+                    len(set(split_data.groups)), split, trained_on, run_dir,
+                    ", ".join(seen[:3]) + (", ..." if len(seen) > 3 else ""))
 
 
 def evaluated_split(run_dir: Path, data_path: Path, split: str) -> SplitData:
@@ -121,6 +139,8 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
               meta["epoch"], meta["arch"], dev, data_path, split, len(split_data))
     if not len(split_data):
         raise CapsmedError(f"{data_path}: split '{split}' has no samples")
+    if data is not None and not is_run_file(run_dir, data_path):
+        _warn_seen_groups(run_dir, Path(meta["data"]), info, split, split_data)
 
     scores = predict_scores(model, split_data.images, dev, batch_size)
     probabilities, score_kind = class_probabilities(scores, model.loss_kind)
