@@ -132,6 +132,10 @@ def test_training_refuses_an_existing_run_directory(cli_dataset, tmp_path):
     result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
                                  "lenet", "--out", str(run)])
     assert result.exit_code == 1 and "already exists" in result.stderr
+    assert "--resume" not in result.stderr  # not a run: nothing to continue
+    result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
+                                 "lenet", "--out", str(run / "x")])
+    assert_clean_failure(result, f"{run / 'x'}: is a file, not a run directory")
 
 
 def test_evaluate_refuses_data_with_other_classes(cli_dataset, tmp_path):
@@ -161,7 +165,8 @@ def test_partial_yaml_config_is_completed_by_flags(cli_dataset, tmp_path):
     options.write_text("epocs: 3\n")
     result = runner.invoke(app, ["train", "--data", str(cli_dataset / "t.h5"), "--arch",
                                  "lenet", "--config", str(options), "--out", str(tmp_path / "r2")])
-    assert result.exit_code == 1 and "unknown training option(s) epocs" in result.stderr
+    assert result.exit_code == 1 and "unknown training option(s) epocs (did you mean: " \
+        "epocs -> epochs)" in result.stderr
     result = runner.invoke(app, ["train", "--arch", "lenet", "--out", str(tmp_path / "r3")])
     assert result.exit_code == 1 and "missing required option(s) data" in result.stderr
     options.write_text("lr: 1e-4\n")  # YAML 1.1 reads this as a string

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
@@ -164,9 +165,13 @@ class TrainConfig:
     @classmethod
     def check_keys(cls, values: dict[str, Any], origin: str) -> None:
         """Reject option names this config does not have (typos fail loudly)."""
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
         if unknown:
-            raise CapsmedError(f"{origin}: unknown training option(s) {', '.join(unknown)}")
+            hints = [f"{k} -> {_suggest(k, known)}" for k in unknown if _suggest(k, known)]
+            hint = "; ".join(hints)
+            raise CapsmedError(f"{origin}: unknown training option(s) {', '.join(unknown)}"
+                               + (f" (did you mean: {hint})" if hint else ""))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], origin: str = "config") -> TrainConfig:
@@ -220,6 +225,22 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "sampler": SAMPLERS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES,
     "precision": PRECISIONS, "data_loading": LOADINGS, "class_weights": ("balanced",),
 }
+
+
+# YAML keys people copy from the command line's flags, and what the YAML calls them
+_ALIASES = {"augment_spec": "augment_recipe", "branches": "model_kwargs: {branches: N}",
+            "model_arg": "model_kwargs"}
+
+
+def _suggest(key: str, known: set[str]) -> str | None:
+    """The option ``key`` (a flag's spelling, or a typo) probably means."""
+    plain = key.replace("-", "_")
+    if plain in _ALIASES:
+        return _ALIASES[plain]
+    if plain in known:
+        return plain
+    close = difflib.get_close_matches(plain, known, n=1)
+    return close[0] if close else None
 
 
 def check_option(name: str, value: Any) -> None:

@@ -88,10 +88,13 @@ def _default_run_dir(cfg: TrainConfig, info: DatasetInfo) -> Path:
 
 
 def _check_new_run_dir(path: Path) -> None:
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise CapsmedError(f"{path}: is a file, not a run directory; choose another --out")
+    if path.exists() and any(path.iterdir()):
+        hint = (f", or continue it with capsmed train --resume {path}"
+                if (path / "resume.pt").is_file() else "")
         raise CapsmedError(f"{path}: run directory already exists and is not empty; "
-                           "choose another --out, remove it, or continue it with "
-                           f"capsmed train --resume {path}")
+                           f"choose another --out or remove it{hint}")
 
 
 def hold_run_lock(run_dir: Path) -> int | None:

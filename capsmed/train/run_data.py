@@ -88,8 +88,11 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
                            f"{cfg.folds}")
     labels, folds = read_labels(info.path, CV_SPLIT)
     assert folds is not None
-    train_rows, test_rows = cv_partition(labels, folds, cfg.fold, cfg.per_class_limit,
-                                         cfg.seed)
+    try:
+        train_rows, test_rows = cv_partition(labels, folds, cfg.fold, cfg.per_class_limit,
+                                             cfg.seed)
+    except CapsmedError as exc:  # the fold is out of the file's range: name the file
+        raise CapsmedError(f"{info.path}: {exc}") from None
     rest = dataclasses.replace(protocol, per_class_limit=None)  # already applied
     chosen = select_training_indices(labels[train_rows], info.class_names, rest, cfg.seed)
     _check_not_empty(info, f"{CV_SPLIT}' without fold {cfg.fold} '", len(train_rows), chosen)
