@@ -52,6 +52,17 @@ def test_help_lists_whole_summaries_within_80_columns(monkeypatch, capsys):
     assert "(paper 003 Fig. 3), and the kept" in " ".join(help_of("analyze").split())
 
 
+def test_models_prints_defaults_that_model_arg_reads_back():
+    from capsmed.cli.common import parse_key_values
+    from capsmed.cli.models import _as_typed
+    from capsmed.models import list_models
+
+    for entry in list_models():
+        for key, value in entry.defaults().items():
+            back = parse_key_values([f"{key}={_as_typed(value)}"], "--model-arg")[key]
+            assert back == (list(value) if isinstance(value, tuple) else value), (key, value)
+
+
 def test_models_lists_paper_counts():
     out = _ok(["models", "--input-size", "28", "--channels", "1", "--num-classes", "10"]).output
     assert "8,215,568" in out and "61,706" in out

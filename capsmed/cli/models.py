@@ -44,7 +44,7 @@ def models(
             params = f"{count_parameters(model):,}"
         except CapsmedError as exc:
             params, note = "n/a", f" Not at this input: {exc}"
-        options = " ".join(f"{k}={v}".replace(" ", "") for k, v in entry.defaults().items()
+        options = " ".join(f"{k}={_as_typed(v)}" for k, v in entry.defaults().items()
                            if k not in UNIFORM_ARGUMENTS)
         rows.append((f"{entry.name}\n{params}", f"{entry.description}{note}\n"
                      f"[{entry.paper}]", options))
@@ -59,3 +59,14 @@ def models(
     for row in rows:
         table.add_row(*(escape(cell) for cell in row), end_section=True)
     Console().print(table)
+
+
+def _as_typed(value: object) -> str:
+    """A default as ``--model-arg key=value`` reads it back (YAML: [3,4], null, true)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_as_typed(v) for v in value) + "]"
+    return str(value).replace(" ", "")
