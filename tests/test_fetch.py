@@ -208,7 +208,11 @@ def test_offline_message_says_how_to_place_files(tmp_path):
     assert "connection refused" in message
     assert f"put them in {dest}/" in message
     assert all(name in message for name in NAMES)
-    assert not list(dest.iterdir())
+    assert not dest.exists()  # made for the download, and nothing came: removed
+    dest.mkdir()  # the user's own folder stays
+    with pytest.raises(CapsmedError):
+        fetch_dataset(_dataset(_fake_files(), [_closed_port_url()]), dest, timeout=5)
+    assert dest.is_dir() and not list(dest.iterdir())
 
 
 def test_cli_real_checksums_reject_other_files(tmp_path, served):
@@ -218,7 +222,7 @@ def test_cli_real_checksums_reject_other_files(tmp_path, served):
     victim = dest / NAMES[0]
     assert_clean_failure(result, str(victim), victim)
     assert f"expected {REMOTE['mnist'].md5[NAMES[0]]}" in result.stderr
-    assert not list(dest.iterdir())
+    assert not dest.exists()
 
 
 def test_cli_offline(tmp_path):

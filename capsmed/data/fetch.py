@@ -180,19 +180,26 @@ def fetch_dataset(dataset: RemoteDataset, dest: Path, *, mirror: str | None = No
     if not timeout > 0:
         raise CapsmedError(f"--timeout must be > 0 seconds, got {timeout}")
     dest = Path(dest)
+    made = not dest.exists()
     ensure_writable_dir(dest)
     mirrors: Sequence[str] = (mirror,) if mirror else dataset.mirrors
     paths = []
-    with make_progress(DownloadColumn(), TransferSpeedColumn(),
-                       disable=disable_progress) as progress:
-        for name, md5 in dataset.md5.items():
-            final = dest / name
-            paths.append(final)
-            if final.exists():
-                if file_md5(final) == md5:
-                    log.info("%s: present, checksum ok; skipped", final)
-                    continue
-                log.warning("%s: present but its checksum is wrong; downloading again", final)
-            task = progress.add_task(name, total=None)
-            _fetch_file(dataset, name, md5, final, mirrors, timeout, progress, task)
+    try:
+        with make_progress(DownloadColumn(), TransferSpeedColumn(),
+                           disable=disable_progress) as progress:
+            for name, md5 in dataset.md5.items():
+                final = dest / name
+                paths.append(final)
+                if final.exists():
+                    if file_md5(final) == md5:
+                        log.info("%s: present, checksum ok; skipped", final)
+                        continue
+                    log.warning("%s: present but its checksum is wrong; downloading "
+                                "again", final)
+                task = progress.add_task(name, total=None)
+                _fetch_file(dataset, name, md5, final, mirrors, timeout, progress, task)
+    except BaseException:
+        if made and dest.is_dir() and not any(dest.iterdir()):
+            dest.rmdir()  # nothing came: leave no empty folder behind
+        raise
     return paths
