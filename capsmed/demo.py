@@ -59,6 +59,13 @@ class DemoConfig:
     runs: tuple[DemoRun, ...] = DEMO_RUNS
     batch_size: int = 32
 
+    def __post_init__(self) -> None:
+        if self.cases < 3:  # whole cases per split
+            raise CapsmedError(f"--cases must be >= 3 (one case each for training, "
+                               f"validation and test), got {self.cases}")
+        if self.seed < 0:
+            raise CapsmedError(f"--seed must be >= 0, got {self.seed}")
+
 
 def _claim_workdir(workdir: Path) -> None:
     """Create ``workdir`` or reuse one an earlier demo made; never clobber anything else."""

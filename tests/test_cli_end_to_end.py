@@ -307,3 +307,14 @@ def test_demo_refuses_a_file_as_its_workdir(tmp_path):
     result = runner.invoke(app, ["demo", "--workdir", str(afile)])
     assert_clean_failure(result, f"{afile}: is a file; choose a folder as --workdir")
     assert afile.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cases", "2"], "--cases must be >= 3 (one case each for training, validation"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1")])
+def test_demo_refuses_settings_it_cannot_finish_with_before_writing(tmp_path, args,
+                                                                   message):
+    work = tmp_path / "demo"
+    assert_clean_failure(runner.invoke(app, ["demo", "--workdir", str(work), *args]),
+                         message)
+    assert not work.exists()
