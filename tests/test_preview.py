@@ -108,7 +108,8 @@ def test_cli_preview_and_missing_split(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--per-class", "0"], "per_class must be within 1..64"),
+    (["--per-class", "0"], "--per-class must be within 1..64"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),  # not 'the file is damaged'
     (["-o", "grid.xyz"], "unsupported image format 'xyz'"),
 ])
 def test_bad_options(tmp_path, args, message):

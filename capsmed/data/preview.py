@@ -94,7 +94,9 @@ def preview_dataset(path: Path, output: Path, *, split: str | None = None,
 
     path, output = Path(path), Path(output)
     if not 1 <= per_class <= 64:
-        raise CapsmedError(f"per_class must be within 1..64, got {per_class}")
+        raise CapsmedError(f"--per-class must be within 1..64, got {per_class}")
+    if seed < 0:
+        raise CapsmedError(f"--seed must be >= 0, got {seed}")
     info = read_info(path)
     if split is None:
         split = "train" if "train" in info.split_sizes else next(iter(info.split_sizes))
