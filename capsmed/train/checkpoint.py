@@ -5,19 +5,19 @@ Nothing is unpickled: a run directory can come from anywhere and still be safe t
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, write_failure, writing
 from capsmed.models import create_model
+from capsmed.train.run_config import CONFIG, read_run_config
 
 WEIGHTS, META = "checkpoint.safetensors", "checkpoint.json"
 
@@ -37,18 +37,10 @@ def save_checkpoint(run_dir: Path, model: nn.Module, meta: dict[str, Any]) -> No
         except Exception as exc:  # safetensors' own error types, or OSError
             raise write_failure(weights, exc) from None
         # the pair belongs together: a weights file from elsewhere is caught on loading
-        meta = {**meta, "weights_digest": _digest(weights_tmp)}
+        meta = {**meta, "weights_digest": file_digest(weights_tmp)}
         with writing(meta_path):
             meta_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True),
                                 encoding="utf-8")
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(8 << 20):
-            h.update(block)
-    return f"sha256:{h.hexdigest()}"
 
 
 def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
@@ -62,7 +54,7 @@ def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
         raise CapsmedError(f"{run_dir}: no checkpoint ({META} + {WEIGHTS}); did training "
                            "finish at least one epoch?")
     meta = _read_meta(meta_path)
-    if meta.get("weights_digest") not in (None, _digest(weights_path)):
+    if meta.get("weights_digest") not in (None, file_digest(weights_path)):
         raise CapsmedError(f"{weights_path}: not the weights {META} was written with "
                            "(their digests differ): the two files come from different "
                            "checkpoints")
@@ -90,19 +82,13 @@ def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
 def _check_matches_config(run_dir: Path, meta: dict[str, Any]) -> None:
     """The checkpoint is of the run its ``config.yaml`` describes: same architecture,
     model arguments and classes (a checkpoint copied in from another run is not)."""
-    config_path = run_dir / "config.yaml"
+    config_path = run_dir / CONFIG
     if not config_path.is_file():
         return
-    try:
-        config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return  # the commands that read config.yaml say what is wrong with it
-    if not isinstance(config, dict):
-        return
-    train, dataset = config.get("train") or {}, config.get("dataset") or {}
-    pairs = (("arch", meta["arch"], train.get("arch")),
-             ("model arguments", meta["model_kwargs"], config.get("model_kwargs")),
-             ("classes", meta["class_names"], dataset.get("class_names")))
+    config = read_run_config(run_dir)  # a broken one: one line naming it
+    pairs = (("arch", meta["arch"], config["train"].get("arch")),
+             ("model arguments", meta["model_kwargs"], config["model_kwargs"]),
+             ("classes", meta["class_names"], config["dataset"].get("class_names")))
     for what, ours, theirs in pairs:
         if theirs is not None and json.dumps(ours, sort_keys=True) != json.dumps(
                 theirs, sort_keys=True):
