@@ -52,7 +52,9 @@ def predict_scores(model: torch.nn.Module, images: np.ndarray, device: torch.dev
     """Class scores [N, K] for uint8 images [N, C, H, W]."""
     out = []
     for start in range(0, len(images), batch_size):
-        x = torch.from_numpy(images[start:start + batch_size]).to(device).float().div_(255.0)
+        # contiguous: a strided view (HWC read as CHW) takes other kernels, other roundings
+        chunk = np.ascontiguousarray(images[start:start + batch_size])
+        x = torch.from_numpy(chunk).to(device).float().div_(255.0)
         out.append(model(x).scores.float().cpu())
     return torch.cat(out).numpy() if out else np.empty((0, 0), dtype=np.float32)
 
