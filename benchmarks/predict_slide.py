@@ -43,7 +43,7 @@ from capsmed.evaluate.evaluation import predict_scores  # noqa: E402
 from capsmed.predict.config import PredictOptions  # noqa: E402
 from capsmed.predict.engine import predict  # noqa: E402
 from capsmed.progress import set_progress_enabled  # noqa: E402
-from capsmed.train.checkpoint import load_checkpoint  # noqa: E402
+from capsmed.runs.checkpoint import load_checkpoint  # noqa: E402
 from capsmed.train.config import TrainConfig  # noqa: E402
 from capsmed.train.engine import train  # noqa: E402
 

@@ -21,7 +21,7 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
     from rich.table import Table
 
     from capsmed.errors import CapsmedError
-    from capsmed.train.run_index import find_runs
+    from capsmed.runs.index import find_runs
 
     if not root.is_dir():
         raise CapsmedError(f"{root}: no such folder")
