@@ -13,7 +13,6 @@ while the run is unfinished, ``summary.json`` and ``curves.png`` at the end.
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import logging
 import math
 import os
@@ -52,7 +51,13 @@ from capsmed.train.run_data import (
 )
 from capsmed.train.sampling import BatchSampler
 from capsmed.train.state import Progress, save_state
-from capsmed.train.step import StepSettings, TrainStep, prepare_model, resolve_precision
+from capsmed.train.step import (
+    EpochTally,
+    StepSettings,
+    TrainStep,
+    prepare_model,
+    resolve_precision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +194,13 @@ def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str
 
 
 class Run:
-    """Everything a training run holds; built by :func:`train` or :func:`resume`."""
+    """Everything a training run holds; built by :func:`train` or :func:`resume`.
+
+    ``run_dir`` and ``model_kwargs`` are None for a new run (chosen and measured here)
+    and given by a resumed one (its folder and its ``config.yaml``). The set-up steps
+    run in this order: what is refused costs nothing and writes nothing; the seed is
+    set right before the model is built; the folder is written last, whole.
+    """
 
     def __init__(self, cfg: TrainConfig, info: DatasetInfo, ctx: distributed.Distributed,
                  device: torch.device, run_dir: Path | None, model_kwargs: dict | None,
@@ -200,71 +211,109 @@ class Run:
         # what config.yaml records and --resume / evaluate compare (one digest for all)
         self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
-        self.two_labels = is_two_label(info.path, self.rows.train_split)
-        if self.two_labels:
-            clash = [name for name, on in (("--class-weights", cfg.class_weights),
-                                           ("--augment", cfg.augment),
-                                           ("torchrun", ctx.enabled)) if on]
-            if clash:
-                raise CapsmedError(f"{info.path}: two-label training (MultiMNIST) does not "
-                                   f"support {', '.join(clash)}")
-            log.info("two-label set: both classes are targets, each object is "
-                     "reconstructed from its own capsule (Sabour et al.)")
-        if model_kwargs is None:  # a new run: statistics of its own training rows
-            stats = (channel_statistics(sample_for_statistics(info, self.rows))
-                     if cfg.standardize else {})
-            model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
-                            "input_size": list(info.image_size), **stats,
-                            **cfg.model_kwargs}
-        self.model_kwargs = model_kwargs
-        if cfg.tensorboard:
-            try:
-                importlib.import_module("torch.utils.tensorboard")
-            except ImportError:
-                raise CapsmedError("--tensorboard needs the tensorboard package: pip install "
-                                   "'capsmed[tensorboard]'") from None
+        self.two_labels = self._check_two_labels()
+        self.model_kwargs = (model_kwargs if model_kwargs is not None
+                             else self._new_model_kwargs())
+        self.model = self._build_model(run_dir)
+        new = run_dir is None
+        self.run_dir = self._new_run_dir() if new else run_dir
+        if not new:
+            _check_saved_rows(self.run_dir, self.rows)
+        self._load_data()
+        self._build_optimisation()
+        self._build_step()
+        self.environment = self._describe_environment()
+        log.debug("environment %s; training rows %d (%s), validation %s; %d steps per "
+                  "epoch; options %s", self.environment, len(self.train_data),
+                  self.rows.train_split, self.rows.val_split or "none", len(self.sampler),
+                  cfg.to_dict())
+        if new and ctx.is_main:
+            self._create_folder()
+        # last: a Run that exists holds its lock, which train() and resume() release
+        self._lock = hold_run_lock(self.run_dir) if ctx.is_main else None
+        if new:
+            ctx.barrier()
+
+    def _check_two_labels(self) -> bool:
+        """Whether targets are two labels (MultiMNIST); refuses what those cannot do."""
+        if not is_two_label(self.info.path, self.rows.train_split):
+            return False
+        clash = [name for name, on in (("--class-weights", self.cfg.class_weights),
+                                       ("--augment", self.cfg.augment),
+                                       ("torchrun", self.ctx.enabled)) if on]
+        if clash:
+            raise CapsmedError(f"{self.info.path}: two-label training (MultiMNIST) does "
+                               f"not support {', '.join(clash)}")
+        log.info("two-label set: both classes are targets, each object is "
+                 "reconstructed from its own capsule (Sabour et al.)")
+        return True
+
+    def _new_model_kwargs(self) -> dict[str, Any]:
+        """A new run's model arguments: the data's shape and classes, the statistics of
+        its own training rows, and the user's options."""
+        info, cfg = self.info, self.cfg
+        stats = (channel_statistics(sample_for_statistics(info, self.rows))
+                 if cfg.standardize else {})
+        return {"in_channels": info.channels, "num_classes": info.num_classes,
+                "input_size": list(info.image_size), **stats, **cfg.model_kwargs}
+
+    def _build_model(self, run_dir: Path | None) -> torch.nn.Module:
+        """The seeded model (with layers transferred from another run, if asked); a
+        resumed run's model options that no longer build name its config.yaml."""
+        cfg, info = self.cfg, self.info
         seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
         try:
-            self.model = build_model(cfg.arch, model_kwargs,
-                                     (info.channels, *info.image_size))
+            model = build_model(cfg.arch, self.model_kwargs, (info.channels, *info.image_size))
         except CapsmedError as exc:
             if run_dir is None:
                 raise
-            raise CapsmedError(f"{run_dir / 'config.yaml'}: {exc}") from None  # resumed
+            raise CapsmedError(f"{run_dir / 'config.yaml'}: {exc}") from None
         if cfg.transfer_from:
-            transfer_parameters(self.model, Path(cfg.transfer_from), cfg.transfer_layers,
+            transfer_parameters(model, Path(cfg.transfer_from), cfg.transfer_layers,
                                 cfg.freeze_transferred)
-        new = run_dir is None
-        if new:
-            path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
-            path = Path(ctx.broadcast_text(str(path)))
-            _check_new_run_dir(path)
-            check_free_space(path, self.model)
-            run_dir = path
-        self.run_dir = run_dir
-        if not new:
-            _check_saved_rows(run_dir, self.rows)
-        self.train_data = make_loader(info, self.rows.train_split, self.rows.train_rows, cfg,
-                                      device)
-        self.val_data = (make_loader(info, self.rows.val_split, None, cfg, device)
-                         if self.rows.val_split else None)
+        return model
+
+    def _new_run_dir(self) -> Path:
+        """The new run's folder (``--out`` or a stamped name), checked empty and roomy."""
+        path = Path(self.cfg.out) if self.cfg.out else _default_run_dir(self.cfg, self.info)
+        path = Path(self.ctx.broadcast_text(str(path)))
+        _check_new_run_dir(path)
+        check_free_space(path, self.model)
+        return path
+
+    def _load_data(self) -> None:
+        info, rows, cfg, device = self.info, self.rows, self.cfg, self.device
+        self.train_data = make_loader(info, rows.train_split, rows.train_rows, cfg, device)
+        self.val_data = (make_loader(info, rows.val_split, None, cfg, device)
+                         if rows.val_split else None)
         if self.val_data is None:
             log.warning("%s: no validation data for this run: the last epoch's weights are "
                         "kept and there is no early stopping", info.path)
 
-        channels_last = cfg.channels_last if cfg.channels_last is not None \
-            else device.type == "cuda"
-        self.model = prepare_model(self.model, device, channels_last, compile_model=False)
+    def _build_optimisation(self) -> None:
+        """The model on its device, its optimiser and schedule, and the module each step
+        calls (wrapped for torchrun, compiled on request)."""
+        cfg, device = self.cfg, self.device
+        self.channels_last = (cfg.channels_last if cfg.channels_last is not None
+                              else device.type == "cuda")
+        self.model = prepare_model(self.model, device, self.channels_last,
+                                   compile_model=False)
         self.model.train()
         self.optimizer = build_optimizer(
             cfg.optimizer, [q for q in self.model.parameters() if q.requires_grad], cfg.lr)
         self.schedule = build_schedule(cfg.lr_schedule, self.optimizer, cfg.lr_decay)
         module = self.model
-        if ctx.enabled:
+        if self.ctx.enabled:
             module = torch.nn.parallel.DistributedDataParallel(
                 module, device_ids=[device.index] if device.type == "cuda" else None)
         if cfg.compile:
             module = torch.compile(module)
+        self.module = module
+
+    def _build_step(self) -> None:
+        """The batch sampler, the step's settings (loss, precision, class weights,
+        augmentation) and the step, which sums its figures into ``tally``."""
+        cfg, device, info = self.cfg, self.device, self.info
         steps = cfg.steps_per_epoch
         if steps is None and not cfg.protocol.is_full:  # same iterations as the full set
             steps = math.ceil(self.rows.full_train_size / cfg.batch_size)
@@ -277,28 +326,22 @@ class Run:
         self.settings = StepSettings(
             loss_kind=self.model.loss_kind, recon_weight=cfg.recon_weight,
             autocast_dtype=resolve_precision(cfg.precision, device),
-            channels_last=channels_last, class_weights=weights, augment=augment,
+            channels_last=self.channels_last, class_weights=weights, augment=augment,
             augment_rng=(torch.Generator(device=device).manual_seed(cfg.seed + 1)
                          if augment is not None else None),
             decoder=self.model.decoder)
-        self.step = TrainStep(module, self.optimizer, self.settings)
-        self.environment = {"capsmed": __version__, "protocol_revision": PROTOCOL_REVISION,
-                            "torch": str(torch.__version__),
-                            "device": device_name(device),
-                            "python": platform.python_version(),
-                            "parameters": count_parameters(self.model),
-                            "precision": str(self.settings.autocast_dtype or "float32"),
-                            "world_size": ctx.world}
-        log.debug("environment %s; training rows %d (%s), validation %s; %d steps per "
-                  "epoch; options %s", self.environment, len(self.train_data),
-                  self.rows.train_split, self.rows.val_split or "none", len(self.sampler),
-                  cfg.to_dict())
-        if new and ctx.is_main:
-            self._create_folder()
-        # last: a Run that exists holds its lock, which train() and resume() release
-        self._lock = hold_run_lock(self.run_dir) if ctx.is_main else None
-        if new:
-            ctx.barrier()
+        self.tally = EpochTally(device)
+        self.train_step = TrainStep(self.module, self.optimizer, self.settings, self.tally)
+        self.step = self.train_step
+
+    def _describe_environment(self) -> dict[str, Any]:
+        """What config.yaml records of the software and hardware the run trains on."""
+        return {"capsmed": __version__, "protocol_revision": PROTOCOL_REVISION,
+                "torch": str(torch.__version__), "device": device_name(self.device),
+                "python": platform.python_version(),
+                "parameters": count_parameters(self.model),
+                "precision": str(self.settings.autocast_dtype or "float32"),
+                "world_size": self.ctx.world}
 
     def release(self) -> None:
         """Let another process train this run directory (:func:`hold_run_lock`)."""
@@ -322,7 +365,7 @@ class Run:
                    folder: Path | None = None) -> None:
         """Write ``resume.pt`` (into ``folder``, default the run directory)."""
         save_state(folder or self.run_dir, model=self.model, optimizer=self.optimizer,
-                   schedule=self.schedule, scaler=self.step.scaler,
+                   schedule=self.schedule, scaler=self.train_step.scaler,
                    sampler_state=sampler_state, augment_rng=self.settings.augment_rng,
                    progress=progress)
 

@@ -99,6 +99,32 @@ def loss_and_correct(out: ModelOutput, x: torch.Tensor, y: torch.Tensor | TwoLab
     return loss, count_correct(out.scores.detach(), y)
 
 
+class EpochTally:
+    """An epoch's running training figures, kept on the device so that no step waits for
+    the host: the summed loss x samples and correct predictions (float64), and the
+    global step whose loss was first not finite (-1: none yet). Updated in place, so a
+    CUDA graph that captured :meth:`add` keeps updating these very tensors."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)
+        self.bad_step = torch.full((), -1, dtype=torch.int64, device=device)
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
+
+    def start_epoch(self, loss_sum: float, correct: float, global_step: int) -> None:
+        """Start from a resumed epoch's sums (0 for a new epoch). Python numbers enter
+        as kernel arguments: no host-to-device copy."""
+        self.sums[0].fill_(loss_sum)
+        self.sums[1].fill_(correct)
+        self.bad_step.fill_(-1)
+        self.step.fill_(global_step)
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
+        self.sums += torch.stack([loss.double() * n, correct.double()])
+        self.step += 1
+        self.bad_step.copy_(torch.where((self.bad_step < 0) & ~torch.isfinite(loss),
+                                        self.step, self.bad_step))
+
+
 class TrainStep:
     """Augment, forward, loss in fp32, backward, optimiser step.
 
@@ -106,11 +132,14 @@ class TrainStep:
         model: The module to call (possibly compiled or wrapped in DDP).
         optimizer: Its optimiser.
         settings: Precision, loss and augmentation settings.
+        tally: Where the training loop sums each step's loss and correct predictions
+            (part of the step, so that a CUDA graph of it keeps them too).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 settings: StepSettings) -> None:
+                 settings: StepSettings, tally: EpochTally | None = None) -> None:
         self.model, self.optimizer, self.settings = model, optimizer, settings
+        self.tally = tally
         fp16 = settings.autocast_dtype == torch.float16
         device_type = next(model.parameters()).device.type
         self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
@@ -129,7 +158,10 @@ class TrainStep:
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return loss.detach(), correct
+        loss = loss.detach()
+        if self.tally is not None:
+            self.tally.add(loss, correct, len(y))
+        return loss, correct
 
 
 class GraphedTrainStep:
