@@ -60,6 +60,10 @@ def train(
     compile_model: bool = typer.Option(None, "--compile/--no-compile",
                                        help="torch.compile the model (slow start, faster "
                                        "long runs)."),
+    state_every_minutes: float = typer.Option(None, help="Write RUN_DIR/resume.pt at most "
+                                              "this often, besides at the start, the end "
+                                              "and on Ctrl-C or a signal (0: every 50 "
+                                              "steps and epoch end) [5]."),
     data_loading: str = typer.Option(None, help="memory, stream (read HDF5 per batch) or "
                                      "auto [auto]."),
     loader_workers: int = typer.Option(None, help="Reader processes when streaming [2]."),
@@ -94,6 +98,7 @@ def train(
                          augment_recipe=augment_recipe, fold=fold, folds=folds,
                          per_class_limit=per_class_limit, precision=precision,
                          channels_last=channels_last, compile=compile_model,
+                         state_every_minutes=state_every_minutes,
                          data_loading=data_loading, loader_workers=loader_workers,
                          tensorboard=tensorboard)
     if resume is not None:

@@ -77,6 +77,9 @@ class TrainConfig:
             Routing always runs in fp32.
         channels_last: Channels-last memory format; None = on CUDA only.
         compile: ``torch.compile`` the model (20-50 s start-up; pays off on long runs).
+        state_every_minutes: Write the resumable state at most this often (at a check
+            point every 50 steps or an epoch end), besides at the start, at the end of
+            training and when stopped; 0 = at every check point and epoch end.
         data_loading: ``memory`` (held on the device), ``stream`` (read from HDF5 per
             batch) or ``auto`` (stream when the set would take over a quarter of free
             GPU memory or 4 GiB of host memory).
@@ -118,6 +121,7 @@ class TrainConfig:
     precision: str = "auto"
     channels_last: bool | None = None
     compile: bool = False
+    state_every_minutes: float = 5.0
     data_loading: str = "auto"
     loader_workers: int = 2
     tensorboard: bool = False
@@ -220,6 +224,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (lambda v: v >= 0, ">= 0"),
     "folds": (lambda v: v >= 2, ">= 2"),
     "loader_workers": (lambda v: v >= 0, ">= 0"),
+    "state_every_minutes": (lambda v: v >= 0, ">= 0"),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "sampler": SAMPLERS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES,

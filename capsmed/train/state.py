@@ -3,10 +3,12 @@
 ``RUN_DIR/resume.pt`` holds the model, optimiser, schedule and loss-scaler state, the
 sampler's generator state at the start of the current epoch (the epoch's batches are
 regenerated and the finished ones skipped), the augmentation and global RNG states,
-the partial epoch's sums and the early-stopping counters. It is written at every
-epoch end and when a run is interrupted (Ctrl-C, SIGTERM), and removed when the run
-finishes. It is read with ``torch.load(weights_only=True)``: tensors and plain
-containers only, nothing is unpickled.
+the partial epoch's sums and the early-stopping counters. It is written when the run
+starts, at most every ``state_every_minutes`` after that, at the end of training and
+when a run is stopped (Ctrl-C, SIGTERM, SIGUSR2), and removed when the run finishes
+(:class:`capsmed.train.handlers.resumable_state.ResumableState`). It is read with
+``torch.load(weights_only=True)``: tensors and plain containers only, nothing is
+unpickled.
 """
 
 from __future__ import annotations
