@@ -27,7 +27,7 @@ from capsmed.train.sampling import SAMPLERS
 # both divided by 10 for the medical sets.
 MEDICAL_DATASETS = frozenset({"tupac16", "diaretdb1"})
 PAPER_LR, PAPER_RECON_WEIGHT = 1e-3, 5e-4
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,14 @@ class TrainConfig:
         per_class_limit: At most this many samples per class (paper 001's small-data
             protocol; with ``fold``, the rest of each class goes to the test set).
         precision: ``auto`` (bf16 autocast on GPUs that support it, fp16 with loss
-            scaling on other GPUs, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16``.
-            Routing always runs in fp32.
+            scaling on other GPUs, fp32 on CPU), ``fp32`` (IEEE: TF32 off), ``tf32``
+            (fp32 tensors, TF32 matmuls and convolutions; CUDA, Ampere or newer),
+            ``bf16`` or ``fp16``. Routing always runs in fp32.
         channels_last: Channels-last memory format; None = on CUDA only.
         compile: ``torch.compile`` the model (20-50 s start-up; pays off on long runs).
+        cuda_graph: Replay the whole training step (forward, loss, backward, optimiser
+            update, the epoch's sums) as one CUDA graph (CUDA only; not with fp16,
+            ``augment`` or torchrun).
         state_every_minutes: Write the resumable state at most this often (at a check
             point every 50 steps or an epoch end), besides at the start, at the end of
             training and when stopped; 0 = at every check point and epoch end.
@@ -121,6 +125,7 @@ class TrainConfig:
     precision: str = "auto"
     channels_last: bool | None = None
     compile: bool = False
+    cuda_graph: bool = False
     state_every_minutes: float = 5.0
     data_loading: str = "auto"
     loader_workers: int = 2

@@ -28,7 +28,7 @@ from capsmed.io import WriteError
 from capsmed.train.handlers import build_handlers
 from capsmed.train.run import Run
 from capsmed.train.state import RESUME_FILE, Progress, restore_rng
-from capsmed.train.step import coupling_entropy, forward, loss_and_correct
+from capsmed.train.step import coupling_entropy, float32_matmuls, forward, loss_and_correct
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | Non
     """
     saved = "continue from the last saved state with: capsmed train --resume"
     try:
-        return TrainingLoop(run, state, stop_after_steps).train()
+        with float32_matmuls(run.precision):  # fp32 is IEEE fp32 unless tf32 is asked
+            return TrainingLoop(run, state, stop_after_steps).train()
     except KeyboardInterrupt:  # the second Ctrl-C: no save, the last saved state stays
         raise TrainingInterrupted(f"{run.run_dir}: interrupted at once; {saved} "
                                   f"{run.run_dir}") from None

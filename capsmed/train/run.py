@@ -52,12 +52,16 @@ from capsmed.train.run_data import (
 from capsmed.train.sampling import BatchSampler
 from capsmed.train.state import Progress, save_state
 from capsmed.train.step import (
+    PRECISION_NAMES,
     EpochTally,
+    GraphedTrainStep,
     StepSettings,
     TrainStep,
+    precision_mode,
     prepare_model,
     resolve_precision,
 )
+from capsmed.train.transfer import transfer_parameters
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +126,22 @@ def hold_run_lock(run_dir: Path) -> int | None:
     return fd
 
 
+def _check_cuda_graph(cfg: TrainConfig, device: torch.device, ctx: distributed.Distributed,
+                      precision: str) -> None:
+    """Refuse ``--cuda-graph`` where a graph cannot replay the step."""
+    if not cfg.cuda_graph:
+        return
+    problem = (
+        f"needs a CUDA device (this run's is {device})" if device.type != "cuda" else
+        "does not work with fp16 (its loss scaler decides on the host); use --precision "
+        "bf16 or fp32" if precision == "fp16" else
+        "does not work with --augment (the graph would replay the same random "
+        "transforms)" if cfg.augment else
+        "does not work under torchrun" if ctx.enabled else "")
+    if problem:
+        raise CapsmedError(f"--cuda-graph {problem}")
+
+
 def _check_saved_rows(run_dir: Path, rows: RunRows) -> None:
     """On resume: the options in config.yaml still select the rows the run trained on
     (an edited fraction, seed or fold would train the rest of the run on others)."""
@@ -149,50 +169,6 @@ def _save_rows(run_dir: Path, rows: RunRows) -> None:
                 np.save(fh, values)
 
 
-def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str],
-                        freeze: bool) -> list[str]:
-    """Copy the parameters whose names start with one of ``prefixes`` from the checkpoint
-    in run directory ``source`` (paper 003's layer transfer), with their buffers (batch
-    norms' running statistics, which the copied weights were trained with); optionally
-    freeze the parameters.
-
-    Raises:
-        CapsmedError: if a prefix matches nothing or shapes differ.
-    """
-    from safetensors.torch import load_file
-
-    from capsmed.train.checkpoint import WEIGHTS
-
-    path = Path(source) / WEIGHTS
-    if not path.is_file():
-        raise CapsmedError(f"{path}: no checkpoint to transfer from")
-    weights = load_file(str(path))
-    params = dict(model.named_parameters())
-    copied = []
-    for prefix in prefixes:
-        names = [n for n in params if n == prefix or n.startswith(prefix + ".")]
-        if not names:
-            tops = ", ".join(sorted({n.split(".")[0] for n in params}))
-            raise CapsmedError(f"transfer layer '{prefix}' matches no parameter of the "
-                               f"model (it has: {tops})")
-        for name in names:
-            if name not in weights or weights[name].shape != params[name].shape:
-                raise CapsmedError(f"{path}: parameter '{name}' is missing or has another "
-                                   "shape; transfer between the same architecture and input")
-            with torch.no_grad():
-                params[name].copy_(weights[name])
-            params[name].requires_grad_(not freeze)
-            copied.append(name)
-        for name, buffer in model.named_buffers():  # batch norms' running statistics
-            if (name == prefix or name.startswith(prefix + ".")) and name in weights \
-                    and weights[name].shape == buffer.shape:
-                with torch.no_grad():
-                    buffer.copy_(weights[name])
-    log.info("transferred %d parameter tensors from %s%s", len(copied), source,
-             " (frozen)" if freeze else "")
-    return copied
-
-
 class Run:
     """Everything a training run holds; built by :func:`train` or :func:`resume`.
 
@@ -208,6 +184,8 @@ class Run:
         self.cfg, self.info, self.ctx, self.device = cfg, info, ctx, device
         # None defers to the global setting (capsmed -q); other ranks never show bars
         self.disable_progress = disable_progress if ctx.is_main else True
+        self.precision = precision_mode(cfg.precision, device)  # tf32 refused off CUDA
+        _check_cuda_graph(cfg, device, ctx, self.precision)
         # what config.yaml records and --resume / evaluate compare (one digest for all)
         self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
@@ -240,6 +218,7 @@ class Run:
             return False
         clash = [name for name, on in (("--class-weights", self.cfg.class_weights),
                                        ("--augment", self.cfg.augment),
+                                       ("--cuda-graph", self.cfg.cuda_graph),
                                        ("torchrun", self.ctx.enabled)) if on]
         if clash:
             raise CapsmedError(f"{self.info.path}: two-label training (MultiMNIST) does "
@@ -332,7 +311,8 @@ class Run:
             decoder=self.model.decoder)
         self.tally = EpochTally(device)
         self.train_step = TrainStep(self.module, self.optimizer, self.settings, self.tally)
-        self.step = self.train_step
+        self.step: TrainStep | GraphedTrainStep = (
+            GraphedTrainStep(self.train_step) if cfg.cuda_graph else self.train_step)
 
     def _describe_environment(self) -> dict[str, Any]:
         """What config.yaml records of the software and hardware the run trains on."""
@@ -340,7 +320,10 @@ class Run:
                 "torch": str(torch.__version__), "device": device_name(self.device),
                 "python": platform.python_version(),
                 "parameters": count_parameters(self.model),
-                "precision": str(self.settings.autocast_dtype or "float32"),
+                # what --precision is here: float32 (IEEE: TF32 off), tf32, bfloat16
+                # or float16 (autocast; routing and loss in IEEE float32)
+                "precision": PRECISION_NAMES[self.precision],
+                "tf32": self.precision == "tf32",
                 "world_size": self.ctx.world}
 
     def release(self) -> None:
