@@ -13,10 +13,10 @@ import torch
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from capsmed.data.configs.diaretdb1 import Diaretdb1Config
 from capsmed.data.contract import load_split
-from capsmed.data.sources.diaretdb1 import preprocess_diaretdb1
-from capsmed.data.synth.diaretdb1 import write_diaretdb1
+from capsmed.data.sources.diaretdb1.config import Diaretdb1Config
+from capsmed.data.sources.diaretdb1.reader import preprocess_diaretdb1
+from capsmed.data.sources.diaretdb1.synth import write_diaretdb1
 from capsmed.evaluate.evaluation import predict_scores
 from capsmed.evaluate.metrics import class_probabilities
 from capsmed.predict.config import Overrides, PredictOptions
@@ -166,7 +166,7 @@ def test_predict_works_after_the_dataset_file_is_gone(tupac_runs, tiny_h5, tiny_
 
 
 def test_the_estimated_field_of_view_matches_the_released_mask(tmp_path):
-    from capsmed.data.sources.diaretdb1_layout import read_fundus_mask, read_rgb_png
+    from capsmed.data.sources.diaretdb1.layout import read_fundus_mask, read_rgb_png
     from capsmed.predict.recipes import estimate_fov
 
     raw = tmp_path / "ddb1"
