@@ -150,7 +150,8 @@ def _folds_file(tiny_h5, path, k=3):
     groups = np.concatenate([p.groups for p in parts])
     cases = sorted(set(groups))
     folds = np.array([cases.index(g) % k for g in groups])
-    with DatasetWriter(path, dataset="toy-cv", class_names=["non-mitosis", "mitosis"],
+    with DatasetWriter(path, dataset="toy-cv", kind="folder", domain="generic",
+                       class_names=["non-mitosis", "mitosis"],
                        image_shape=images.shape[1:], preprocessing={}, source={}) as w:
         w.append("all", images, labels, groups, folds=folds)
     return path, labels, folds

@@ -333,7 +333,9 @@ class Run:
         write_text_atomic(folder / "config.yaml", yaml.safe_dump(
             {"train": resolved, "model_kwargs": self.model_kwargs,
              "environment": self.environment,
-             "dataset": {"name": info.dataset, "class_names": list(info.class_names),
+             "dataset": {"name": info.dataset, "source_kind": info.data_source().name,
+                         "domain": info.image_domain().name,
+                         "class_names": list(info.class_names),
                          "splits": info.split_sizes, "created": info.created,
                          "digest": self.data_digest,
                          "train_split": self.rows.train_split,
