@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from capsmed.cli import app
+from capsmed.data.challenges import cv_partition, limit_per_class_over_folds
 from capsmed.data.contract import DatasetWriter, load_split
-from capsmed.data.protocols import cv_partition, limit_per_class_over_folds
 from capsmed.errors import CapsmedError
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import resume, train

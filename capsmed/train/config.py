@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
+from capsmed.data.challenges import DataChallenge
 from capsmed.data.domains import Domain
 from capsmed.data.loader import LOADINGS
-from capsmed.data.protocols import Protocol
 from capsmed.errors import CapsmedError
 from capsmed.train.augment import get_recipe
 from capsmed.train.model_options import FROM_DATA
@@ -133,7 +133,7 @@ class TrainConfig:
                                "file (its channels, classes and image size); drop them")
         if self.augment_recipe and not self.augment:  # as --augment-recipe: a recipe
             object.__setattr__(self, "augment", True)  # in a YAML alone was ignored
-        self.protocol  # noqa: B018 -- validates fraction / imbalance / per-class limit
+        self.challenge  # noqa: B018 -- validates fraction / imbalance / per-class limit
         if self.folds is not None and (self.folds < 2 or (self.fold or 0) >= self.folds):
             raise CapsmedError(f"folds must be >= 2 and above fold, got fold {self.fold} "
                                f"of {self.folds}")
@@ -142,8 +142,8 @@ class TrainConfig:
                                "which parameter-name prefixes)")
 
     @property
-    def protocol(self) -> Protocol:
-        return Protocol(self.fraction, dict(self.imbalance), self.per_class_limit)
+    def challenge(self) -> DataChallenge:
+        return DataChallenge(self.fraction, dict(self.imbalance), self.per_class_limit)
 
     def resolved(self, domain: Domain) -> TrainConfig:
         """Fill the defaults that follow the data's recorded image domain (learning rate,

@@ -266,7 +266,7 @@ class Run:
         if cfg.compile:
             module = torch.compile(module)
         steps = cfg.steps_per_epoch
-        if steps is None and not cfg.protocol.is_full:  # same iterations as the full set
+        if steps is None and not cfg.challenge.is_full:  # same iterations as the full set
             steps = math.ceil(self.rows.full_train_size / cfg.batch_size)
         self.sampler = BatchSampler(self.train_data.labels, cfg.batch_size, cfg.sampler,
                                     steps, torch.Generator().manual_seed(cfg.seed))
