@@ -42,11 +42,27 @@ class InputResult:
     scores: np.ndarray  # float [N, K]: per-class probability (softmax) or capsule length
     thumbnail: np.ndarray | None = None  # RGB uint8 (h, w, 3), any downscale of the input
     windowed: bool = True  # False: one prediction for the whole image (no heatmap/GeoJSON)
+    class_index: int | None = None  # the --class a windowed run calls at ``threshold``
+    threshold: float = 0.5
 
     @property
     def predicted(self) -> np.ndarray:
-        """The index of the highest-scoring class per window, int64 [N]."""
-        return np.argmax(self.scores, axis=1).astype(np.int64)
+        """The class of each window, int64 [N], by one rule that the CSV, the GeoJSON,
+        the heatmap and the counts share: a window of a windowed run is its
+        ``class_index`` exactly when that class's score reaches ``threshold``
+        (:func:`positives`), else the highest-scoring other class. Capsule lengths are
+        independent, so two classes can both exceed 0.5: the threshold decides, not the
+        longer capsule. An image-level prediction is the highest-scoring class."""
+        scores = np.asarray(self.scores, dtype=np.float64)
+        best = np.argmax(scores, axis=1).astype(np.int64) if scores.size else \
+            np.zeros(len(scores), np.int64)
+        c = self.class_index
+        if not self.windowed or c is None or scores.shape[1] < 2:
+            return best
+        others = scores.copy()
+        others[:, c] = -np.inf
+        return np.where(scores[:, c] >= self.threshold, c,
+                        np.argmax(others, axis=1)).astype(np.int64)
 
 
 def _score_columns(class_names: Sequence[str]) -> list[str]:
