@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +28,15 @@ from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.evaluation import predict_scores
 from capsmed.evaluate.metrics import class_probabilities
-from capsmed.io import atomic_dir, replace_dir, write_text_atomic, writing
+from capsmed.io import (
+    atomic_dir,
+    ensure_writable_dir,
+    output_lock,
+    replace_dir,
+    stale_partial_dirs,
+    write_text_atomic,
+    writing,
+)
 from capsmed.predict.config import SHAPES, PredictOptions
 from capsmed.predict.inputs import (
     InputFile,
@@ -163,13 +172,19 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     check_out_dir(out_dir, inputs, items, [run_dir, *(p for p in (
         opts.centres, opts.data, opts.overrides.fov_mask) if p is not None)], opts.overwrite)
     staging_of = replace_dir if opts.overwrite else atomic_dir
-    with staging_of(out_dir) as staging, writing(out_dir):
-        done = _predict_all(model, meta, record, recipe, items, centres, class_index, opts,
-                            device, staging)
-        write_predictions_csv(staging / "predictions.csv", done.results, record.class_names)
-        write_text_atomic(staging / "summary.json", json.dumps(
-            _summary(run_dir, meta, record, done, opts, class_index), indent=2,
-            default=str) + "\n")
+    ensure_writable_dir(out_dir.parent)
+    with output_lock(out_dir):
+        for stale in stale_partial_dirs(out_dir):  # a predict killed before it finished
+            log.info("removing %s, left by a predict that was killed", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        with staging_of(out_dir) as staging, writing(out_dir):
+            done = _predict_all(model, meta, record, recipe, items, centres, class_index,
+                                opts, device, staging)
+            write_predictions_csv(staging / "predictions.csv", done.results,
+                                  record.class_names)
+            write_text_atomic(staging / "summary.json", json.dumps(
+                _summary(run_dir, meta, record, done, opts, class_index), indent=2,
+                default=str) + "\n")
     done.out_dir = out_dir
     return done
 

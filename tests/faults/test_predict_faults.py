@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import h5py
 import pytest
@@ -188,3 +189,19 @@ def test_a_greyscale_image_is_refused_by_a_colour_run_in_every_format(lenet_run,
     out = tmp_path / "out"
     assert_refused(invoke(predict_args(lenet_run, grey, out=out)), grey,
                    text="expected an RGB image", absent=[out])
+
+
+def test_a_rerun_removes_what_a_killed_predict_left(lenet_run, images, tmp_path):
+    """kill -9 during predict leaves its staging folder (.<out>.XXXXXXXX.partial) beside
+    the output; the next predict to the same -o removes it, and nothing else."""
+    import tempfile
+
+    out = tmp_path / "out"
+    left = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=tmp_path))
+    (left / "predictions.csv").write_text("input,x\n")
+    keep = tmp_path / ".out.notours.partial"
+    keep.mkdir()
+    result = invoke(predict_args(lenet_run, images / "img0.tif", out=out))
+    assert result.exit_code == 0, result.output
+    assert not left.exists() and keep.is_dir() and (out / "summary.json").is_file()
+    assert not (tmp_path / ".out.lock").exists()
