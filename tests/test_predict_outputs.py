@@ -79,7 +79,7 @@ def test_csv_header_rows_and_quoting(tmp_path):
     with path.open(newline="") as fh:
         rows = list(csv.reader(fh))
     header = rows[0]
-    assert header[:4] == ["input", "x", "y", "size"] and header[-1] == "predicted"
+    assert header[:4] == ["input", "centre_x", "centre_y", "size"] and header[-1] == "predicted"
     columns = header[4:-1]
     assert len(set(columns)) == 3 and columns[0] == 'score_tumour,_grade_"2"'
     assert columns[1] == "score_a_b" and columns[2].startswith("score_a_b")

@@ -86,13 +86,16 @@ def write_predictions_csv(path: Path, results: Sequence[InputResult],
                           class_names: Sequence[str]) -> None:
     """Write one row per window of every input to ``path`` atomically.
 
-    Columns: ``input, x, y, size, score_<class>..., predicted``; ``size`` is the
+    Columns: ``input, centre_x, centre_y, size, score_<class>..., predicted``: the
+    window's centre in the input's level-0 pixels (a slide-set dataset records its
+    tiles' top-left corners as ``left``, ``top``: ``centre = left + size / 2``); ``size`` is the
     footprint rounded to whole pixels, scores have 6 significant digits and
     ``predicted`` is the class name. The csv module quotes names with commas or quotes.
     """
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["input", "x", "y", "size", *_score_columns(class_names), "predicted"])
+    writer.writerow(["input", "centre_x", "centre_y", "size", *_score_columns(class_names),
+                     "predicted"])
     names = np.asarray([str(c) for c in class_names], dtype=object)
     for result in results:
         scores = np.asarray(result.scores, dtype=np.float64)
