@@ -43,7 +43,7 @@ def train(config: TrainConfig, disable_progress: bool | None = None,
             the state is saved and ``capsmed train --resume RUN_DIR`` continues it.
     """
     info = read_info(Path(config.data))
-    cfg = config.resolved(info.dataset)
+    cfg = config.resolved(info.image_domain())
     check_handlers(cfg)  # e.g. a missing package: refused before anything is written
     ctx, dev = distributed.setup(cfg.device)
     try:
