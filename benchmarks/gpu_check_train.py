@@ -42,7 +42,7 @@ def toy_digits(path: Path, n_train: int, n_val: int, side: int = 28, classes: in
         row = 2 + 2 * k * (side - 6) // (2 * classes)
         images[labels == k, :, row:row + 2, 4:side - 4] = 255
     groups = [str(i) for i in range(n)]
-    with DatasetWriter(path, dataset="gpu-check-digits",
+    with DatasetWriter(path, dataset="gpu-check-digits", kind="mnist", domain="digits",
                        class_names=[str(k) for k in range(classes)],
                        image_shape=(1, side, side), preprocessing={}, source={}) as w:
         w.append("train", images[:n_train], labels[:n_train], groups[:n_train])
