@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from capsmed import __version__
-from capsmed.data.contract import DatasetInfo, is_two_label
+from capsmed.data.contract import DatasetInfo, is_two_label, read_labels
 from capsmed.data.digest import file_digest
 from capsmed.data.record import write_record
 from capsmed.device import device_name, seed_everything
@@ -126,6 +126,25 @@ def hold_run_lock(run_dir: Path) -> int | None:
     return fd
 
 
+def _check_training_classes(info: DatasetInfo, rows: RunRows) -> None:
+    """Refuse training rows of one class (nothing to tell apart: the run would train,
+    score every image as that class and exit as if all were well); warn when some
+    classes are missing (the model cannot learn to predict them)."""
+    labels, _ = read_labels(info.path, rows.train_split)
+    present = np.unique(labels[rows.train_rows])
+    names = info.class_names
+    if len(present) < 2:
+        only = names[int(present[0])] if len(present) else "none"
+        raise CapsmedError(f"{info.path}: the training rows hold one class only ({only}) "
+                           f"of the {len(names)} in the file; a classifier needs samples of "
+                           "at least two (check the split, or the data challenges)")
+    missing = [name for k, name in enumerate(names) if k not in set(present.tolist())]
+    if missing:
+        log.warning("%s: the training rows hold no sample of %s: the model cannot learn to "
+                    "predict %s", info.path, ", ".join(missing),
+                    "it" if len(missing) == 1 else "them")
+
+
 def _check_cuda_graph(cfg: TrainConfig, device: torch.device, ctx: distributed.Distributed,
                       precision: str) -> None:
     """Refuse ``--cuda-graph`` where a graph cannot replay the step."""
@@ -189,6 +208,7 @@ class Run:
         # what config.yaml records and --resume / evaluate compare (one digest for all)
         self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
+        _check_training_classes(info, self.rows)
         self.two_labels = self._check_two_labels()
         self.model_kwargs = (model_kwargs if model_kwargs is not None
                              else self._new_model_kwargs())

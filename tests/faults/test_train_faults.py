@@ -104,12 +104,21 @@ def _empty_train_split(monkeypatch, data):
             f[f"train/{name}"].resize(0, axis=0)
 
 
+def _one_class_train_split(monkeypatch, data):
+    import h5py
+
+    with h5py.File(data, "r+") as f:
+        f["train/labels"][...] = 0  # every training sample of the first class
+
+
 START_FAULTS = {  # id: (set-up, what the line names: "run" or "data", its text)
     "read-only-disk": (lambda m, d: _read_only(m), "run", "is on a read-only file system"),
     "unwritable-folder": (lambda m, d: _not_writable(m, d.parent.parent), "run",
                           "is not writable"),
     "empty-training-split": (_empty_train_split, "data",
                              "the training split 'train' is empty"),
+    "one-class-training-split": (_one_class_train_split, "data",
+                                 "the training rows hold one class only (dark)"),
 }
 
 
@@ -122,3 +131,26 @@ def test_a_run_that_cannot_start_says_why_and_names_the_file(toy_copy, tmp_path,
     line = assert_refused(invoke(lenet_args(toy_copy, run)),
                           run if named == "run" else toy_copy, text=text, absent=[run])
     assert "MiB free" not in line
+
+
+def test_a_class_missing_from_the_training_rows_is_warned_about(tmp_path, caplog):
+    import numpy as np
+
+    from capsmed.data.writer import DatasetWriter
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "three.h5"
+    with DatasetWriter(data, dataset="three", kind="folder", domain="generic",
+                       class_names=["a", "b", "c"],
+                       image_shape=(1, 28, 28), preprocessing={}, source={}) as w:
+        for split, labels in (("train", [0, 1] * 8), ("val", [0, 1, 2] * 2)):
+            w.append(split, rng.integers(0, 256, (len(labels), 1, 28, 28), dtype=np.uint8),
+                     np.array(labels), [f"{split}{i}" for i in range(len(labels))])
+    with caplog.at_level("WARNING", logger="capsmed"):
+        train(TrainConfig(data=str(data), arch="lenet", epochs=1, batch_size=8,
+                          model_kwargs={"widths": [3, 4], "hidden": [8]},
+                          out=str(tmp_path / "run")), disable_progress=True)
+    assert "the training rows hold no sample of c: the model cannot learn to predict it" \
+        in caplog.text
