@@ -91,7 +91,7 @@ def test_a_graphed_run_replays_the_eager_run(tiny_h5, tmp_path, monkeypatch):
     events: list[str] = []
     cuda = StandInCuda(torch.cuda, events)
     monkeypatch.setattr(torch, "cuda", cuda)
-    monkeypatch.setattr(run_module, "_check_cuda_graph", lambda *args: None)  # a CPU
+    monkeypatch.setattr(run_module, "check_cuda_graph", lambda *args: None)  # a CPU
     real_init = GraphedTrainStep.__init__
 
     def init(self, step, warmup=3):

@@ -20,7 +20,7 @@ from capsmed.train import handlers as handlers_module
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 from capsmed.train.handlers import HANDLERS, LoopHandler
-from capsmed.train.run import _check_cuda_graph
+from capsmed.train.run_checks import check_cuda_graph
 from capsmed.train.step import float32_matmuls, precision_mode
 from tests.helpers import assert_clean_failure
 
@@ -54,8 +54,8 @@ CUDA = torch.device("cuda")  # only its type is read: no GPU needed
 def test_cuda_graph_refusals_on_a_gpu(options, precision, ctx, text):
     cfg = TrainConfig(data="x.h5", arch="lenet", cuda_graph=True, **options)
     with pytest.raises(CapsmedError, match=f"^--cuda-graph {text}"):
-        _check_cuda_graph(cfg, CUDA, ctx, precision)
-    _check_cuda_graph(TrainConfig(data="x.h5", arch="lenet", **options), CUDA, ctx,
+        check_cuda_graph(cfg, CUDA, ctx, precision)
+    check_cuda_graph(TrainConfig(data="x.h5", arch="lenet", **options), CUDA, ctx,
                       precision)  # without --cuda-graph: nothing to refuse
 
 
@@ -114,3 +114,19 @@ def test_bench_refuses_modes_a_cpu_cannot_run_and_records_nothing(tmp_path, extr
             "--results", str(results), *extra]
     assert_clean_failure(CliRunner().invoke(app, args), text)
     assert not results.exists()
+
+
+def test_a_resumed_run_whose_options_need_a_gpu_names_its_config_yaml(tiny_h5, tmp_path):
+    from capsmed.train.loop import TrainingInterrupted
+
+    run = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted):
+        train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                          out=str(run), model_kwargs=TINY_LENET), disable_progress=True,
+              stop_after_steps=1)
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("cuda_graph: false", "cuda_graph: true"))
+    result = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    assert_clean_failure(result, f"{config}: the run's options ask for it: --cuda-graph "
+                         "needs a CUDA device")
+    assert (run / "resume.pt").is_file()

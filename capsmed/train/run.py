@@ -26,11 +26,11 @@ import torch
 import yaml
 
 from capsmed import __version__
-from capsmed.data.contract import DatasetInfo, is_two_label, read_labels
+from capsmed.data.contract import DatasetInfo, is_two_label
 from capsmed.data.digest import file_digest
 from capsmed.data.record import write_record
 from capsmed.device import device_name, seed_everything
-from capsmed.errors import CapsmedError, first_line
+from capsmed.errors import CapsmedError
 from capsmed.io import atomic_dir, atomic_path, write_text_atomic, writing
 from capsmed.models import count_parameters
 from capsmed.train import distributed
@@ -40,6 +40,11 @@ from capsmed.train.losses import balanced_class_weights
 from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer, build_schedule
 from capsmed.train.protocol import PROTOCOL_REVISION
+from capsmed.train.run_checks import (
+    check_cuda_graph,
+    check_saved_rows,
+    check_training_classes,
+)
 from capsmed.train.run_data import (
     TEST_ROWS,
     TRAIN_ROWS,
@@ -126,60 +131,6 @@ def hold_run_lock(run_dir: Path) -> int | None:
     return fd
 
 
-def _check_training_classes(info: DatasetInfo, rows: RunRows) -> None:
-    """Refuse training rows of one class (nothing to tell apart: the run would train,
-    score every image as that class and exit as if all were well); warn when some
-    classes are missing (the model cannot learn to predict them)."""
-    labels, _ = read_labels(info.path, rows.train_split)
-    present = np.unique(labels[rows.train_rows])
-    names = info.class_names
-    if len(present) < 2:
-        only = names[int(present[0])] if len(present) else "none"
-        raise CapsmedError(f"{info.path}: the training rows hold one class only ({only}) "
-                           f"of the {len(names)} in the file; a classifier needs samples of "
-                           "at least two (check the split, or the data challenges)")
-    missing = [name for k, name in enumerate(names) if k not in set(present.tolist())]
-    if missing:
-        log.warning("%s: the training rows hold no sample of %s: the model cannot learn to "
-                    "predict %s", info.path, ", ".join(missing),
-                    "it" if len(missing) == 1 else "them")
-
-
-def _check_cuda_graph(cfg: TrainConfig, device: torch.device, ctx: distributed.Distributed,
-                      precision: str) -> None:
-    """Refuse ``--cuda-graph`` where a graph cannot replay the step."""
-    if not cfg.cuda_graph:
-        return
-    problem = (
-        f"needs a CUDA device (this run's is {device})" if device.type != "cuda" else
-        "does not work with fp16 (its loss scaler decides on the host); use --precision "
-        "bf16 or fp32" if precision == "fp16" else
-        "does not work with --augment (the graph would replay the same random "
-        "transforms)" if cfg.augment else
-        "does not work under torchrun" if ctx.enabled else "")
-    if problem:
-        raise CapsmedError(f"--cuda-graph {problem}")
-
-
-def _check_saved_rows(run_dir: Path, rows: RunRows) -> None:
-    """On resume: the options in config.yaml still select the rows the run trained on
-    (an edited fraction, seed or fold would train the rest of the run on others)."""
-    for name, values in ((TRAIN_ROWS, rows.train_rows), (TEST_ROWS, rows.test_rows)):
-        path = run_dir / name
-        if values is None or not path.is_file():
-            continue
-        try:
-            saved = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise CapsmedError(f"{path}: cannot read the saved rows ({first_line(exc)})"
-                               ) from None
-        if not np.array_equal(saved, values):
-            raise CapsmedError(f"{path}: the run trained on other rows than its "
-                               f"config.yaml selects now ({len(saved)} saved, "
-                               f"{len(values)} now): its options were edited after it "
-                               "started; restore them, or train a new run")
-
-
 def _save_rows(run_dir: Path, rows: RunRows) -> None:
     for name, values in ((TRAIN_ROWS, rows.train_rows), (TEST_ROWS, rows.test_rows)):
         if values is not None:
@@ -203,12 +154,11 @@ class Run:
         self.cfg, self.info, self.ctx, self.device = cfg, info, ctx, device
         # None defers to the global setting (capsmed -q); other ranks never show bars
         self.disable_progress = disable_progress if ctx.is_main else True
-        self.precision = precision_mode(cfg.precision, device)  # tf32 refused off CUDA
-        _check_cuda_graph(cfg, device, ctx, self.precision)
+        self.precision = self._check_device_modes(run_dir)
         # what config.yaml records and --resume / evaluate compare (one digest for all)
         self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
-        _check_training_classes(info, self.rows)
+        check_training_classes(info, self.rows)
         self.two_labels = self._check_two_labels()
         self.model_kwargs = (model_kwargs if model_kwargs is not None
                              else self._new_model_kwargs())
@@ -216,7 +166,7 @@ class Run:
         new = run_dir is None
         self.run_dir = self._new_run_dir() if new else run_dir
         if not new:
-            _check_saved_rows(self.run_dir, self.rows)
+            check_saved_rows(self.run_dir, self.rows)
         self._load_data()
         self._build_optimisation()
         self._build_step()
@@ -231,6 +181,19 @@ class Run:
         self._lock = hold_run_lock(self.run_dir) if ctx.is_main else None
         if new:
             ctx.barrier()
+
+    def _check_device_modes(self, run_dir: Path | None) -> str:
+        """The precision mode run here; refuses tf32 or --cuda-graph where they cannot
+        work (a resumed run's options come from its config.yaml, named then)."""
+        try:
+            precision = precision_mode(self.cfg.precision, self.device)
+            check_cuda_graph(self.cfg, self.device, self.ctx, precision)
+        except CapsmedError as exc:
+            if run_dir is None:
+                raise
+            raise CapsmedError(f"{run_dir / 'config.yaml'}: the run's options ask for it: "
+                               f"{exc}") from None
+        return precision
 
     def _check_two_labels(self) -> bool:
         """Whether targets are two labels (MultiMNIST); refuses what those cannot do."""
