@@ -63,6 +63,8 @@ def test_train_modes_part_trains_and_resumes_through_capsmed_train(tmp_path, mon
 
 def test_a_failed_check_fails_the_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "FORWARD_TOLERANCE", -1.0)  # nothing can pass
+    capsnet = [e for e in list_models() if e.name == "capsnet"]
+    monkeypatch.setattr(gpu_check, "list_models", lambda: capsnet)  # one is enough
     assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
                            "--parts", "correctness"]) == 1
     assert "check(s) FAILED" in (tmp_path / "gpu_check.md").read_text()

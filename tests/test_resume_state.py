@@ -59,16 +59,16 @@ def test_a_state_written_inside_an_epoch_resumes_to_the_uninterrupted_run(
     import capsmed.train.loop as loop
 
     monkeypatch.setattr(loop, "CHECK_EVERY", 2)  # check points inside the 4-step epochs
-    whole = train(_caps(tiny_h5, tmp_path / "whole"), disable_progress=True)
-    revive = _killed_at(monkeypatch, 7)
+    whole = train(_caps(tiny_h5, tmp_path / "whole", epochs=2), disable_progress=True)
+    revive = _killed_at(monkeypatch, 3)
     with pytest.raises(Killed):  # default interval: nothing written since the start
-        train(_caps(tiny_h5, tmp_path / "rare"), disable_progress=True)
+        train(_caps(tiny_h5, tmp_path / "rare", epochs=2), disable_progress=True)
     assert load_state(tmp_path / "rare")["progress"]["global_step"] == 0
     revive()
     revive = _killed_at(monkeypatch, 7)
     cut = tmp_path / "cut"
     with pytest.raises(Killed):  # 0 minutes: at every check point, the last at step 6
-        train(_caps(tiny_h5, cut, state_every_minutes=0), disable_progress=True)
+        train(_caps(tiny_h5, cut, epochs=2, state_every_minutes=0), disable_progress=True)
     progress = load_state(cut)["progress"]
     assert (progress["epoch"], progress["step"], progress["global_step"]) == (2, 2, 6)
     revive()

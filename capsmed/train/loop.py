@@ -25,7 +25,7 @@ import torch
 from capsmed.data.loader import sequential_batches
 from capsmed.errors import CapsmedError, Interrupted, first_line
 from capsmed.io import WriteError
-from capsmed.train.handlers import build_handlers
+from capsmed.train.handlers import LoopHandler, build_handlers
 from capsmed.train.run import Run
 from capsmed.train.state import RESUME_FILE, Progress, restore_rng
 from capsmed.train.step import coupling_entropy, float32_matmuls, forward, loss_and_correct
@@ -104,6 +104,7 @@ class TrainingLoop:
         self.in_epoch = False
         self._epoch_started = 0.0
         self._sampler_state = run.sampler.generator.get_state()
+        self.handlers: list[LoopHandler] = []
 
     @property
     def finished(self) -> bool:
@@ -111,7 +112,6 @@ class TrainingLoop:
 
     def train(self) -> Path:
         with contextlib.ExitStack() as stack:
-            self.handlers = []
             for handler in build_handlers(self.run):
                 stack.callback(handler.close)  # however the loop ends, in reverse order
                 self.handlers.append(handler)

@@ -1,6 +1,6 @@
-"""What a run refuses at start, before anything is written (or warns about): training
-rows of one class, a device mode the device cannot run, a resumed run whose options
-no longer select the rows it trained on."""
+"""What a run refuses or warns about at start, before anything is written: training
+rows lacking classes, a device mode the device cannot run, a resumed run whose
+options no longer select the rows it trained on."""
 
 from __future__ import annotations
 
@@ -20,18 +20,21 @@ log = logging.getLogger(__name__)
 
 
 def check_training_classes(info: DatasetInfo, rows: RunRows) -> None:
-    """Refuse training rows of one class (nothing to tell apart: the run would train,
-    score every image as that class and exit as if all were well); warn when some
-    classes are missing (the model cannot learn to predict them)."""
+    """Warn when the training rows lack classes: with one class the model learns nothing
+    that tells classes apart and calls every image that class; a missing class it
+    cannot learn to predict. (A warning, not a refusal: a slide-labelled set can have
+    a split of one class by design, and some studies train on such a split.)"""
     labels, _ = read_labels(info.path, rows.train_split)
-    present = np.unique(labels[rows.train_rows])
+    present = set(np.unique(labels[rows.train_rows]).tolist())
     names = info.class_names
-    if len(present) < 2:
-        only = names[int(present[0])] if len(present) else "none"
-        raise CapsmedError(f"{info.path}: the training rows hold one class only ({only}) "
-                           f"of the {len(names)} in the file; a classifier needs samples of "
-                           "at least two (check the split, or the data challenges)")
-    missing = [name for k, name in enumerate(names) if k not in set(present.tolist())]
+    if len(present) == 1:
+        only = names[present.pop()]
+        log.warning("%s: the training rows hold one class only (%s) of the %d in the file: "
+                    "the model learns nothing that tells classes apart and will call every "
+                    "image %s (check the split, or the data challenges)", info.path, only,
+                    len(names), only)
+        return
+    missing = [name for k, name in enumerate(names) if k not in present]
     if missing:
         log.warning("%s: the training rows hold no sample of %s: the model cannot learn to "
                     "predict %s", info.path, ", ".join(missing),

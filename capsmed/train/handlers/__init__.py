@@ -9,6 +9,7 @@ resumable state is written, and the summary is written before that state is remo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from capsmed.train.handlers.base import LoopHandler, LoopState
@@ -45,6 +46,11 @@ def check_handlers(cfg: TrainConfig) -> None:
         kind.check(cfg)
 
 
-def build_handlers(run: Run) -> list[LoopHandler]:
-    """The handlers ``run``'s options and this process's rank call for, in order."""
-    return [h for h in (kind.create(run) for kind in HANDLERS) if h is not None]
+def build_handlers(run: Run) -> Iterator[LoopHandler]:
+    """The handlers ``run``'s options and this process's rank call for, in order, each
+    created as it is asked for (so that the caller can close those made before one
+    that fails)."""
+    for kind in HANDLERS:
+        handler = kind.create(run)
+        if handler is not None:
+            yield handler
