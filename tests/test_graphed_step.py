@@ -108,13 +108,17 @@ def test_a_graphed_run_replays_the_eager_run(tiny_h5, tmp_path, monkeypatch):
     assert events == ["side stream"] * 3 + ["capture at lr 5.00e-04", "replay",
                                              "capture at lr 2.50e-04", "replay", "replay"]
     assert _metrics(graphed) == _metrics(eager) and _same_weights(graphed, eager)
+    # stopped inside the first epoch, right before its partial batch: the resumed
+    # process starts with that batch, and still makes its graph for the full ones
     cut = tmp_path / "cut"
     try:
         train(_cfg(tiny_h5, cut, cuda_graph=True), disable_progress=True,
-              stop_after_steps=5)
+              stop_after_steps=2)
     except TrainingInterrupted:
         pass
     else:
         raise AssertionError("the run was not stopped")
+    events.clear()
     resumed = resume(cut, disable_progress=True)
     assert _metrics(resumed) == _metrics(eager) and _same_weights(resumed, eager)
+    assert events.count("replay") == 1, events  # 4 full batches left: 3 warm-up steps

@@ -211,9 +211,9 @@ class GraphedTrainStep:
 
     The first ``warmup`` calls run the plain step on a side stream: real steps, which
     also initialise cuBLAS, cuDNN and the optimiser's state, as capture needs. The next
-    call captures the step and every later call of the first call's batch shape
-    replays it. A batch of another shape (an epoch's last, partial one) runs the
-    plain step. A changed learning rate (a schedule), which the graph holds as a
+    call captures the step and every later call of that batch shape (the largest
+    seen) replays it. A batch of another shape (an epoch's last, partial one) runs
+    the plain step. A changed learning rate (a schedule), which the graph holds as a
     constant, is captured again. The loss and correct count returned are the graph's
     own tensors: valid until the next call. Not for fp16 (the loss scaler decides on
     the host) nor for on-device augmentation (its random draws would be frozen into
@@ -245,8 +245,9 @@ class GraphedTrainStep:
     def __call__(self, x: torch.Tensor, y: torch.Tensor,
                  share: tuple[int, torch.Tensor] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.shape is None:
-            self.shape = (x.shape, y.shape)
+        if self.shape is None or len(x) > self.shape[0][0]:  # graph the largest batch
+            # (a run resumed before its epoch's last, partial batch starts with that)
+            self.shape, self.warmed, self.graph, self.static = (x.shape, y.shape), 0, None, None
         if (x.shape, y.shape) != self.shape:
             return self.step(x, y, share)
         if self.warmed < self.warmup:
