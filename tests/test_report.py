@@ -25,7 +25,7 @@ from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
 from capsmed.evaluate.metrics import classification_report
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import paired_p_value
-from capsmed.evaluate.tables import latex, latex_escape
+from capsmed.tables.text import latex, latex_escape
 from capsmed.train.protocol import protocol_label, protocol_settings
 from tests.helpers import assert_clean_failure
 
@@ -377,9 +377,9 @@ def test_stratified_folds_with_equal_class_counts_are_summed_in_the_images_colum
 
 def test_latex_escaping():
     assert latex_escape("a_b 50% & c->d ± x") == "a\\_b 50\\% \\& c$\\rightarrow$d $\\pm$ x"
-    from capsmed.evaluate.tables import TextTable
+    from capsmed.tables import Column, Table
 
-    assert "\\toprule" in latex([TextTable("t", ["a", "b"], [["1", "2"]])])
+    assert "\\toprule" in latex([Table("t", [Column("a"), Column("b")], [["1", "2"]])])
 
 
 def _ok(args):
@@ -465,13 +465,15 @@ def test_the_terminal_table_shows_labels_with_brackets_and_keeps_numbers_whole()
     label column wraps, never a number."""
     from rich.console import Console
 
-    from capsmed.evaluate.tables import TextTable, rich_table
+    from capsmed.tables import Column, Table, text_column
+    from capsmed.tables.terminal import to_rich
 
     label = "tupac16 [tupac16.h5 5e125ea9]"
-    table = TextTable(title=f"{label} / full", columns=["Dataset", *(f"m{i}" for i in range(8))],
-                      rows=[[label, *(f"-0.{i}23 ± 0.045" for i in range(8))]])
+    table = Table(title=f"{label} / full",
+                  columns=[text_column("Dataset"), *(Column(f"m{i}") for i in range(8))],
+                  rows=[[label, *(f"-0.{i}23 ± 0.045" for i in range(8))]])
     console = Console(width=80, record=True)
-    console.print(rich_table(table))
+    console.print(to_rich(table, 80))
     text = console.export_text()
     assert "[tupac16.h5" in text and "5e125ea9]" in text
     for i in range(8):
