@@ -36,6 +36,7 @@ from capsmed.pipeline.checks import matches_selection
 from capsmed.pipeline.execute import analysed_run_dirs, current_identity, remade_outputs
 from capsmed.pipeline.spec import Pipeline, RunSpec
 from capsmed.pipeline.state import PipelineState
+from capsmed.tables import Column, Table, render, text_column
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,8 @@ def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineSta
 
 
 def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
-                 ) -> tuple[list[str], dict[str, Any]]:
-    """Markdown lines and the JSON form of one ``metric`` table."""
+                 ) -> tuple[Table, dict[str, Any]]:
+    """One ``metric`` table and its JSON form."""
     scale = float(spec.get("scale", 1))
     digits = 1 if scale == 100 else 3
     rows_by, cols_by = spec["rows"], spec["columns"]
@@ -125,10 +126,10 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
         if str(key) in rows:
             rows.remove(str(key))
             rows.append(str(key))
-    lines = [f"| {rows_by} | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    table = Table(str(spec.get("title", "")), [text_column(rows_by), *map(Column, cols)], [])
     cells: dict[str, Any] = {}
     for row in rows:
-        out = []
+        out = [row]
         for col in cols:
             values = [v for r, v in found if str(r.fields.get(rows_by)) == row
                       and str(r.fields.get(cols_by)) == col]
@@ -145,17 +146,18 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
                 text += f" [paper {paper}]"
             out.append(text)
             cells[f"{row}|{col}"] = {**stat.to_dict(), "paper": paper}
-        lines.append(f"| {row} | " + " | ".join(out) + " |")
-    return lines, {"cells": cells}
+        table.rows.append(out)
+    return table, {"cells": cells}
 
 
 def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, EvaluatedRun]]
-                    ) -> tuple[list[str], dict[str, Any]]:
+                    ) -> tuple[Table, dict[str, Any]]:
     """Pooled per-class precision and sensitivity beside the paper's."""
     scale = float(spec.get("scale", 1))
     digits = 1 if scale == 100 else 3
     pooled = pooled_per_class([e for _, e in found])
-    lines = ["| class | precision | sensitivity | support |", "|---|---|---|---|"]
+    table = Table(str(spec.get("title", "")), [text_column("class"), Column("precision"),
+                                                Column("sensitivity"), Column("support")], [])
     for name, values in pooled["per_class"].items():
         paper = _paper(spec, name) or {}
         cells = []
@@ -164,38 +166,45 @@ def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, Eval
             if isinstance(paper, Mapping) and paper.get(key) is not None:
                 text += f" [paper {paper[key]}]"
             cells.append(text)
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {values['support']} |")
-    return lines, {"per_class": pooled["per_class"], "runs": len(found)}
+        table.rows.append([name, *cells, str(values["support"])])
+    return table, {"per_class": pooled["per_class"], "runs": len(found)}
 
 
-def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
-                       ) -> Path | None:
-    """Write ``OUT/report/study.md`` (+ json) and ``capsmed report``'s tables; returns
-    the Markdown path, or None when no run is evaluated yet."""
-    report = pipeline.report
-    default_metric = report.get("metric", "macro_f1")
-    out_dir = state.out / "report"
-    sections, data = [f"# {pipeline.name}\n", pipeline.description + "\n"], []
+def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
+                 ) -> tuple[list[Table], list[dict[str, Any]]]:
+    """The tables of ``report.tables`` (one without runs says why) and their JSON."""
+    default_metric = pipeline.report.get("metric", "macro_f1")
+    tables, data = [], []
     analysed = analysed_run_dirs(pipeline, state)
-    for i, spec in enumerate(report.get("tables") or []):
+    for i, spec in enumerate(pipeline.report.get("tables") or []):
+        spec = {"title": f"table {i + 1}", **spec}
         chosen = [r for r in runs if matches_selection(spec.get("where") or {}, r.fields)]
         kind = spec.get("kind", "metric")
         found: Sequence[Any] = (
             _evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
             if kind == "per_class" else
             table_values(spec, pipeline, state, chosen, default_metric, analysed))
-        title = spec.get("title", f"table {i + 1}")
         if not found:
-            sections.append(f"## {title}\n\n{_why_empty(spec, pipeline, state, chosen)}\n")
+            tables.append(Table(spec["title"], [], [],
+                                notes=[_why_empty(spec, pipeline, state, chosen)]))
             continue
-        lines, numbers = (per_class_table(spec, found) if kind == "per_class"
+        table, numbers = (per_class_table(spec, found) if kind == "per_class"
                           else metric_table(spec, found))
         if kind != "per_class":
             numbers["metric"] = (f"{spec['file']}:{spec.get('key', default_metric)}"
                                  if spec.get("file") else spec.get("metric", default_metric))
-        note = f"{spec['note']}\n\n" if spec.get("note") else ""
-        sections.append(f"## {title}\n\n{note}" + "\n".join(lines) + "\n")
-        data.append({"title": title, "kind": kind, "runs": len(found), **numbers})
+        table.notes[:0] = [spec["note"]] if spec.get("note") else []
+        tables.append(table)
+        data.append({"title": spec["title"], "kind": kind, "runs": len(found), **numbers})
+    return tables, data
+
+
+def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
+                       ) -> Path | None:
+    """Write ``OUT/report/study.md`` (+ json) and ``capsmed report``'s tables; returns
+    the Markdown path, or None when no run is evaluated yet."""
+    out_dir = state.out / "report"
+    tables, data = study_tables(pipeline, state, runs)
     if not data and not _any_evaluated(pipeline, state, runs):
         # nothing of this pipeline to show: an older study.md must not pass for its report
         for stale in ("study.md", "study.json"):
@@ -207,16 +216,18 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     out_dir.mkdir(parents=True, exist_ok=True)
     done = _evaluated(pipeline, state, runs, "report")
     if done:
-        _aggregate([e.path for _, e in done], out_dir / "aggregate", default_metric)
+        _aggregate([e.path for _, e in done], out_dir / "aggregate",
+                   pipeline.report.get("metric", "macro_f1"))
     else:  # capsmed report reads each run's report/ folder
         shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
         log.warning("%s: no aggregate/ tables: capsmed report reads each run's evaluation "
                     "named 'report', and no run has one yet", pipeline.path)
-    sections.append("Cells: mean ± sample std over the repetitions (n), [the paper's "
-                    "number]. " + ("All runs grouped by dataset, architecture and protocol: "
-                                   "aggregate/.\n" if done else "\n"))
+    ending = ("Cells: mean ± sample std over the repetitions (n), [the paper's number]. "
+              + ("All runs grouped by dataset, architecture and protocol: aggregate/."
+                 if done else ""))
     path = out_dir / "study.md"
-    write_text_atomic(path, "\n".join(sections))
+    write_text_atomic(path, f"# {pipeline.name}\n\n{pipeline.description.strip()}\n\n"
+                      + render("md", tables) + f"\n{ending.strip()}\n")
     write_text_atomic(out_dir / "study.json", json.dumps(data, indent=1, default=str))
     return path
 

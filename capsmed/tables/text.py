@@ -14,8 +14,11 @@ def _md_cell(text: str) -> str:
 
 
 def markdown_lines(t: Table, level: int = 2) -> list[str]:
-    """One table as Markdown lines: heading, pipe table (totals bold), notes as a list."""
+    """One table as Markdown lines: heading, pipe table (totals bold), notes as a list;
+    a table without columns is its heading and its notes as paragraphs."""
     out = [f"{'#' * level} {t.title}", ""] if t.title else []
+    if not t.columns:
+        return out + [line for note in t.notes for line in (_md_cell(note), "")]
     align = [":---" if c.align == "left" else "---:" for c in t.columns]
     if t.show_header:
         out += ["| " + " | ".join(map(_md_cell, t.header_labels())) + " |",
