@@ -478,3 +478,55 @@ def test_the_terminal_table_shows_labels_with_brackets_and_keeps_numbers_whole()
     assert "[tupac16.h5" in text and "5e125ea9]" in text
     for i in range(8):
         assert f"-0.{i}23" in text and text.count("0.045") == 8
+
+
+def _whole_name(shown: str, name: str) -> bool:
+    """``shown`` is ``name`` or whole parts of it around '…' (never a word cut)."""
+    import re
+
+    parts = re.findall(r"[^-_/ :]+[-_/ :]*|[-_/ :]+", name)
+    pieces = [p for p in shown.split("…") if p]
+    return shown == name or ("…" in shown and all(
+        any("".join(parts[i:j]) == piece for i in range(len(parts))
+            for j in range(i + 1, len(parts) + 1)) for piece in pieces))
+
+
+def test_runs_ls_at_80_columns_shortens_run_names_never_splits_them(real_run, tmp_path):
+    """Issue 23: `runs ls` split run names mid-word over two lines at 80 columns."""
+    names = [f"tupac16-{arch}-fraction-0.1-seed{seed}-{digest}" for arch, seed, digest in
+             (("capsnet", 1, "057f80bb72f2"), ("capsnet", 2, "cc26506c1c5b"),
+              ("lenet", 1, "0f7a499c0fc5"))]
+    for name in names:
+        make_run(real_run, tmp_path / "study" / "runs" / name, name.split("-")[1], 1,
+                 FULL["lenet", 1], fraction=0.1)
+    ls = runner.invoke(app, ["runs", "ls", str(tmp_path)], terminal_width=80)
+    assert ls.exit_code == 0, ls.output
+    lines = ls.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = [line for line in lines if line.split() and line.split()[-1] in ("yes", "no")]
+    assert len(rows) == 3
+    for row, name in zip(rows, names, strict=True):
+        shown = row.split()[0]
+        assert _whole_name(shown, f"study/runs/{name}"), row
+        assert name.split("-")[1] in row and f"seed{name.split('seed')[1][0]}" in shown
+
+
+def test_report_at_80_columns_keeps_every_header_and_number_whole(runs_root, tmp_path):
+    """Issue 23: the paired-test table cut 'Dataset' to 'Datas/et', 'capsnet' to
+    'capsne/t' and ran past 80 columns."""
+    result = runner.invoke(app, ["report", str(runs_root), "-o", str(tmp_path / "r")],
+                           terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    header = next(line for line in lines if line.startswith("Dataset  Protocol"))
+    assert header.split()[:4] == ["Dataset", "Protocol", "A", "B"]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    for t in summary["significance"]["tests"]:
+        if t["p_value"] is not None:  # its row: both archs and p, each whole
+            p = "<0.0001" if t["p_value"] < 1e-4 else f"{t['p_value']:.4f}"
+            assert any({t["arch_a"], t["arch_b"], p} <= set(line.split())
+                       for line in lines), p
+    means = [f"{g['metrics']['macro_f1']['mean']:.3f}" for g in summary["groups"]]
+    body = "\n".join(lines)
+    assert all(m in body for m in means)

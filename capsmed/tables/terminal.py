@@ -6,12 +6,15 @@ even headers mid-word (``tupac16-capsne`` / ``t``) and cut numbers. Here the wid
 decided first, in this order, stopping as soon as the table fits:
 
 1. headers wrap at their spaces, then take their short form (``Column.short``);
-2. name columns of priority > 0 are shortened to ``SECONDARY_FLOOR`` characters, the
-   other name columns to ``MAIN_SOFT_FLOOR``;
+2. names longer than ``SOFT_FLOOR`` characters are shortened to it;
 3. columns of priority > 0 are left out, the highest priority first (a note names them);
-4. name columns are shortened to ``MAIN_FLOOR``, then to ``LAST_FLOOR``.
+4. the table is shown in parts one under another, each with the row labels (the
+   leading text columns) and as many other columns as fit, span groups together;
+5. name columns are shortened to ``MAIN_FLOOR``, then to ``LAST_FLOOR``.
 
-A name is shortened by leaving out whole parts between its separators (``-_/ .:``),
+Room left once a column is left out or the table split goes back to shortened names.
+
+A name is shortened by leaving out whole parts between its separators (``-_/ :``),
 parts that every row shares first, and marking the gap with ``…``; it is never wrapped
 onto a second line. Numbers are never shortened or wrapped.
 """
@@ -34,10 +37,11 @@ from capsmed.tables import Table
 ELLIPSIS = "…"
 GAP = 2  # columns between two cells: one space of padding and one of rule
 # name columns are shortened to these widths, step by step (see the module's text)
-SECONDARY_FLOOR, MAIN_SOFT_FLOOR, MAIN_FLOOR, LAST_FLOOR = 10, 30, 16, 8
+SOFT_FLOOR, MAIN_FLOOR, LAST_FLOOR = 30, 16, 8
 # no outer edge or vertical rules; a rule under the header and above total rows
 RULES = box.Box("    \n    \n ── \n    \n ── \n ── \n    \n    \n")
-_PART = re.compile(r"[^-_/ .:]+[-_/ .:]*|[-_/ .:]+")
+# a name's parts end at these separators ("." is left out: 0.5, tupac16.h5 stay whole)
+_PART = re.compile(r"[^-_/ :]+[-_/ :]*|[-_/ :]+")
 
 
 def _render_parts(parts: Sequence[str], keep: Sequence[bool]) -> str:
@@ -55,7 +59,7 @@ def _render_parts(parts: Sequence[str], keep: Sequence[bool]) -> str:
 def shorten(text: str, width: int, shared: Counter[str] | None = None) -> str:
     """``text`` in at most ``width`` characters, whole parts left out (``…`` marks the
     gap): the parts most other names share first, then from the middle outwards, the
-    last part last. A single part longer than ``width`` keeps its start.
+    last part last. When no part fits, the start of the name is kept, cut.
 
     >>> shorten("runs/tupac16-capsnet-full-seed0", 20)
     'runs/…full-seed0'
@@ -73,10 +77,11 @@ def shorten(text: str, width: int, shared: Counter[str] | None = None) -> str:
         candidate = _render_parts(parts, keep)
         if len(candidate) <= width:
             return candidate
-    last = _render_parts(parts, keep)
-    if len(last) <= width:
-        return last
-    return text[:max(1, width - 1)] + ELLIPSIS  # one word wider than the column
+    for i in reversed(order):  # the one part left is too wide: another one alone
+        candidate = _render_parts(parts, [k == i for k in range(len(parts))])
+        if len(candidate) <= width:
+            return candidate
+    return text[:max(1, width - 1)] + ELLIPSIS  # every part is wider than the column
 
 
 def shorten_names(values: Sequence[str], width: int) -> list[str]:
@@ -146,10 +151,9 @@ class _Fitter:
             self.fit.headers[i] = c.short or c.header
         self.settle()
 
-    def shrink(self, secondary_only: bool, floor: int) -> None:
+    def shrink(self, floor: int) -> None:
         """Narrow the widest name column one character at a time down to ``floor``."""
-        columns = [i for i in self.fit.shown if self.t.columns[i].name
-                   and (self.t.columns[i].priority > 0 or not secondary_only)]
+        columns = [i for i in self.fit.shown if self.t.columns[i].name]
         while not self.fits():
             room = [i for i in columns if self.cells[i] > max(floor, self.header_width(i))]
             if not room:
@@ -159,7 +163,8 @@ class _Fitter:
             self.settle()
 
     def grow(self) -> None:
-        """Give room left after a column was dropped back to shortened names."""
+        """Give room left after a column was dropped or the table split back to
+        shortened names."""
         natural = {i: _cell_width(self.t, i) for i in self.fit.shown}
         while self.fit.total() < self.width:
             short = [i for i in self.fit.shown if self.cells[i] < natural[i]]
@@ -210,14 +215,14 @@ class _Fitter:
 def layout(t: Table, width: int) -> Layout:
     """Decide the columns shown and their widths for ``width`` terminal columns."""
     f = _Fitter(t, width)
-    steps = (f.wrap_headers, f.short_headers, lambda: f.shrink(True, SECONDARY_FLOOR),
-             lambda: f.shrink(False, MAIN_SOFT_FLOOR), f.drop, f.split,
-             lambda: f.shrink(False, MAIN_FLOOR), lambda: f.shrink(False, LAST_FLOOR))
+    steps = (f.wrap_headers, f.short_headers, lambda: f.shrink(SOFT_FLOOR), f.drop,
+             f.split,
+             lambda: f.shrink(MAIN_FLOOR), lambda: f.shrink(LAST_FLOOR))
     for step in steps:
         if f.fits():
             break
         step()
-    if f.fit.dropped:
+    if f.fit.dropped or f.fit.chunks:
         f.grow()
     return f.fit
 
@@ -257,8 +262,8 @@ def to_rich(t: Table, width: int, notes: bool = True) -> RenderableType:
         out.append(_rich_part(t, fit, part, cells))
     extra = []
     if fit.dropped:
-        extra.append(f"not shown in {width} columns: {', '.join(fit.dropped)} "
-                     "(a wider terminal shows them)")
+        extra.append(f"not shown in {width} columns: {', '.join(fit.dropped)} (a wider "
+                     f"terminal shows {'them' if len(fit.dropped) > 1 else 'it'})")
     if shortened:
         extra.append(f"{ELLIPSIS} marks parts of a name left out to fit {width} columns")
     out += [Text(note) for note in [*(t.notes if notes else []), *extra]]
