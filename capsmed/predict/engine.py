@@ -45,7 +45,7 @@ from capsmed.predict.outputs import (
 )
 from capsmed.predict.recipes import make_recipe
 from capsmed.predict.windows import Prepared
-from capsmed.progress import make_progress
+from capsmed.progress import make_progress, restart_task
 from capsmed.train.checkpoint import load_checkpoint
 from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 
@@ -223,8 +223,8 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
             queue.append(entry)
             try:
                 entry.prepared = recipe.prepare(item.path, centres.get(item.name))
-                progress.reset(windows, total=entry.prepared.expected,
-                               description=item.path.name[:30])
+                windows = restart_task(progress, windows, item.path.name[:30],
+                                       entry.prepared.expected)
                 for chunk, xy in entry.prepared.chunks:
                     entry.centres.append(xy)
                     entry.pushed += len(chunk)
