@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from capsmed.data.sources.folder import FolderConfig, preprocess_folder
-from capsmed.data.synth.folder import write_class_folders
+from capsmed.data.sources.folder.reader import FolderConfig, preprocess_folder
+from capsmed.data.sources.folder.synth import write_class_folders
 from capsmed.evaluate.evaluation import evaluate_run
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train

@@ -11,16 +11,16 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.contract import DatasetWriter, load_split, read_info
-from capsmed.data.sources.affnist import AffnistConfig, preprocess_affnist, read_affnist_mat
-from capsmed.data.sources.idx import read_idx_images
-from capsmed.data.sources.mnist import MnistConfig, place_on_canvas, preprocess_mnist
-from capsmed.data.sources.multimnist import (
+from capsmed.data.sources.mnist.affnist import AffnistConfig, preprocess_affnist, read_affnist_mat
+from capsmed.data.sources.mnist.idx import read_idx_images
+from capsmed.data.sources.mnist.multimnist import (
     MultiMnistConfig,
     draw_partners,
     overlay,
     preprocess_multimnist,
 )
-from capsmed.data.synth.digits import write_affnist, write_affnist_mat, write_mnist_like
+from capsmed.data.sources.mnist.reader import MnistConfig, place_on_canvas, preprocess_mnist
+from capsmed.data.sources.mnist.synth import write_affnist, write_affnist_mat, write_mnist_like
 from capsmed.errors import CapsmedError
 from tests.helpers import assert_clean_failure
 

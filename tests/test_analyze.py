@@ -32,7 +32,8 @@ from capsmed.evaluate.analyses.compactness import (
 )
 from capsmed.evaluate.analyses.routing import sample_entropy
 from capsmed.models.common import ModelOutput
-from capsmed.train.checkpoint import load_checkpoint, save_checkpoint
+from capsmed.runs.checkpoint import load_checkpoint
+from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 from tests.helpers import TINY_CAPSNET, assert_clean_failure

@@ -13,15 +13,15 @@ import torch
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from capsmed.data.configs.diaretdb1 import Diaretdb1Config
 from capsmed.data.contract import load_split
-from capsmed.data.sources.diaretdb1 import preprocess_diaretdb1
-from capsmed.data.synth.diaretdb1 import write_diaretdb1
-from capsmed.evaluate.evaluation import evaluated_split, predict_scores
+from capsmed.data.sources.diaretdb1.config import Diaretdb1Config
+from capsmed.data.sources.diaretdb1.reader import preprocess_diaretdb1
+from capsmed.data.sources.diaretdb1.synth import write_diaretdb1
+from capsmed.evaluate.evaluation import predict_scores
 from capsmed.evaluate.metrics import class_probabilities
 from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
-from capsmed.train.checkpoint import load_checkpoint
+from capsmed.runs import open_run
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 from tests.helpers import TINY_CAPSNET
@@ -45,8 +45,8 @@ def tupac_runs(tiny_h5, tmp_path_factory):
 def _evaluate_scores(run_dir: Path, data: Path, batch_size: int, with_meta: bool = True):
     """What ``capsmed evaluate`` scores: its samples (with the split's meta, when the
     run tests on a whole split), through its scoring function."""
-    split = evaluated_split(run_dir, data, "test")
-    model, meta = load_checkpoint(run_dir, CPU)
+    run = open_run(run_dir, data, CPU)
+    split, model, meta = run.samples("test"), run.model, run.meta
     raw = predict_scores(model, split.images, CPU, batch_size)
     if with_meta:
         whole = load_split(data, "test", with_meta=True)  # the same rows, and where from
@@ -166,7 +166,7 @@ def test_predict_works_after_the_dataset_file_is_gone(tupac_runs, tiny_h5, tiny_
 
 
 def test_the_estimated_field_of_view_matches_the_released_mask(tmp_path):
-    from capsmed.data.sources.diaretdb1_layout import read_fundus_mask, read_rgb_png
+    from capsmed.data.sources.diaretdb1.layout import read_fundus_mask, read_rgb_png
     from capsmed.predict.recipes import estimate_fov
 
     raw = tmp_path / "ddb1"

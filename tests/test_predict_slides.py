@@ -16,16 +16,16 @@ except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machi
                 allow_module_level=True)
 
 from capsmed.cli import app
-from capsmed.data.configs.aml import AmlConfig
-from capsmed.data.configs.folder import FolderConfig
 from capsmed.data.contract import read_meta
-from capsmed.data.sources.aml import preprocess_aml
-from capsmed.data.sources.folder import preprocess_folder
-from capsmed.data.sources.wsi import WsiConfig, preprocess_wsi
-from capsmed.data.synth.aml import write_aml
-from capsmed.data.synth.folder import write_class_folders
-from capsmed.data.synth.tupac16 import render_tupac16_image
-from capsmed.data.synth.wsi import write_pyramid, write_wsi
+from capsmed.data.sources.aml.config import AmlConfig
+from capsmed.data.sources.aml.reader import preprocess_aml
+from capsmed.data.sources.aml.synth import write_aml
+from capsmed.data.sources.folder.config import FolderConfig
+from capsmed.data.sources.folder.reader import preprocess_folder
+from capsmed.data.sources.folder.synth import write_class_folders
+from capsmed.data.sources.tupac16.synth import render_tupac16_image
+from capsmed.data.sources.wsi.reader import WsiConfig, preprocess_wsi
+from capsmed.data.sources.wsi.synth import write_pyramid, write_wsi
 from capsmed.predict import slides
 from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict

@@ -44,8 +44,8 @@ def test_predict_shows_a_slides_window_count_without_the_previous_images_total(
         tiny_h5, tmp_path, monkeypatch):
     """Issue 23: the slide bar read 'slide_001.svs 81/15' (the image before had 15)."""
     openslide = pytest.importorskip("openslide")  # noqa: F841 (slides need the library)
-    from capsmed.data.synth.tupac16 import render_tupac16_image
-    from capsmed.data.synth.wsi import write_pyramid
+    from capsmed.data.sources.tupac16.synth import render_tupac16_image
+    from capsmed.data.sources.wsi.synth import write_pyramid
     from capsmed.predict.config import PredictOptions
     from capsmed.predict.engine import predict
     from capsmed.train.config import TrainConfig

@@ -302,7 +302,7 @@ def test_a_report_older_than_the_kept_checkpoint_is_refused_and_shown_stale(real
 
 def test_runs_ls_skips_broken_configs_and_reads_past_a_partial_metrics_line(real_run,
                                                                             tmp_path, caplog):
-    from capsmed.train.run_index import find_runs
+    from capsmed.runs.index import find_runs
 
     good = make_run(real_run, tmp_path / "good", "lenet", 1, FULL["lenet", 1])
     epochs = len((good / "metrics.jsonl").read_text().splitlines())
@@ -319,7 +319,7 @@ def test_runs_ls_skips_broken_configs_and_reads_past_a_partial_metrics_line(real
 
 
 def test_runs_ls_shows_unfinished_runs_even_before_their_first_epoch(real_run, tmp_path):
-    from capsmed.train.run_index import find_runs
+    from capsmed.runs.index import find_runs
 
     run = tmp_path / "cut"
     shutil.copytree(real_run, run)
@@ -450,7 +450,7 @@ def test_cli_refuses_foreign_folder_and_no_runs(runs_root, tmp_path):
 
 
 def test_runs_ls_and_report_share_one_protocol_label():
-    from capsmed.train.run_index import _protocol
+    from capsmed.runs.index import _protocol
 
     train = {"per_class_limit": 25, "augment": True, "fold": 2, "folds": 5}
     assert _protocol(train) == protocol_label(protocol_settings(train)) + ", fold 2"

@@ -19,9 +19,9 @@ except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machi
 
 from capsmed.cli import app
 from capsmed.data.contract import groups_by_split, load_split, read_info
-from capsmed.data.sources import annotations as ann
-from capsmed.data.sources import tile_labels
-from capsmed.data.sources.wsi import (
+from capsmed.data.sources.wsi import annotations as ann
+from capsmed.data.sources.wsi import tile_labels
+from capsmed.data.sources.wsi.reader import (
     WsiConfig,
     choose_resolution,
     describe_slide,
@@ -31,9 +31,9 @@ from capsmed.data.sources.wsi import (
     tissue_fractions,
     tissue_mask,
 )
+from capsmed.data.sources.wsi.synth import render_slide, write_pyramid
 from capsmed.data.splits import split_groups
 from capsmed.data.stains import hematoxylin_channel
-from capsmed.data.synth.wsi import render_slide, write_pyramid
 from capsmed.errors import CapsmedError
 from tests.helpers import assert_clean_failure
 
@@ -182,7 +182,7 @@ def test_mask_cleanup_removes_specks_and_fills_holes_but_not_the_surroundings():
 
 
 def _info_like(mpp):
-    from capsmed.data.sources.wsi import SlideInfo
+    from capsmed.data.sources.wsi.reader import SlideInfo
 
     return SlideInfo(path="s.svs", slide_id="s", reader="OpenSlide", vendor="aperio",
                      dimensions=(1024, 1024), level_dimensions=((1024, 1024), (512, 512),

@@ -118,7 +118,7 @@ def split_fractions(config: type, train: float | None, val: float | None,
                     test: float | None) -> dict[str, float] | None:
     """The fractions given on the command line, the others filled in from the config's
     default; None when none was given. The config checks that they sum to 1
-    (:func:`capsmed.data.configs.common.check_fractions`), for every source."""
+    (:func:`capsmed.data.sources.common.check_fractions`), for every source."""
     given = {k: v for k, v in (("train", train), ("val", val), ("test", test))
              if v is not None}
     return {**field_default(config, "fractions"), **given} if given else None

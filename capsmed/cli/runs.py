@@ -16,8 +16,8 @@ app = typer.Typer(help="List and inspect training runs.", no_args_is_help=True)
 def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs.")) -> None:
     """Runs below ROOT: architecture, dataset, protocol, best epoch, validation metrics."""
     from capsmed.errors import CapsmedError
+    from capsmed.runs.index import find_runs
     from capsmed.tables.terminal import print_tables
-    from capsmed.train.run_index import find_runs
 
     if not root.is_dir():
         raise CapsmedError(f"{root}: no such folder")

@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 from skimage.color import rgb2hed
 
-from capsmed.data.configs.common import DEFAULT_H_MAX
+from capsmed.data.sources.common import DEFAULT_H_MAX
 
 
 def hematoxylin_density(rgb: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from capsmed.errors import CapsmedError
+from capsmed.runs.index import find_runs
 from capsmed.train.protocol import (
     PROTOCOL_DEFAULTS,
     REPETITION_KEYS,
@@ -30,7 +31,6 @@ from capsmed.train.protocol import (
     protocol_settings,
     protocol_sort_key,
 )
-from capsmed.train.run_index import find_runs
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsmed.data.record import RECORD, DatasetRecord, run_record
+from capsmed.data.record import DatasetRecord
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.evaluation import predict_scores
@@ -46,8 +46,7 @@ from capsmed.predict.outputs import (
 from capsmed.predict.recipes import make_recipe
 from capsmed.predict.windows import Prepared
 from capsmed.progress import make_progress, restart_task
-from capsmed.train.checkpoint import load_checkpoint
-from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
+from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
 
@@ -127,18 +126,6 @@ def _check_options(options: PredictOptions) -> None:
         raise CapsmedError(f"--shape must be one of {', '.join(SHAPES)}, got {options.shape!r}")
 
 
-def _check_model(record: DatasetRecord, meta: dict[str, Any], run_dir: Path) -> None:
-    if list(record.class_names) != list(meta["class_names"]):
-        raise CapsmedError(f"{record.origin}: classes {list(record.class_names)} do not match "
-                           f"the checkpoint's {meta['class_names']} in {run_dir}")
-    kw = meta["model_kwargs"]
-    expected = (kw.get("in_channels"), *kw.get("input_size", ()))
-    if (record.channels, *record.image_size) != expected:
-        raise CapsmedError(f"{record.origin}: images are {record.channels}x"
-                           f"{record.image_size[0]}x{record.image_size[1]}, the model in "
-                           f"{run_dir} expects {'x'.join(map(str, expected))}")
-
-
 def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
             options: PredictOptions | None = None) -> Prediction:
     """Apply the checkpoint in ``run_dir`` to ``inputs``; write ``out_dir``.
@@ -157,13 +144,9 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     opts = options or PredictOptions()
     _check_options(opts)
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    device = select_device(opts.device)
-    model, meta = load_checkpoint(run_dir, device)
-    record = run_record(run_dir, opts.data or Path(meta["data"]))
-    if Path(record.origin).name != RECORD and (run_dir / CONFIG).is_file():
-        # the record comes from a dataset file: only the one the run was trained on
-        check_dataset_unchanged(read_run_config(run_dir), run_dir, Path(record.origin))
-    _check_model(record, meta, run_dir)
+    run = open_run(run_dir, opts.data, select_device(opts.device), need_data=False)
+    model, meta, device = run.model, run.meta, run.device
+    record = run.record()
     recipe = make_recipe(record, opts.overrides)
     log.debug("run %s (%s, epoch %s) on %s: recipe %s, preprocessing from %s", run_dir,
               meta["arch"], meta["epoch"], device, type(recipe).__name__, record.origin)

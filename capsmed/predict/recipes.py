@@ -61,7 +61,7 @@ def read_rgb(path: Path) -> np.ndarray:
     """Any colour image file as (H, W, 3) uint8 RGB (TIFF as the TUPAC16 reader reads it;
     other formats with 16 bits scaled as it does)."""
     if path.suffix.lower() in TIFF_SUFFIXES:
-        from capsmed.data.sources.tupac16 import read_rgb_tiff
+        from capsmed.data.sources.tupac16.reader import read_rgb_tiff
 
         return read_rgb_tiff(path)
     return np.ascontiguousarray(convert_channels(read_8bit(path), 3))
@@ -163,8 +163,8 @@ class FundusPatches(PatchRecipe):
 
     def channel_and_mask(self, path: Path, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                      float, dict[str, Any]]:
-        from capsmed.data.sources.diaretdb1 import enhance_fundus
-        from capsmed.data.sources.diaretdb1_layout import read_fundus_mask
+        from capsmed.data.sources.diaretdb1.layout import read_fundus_mask
+        from capsmed.data.sources.diaretdb1.reader import enhance_fundus
 
         given = self.overrides.fov_mask
         mask = read_fundus_mask(given) if given else estimate_fov(rgb)
@@ -200,7 +200,7 @@ class WholeImage:
         """(C, H, W) uint8 model input and the image's native (width, height)."""
         kind, p = self.record.dataset, self.record.preprocessing
         if kind == "aml":
-            from capsmed.data.sources.aml import cell_image, read_rgba_as_rgb
+            from capsmed.data.sources.aml.reader import cell_image, read_rgba_as_rgb
 
             # every format's alpha over white, as the AML reader does for its TIFFs
             rgb = (read_rgba_as_rgb(path)[0] if path.suffix.lower() in TIFF_SUFFIXES else
@@ -217,8 +217,8 @@ class WholeImage:
             if image.shape[:2] != self.shape:
                 image = resize_image(image, self.shape[0], keep_aspect=False)
             return image.transpose(2, 0, 1), (raw.shape[1], raw.shape[0])
-        from capsmed.data.configs.folder import FolderConfig
-        from capsmed.data.sources.folder import load_image
+        from capsmed.data.sources.folder.config import FolderConfig
+        from capsmed.data.sources.folder.reader import load_image
 
         known = {f.name for f in fields(FolderConfig)}
         cfg = FolderConfig(**{k: _listless(v) for k, v in p.items() if k in known})

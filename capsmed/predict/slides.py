@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from capsmed.data.configs.wsi import WsiConfig
 from capsmed.data.patches import grid_centres, window_fraction
 from capsmed.data.record import DatasetRecord
 from capsmed.data.slides import (
@@ -27,7 +26,8 @@ from capsmed.data.slides import (
     open_slide,
     tissue_fractions,
 )
-from capsmed.data.sources.wsi import (
+from capsmed.data.sources.wsi.config import WsiConfig
+from capsmed.data.sources.wsi.reader import (
     choose_resolution,
     grid_edges,
     read_tiles,

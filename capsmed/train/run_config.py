@@ -1,4 +1,5 @@
-"""A run's ``config.yaml``: read and checked, and the dataset digest it records.
+"""A run's ``config.yaml`` (read and checked, and the dataset digest it records) and
+its ``metrics.jsonl`` (one record per finished epoch), as training reads them back.
 
 ``capsmed train`` records the content digest of its dataset file
 (:func:`capsmed.data.digest.file_digest`, the one digest every command uses) in the
@@ -9,6 +10,7 @@ one the run was trained on.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError, first_line
 
 CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"  # written when training finishes
 SECTIONS = ("train", "model_kwargs", "dataset")
 
 
@@ -66,3 +70,17 @@ def check_dataset_unchanged(config: dict[str, Any], run_dir: Path, data: Path) -
 def _short(digest: str) -> str:
     kind, _, hexdigest = str(digest).partition(":")
     return f"{kind}:{hexdigest[:12]}"
+
+
+def metric_records(lines: list[str]) -> list[dict[str, Any]]:
+    """The epoch records of ``metrics.jsonl`` lines; a partial line (a full disk, a
+    killed writer) or a line of another shape is skipped."""
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int):
+            records.append(record)
+    return records

@@ -10,7 +10,7 @@ import numpy as np
 
 from capsmed.cli import app
 from capsmed.data.contract import read_info
-from capsmed.data.sources.wsi import preprocess_wsi
+from capsmed.data.sources.wsi.reader import preprocess_wsi
 from tests.helpers import assert_clean_failure
 from tests.test_wsi import _cfg, _labels_csv, _slide, runner  # skips without OpenSlide
 

@@ -10,7 +10,7 @@ from capsmed.cli.common import handles_errors, only_set
 from capsmed.cli.options import OUTPUT, option, overwrite_option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.digits import AffnistConfig
+from capsmed.data.sources.mnist.config import AffnistConfig
 from capsmed.errors import CapsmedError
 
 
@@ -25,7 +25,7 @@ def synth_affnist(
                                     "(HDF5-based)."),
 ) -> None:
     """affNIST-style test.mat and test_batches/<k>.mat: digits under random affine maps."""
-    from capsmed.data.synth.digits import write_affnist
+    from capsmed.data.sources.mnist.synth import write_affnist
 
     if mat_version not in ("5", "7.3"):
         raise CapsmedError(f"--mat-version must be 5 or 7.3, got {mat_version!r}")
@@ -48,7 +48,7 @@ def preprocess_affnist(
 ) -> None:
     """affNIST (40x40 affine-transformed MNIST) -> HDF5, a test set for models trained
     on `preprocess mnist --placement random40`."""
-    from capsmed.data.sources.affnist import preprocess_affnist as run
+    from capsmed.data.sources.mnist.affnist import preprocess_affnist as run
 
     out = run(path, output, AffnistConfig(**only_set(split=split, max_images=max_images)),
               overwrite=overwrite)

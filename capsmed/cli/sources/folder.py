@@ -22,7 +22,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.folder import FolderConfig
+from capsmed.data.sources.folder.config import FolderConfig
 from capsmed.errors import CapsmedError
 
 
@@ -38,7 +38,7 @@ def synth_folder(
     seed: int = synth_seed_option(),
 ) -> None:
     """Shapes on noise as OUT_DIR/<class>/P<pp>_<nnnn>.png (a class-folder dataset)."""
-    from capsmed.data.synth.folder import write_class_folders
+    from capsmed.data.sources.folder.synth import write_class_folders
 
     summary = write_class_folders(out_dir, classes=classes, images_per_class=images_per_class,
                                   patients=patients, size=size, seed=seed)
@@ -81,7 +81,7 @@ def preprocess_folder(
     allow_group_leak: bool = allow_group_leak_option(FolderConfig, "group"),
 ) -> None:
     """Any class-folder dataset: 8-bit grey/RGB images, patient-level split or folds."""
-    from capsmed.data.sources.folder import preprocess_folder
+    from capsmed.data.sources.folder.reader import preprocess_folder
 
     files = parse_split_files(split_file)
     fractions = split_fractions(FolderConfig, train, val, test)

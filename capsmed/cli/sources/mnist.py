@@ -11,7 +11,7 @@ from capsmed.cli.fetch import app as fetch_app
 from capsmed.cli.options import OUTPUT, option, overwrite_option, seed_option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.digits import MnistConfig
+from capsmed.data.sources.mnist.config import MnistConfig
 
 _TITLES = {"mnist": "MNIST handwritten digits", "fashion-mnist": "Fashion-MNIST clothing"}
 
@@ -31,7 +31,7 @@ def _register(dataset: str) -> None:
         timeout: float = typer.Option(30.0, help="Seconds to wait for a server."),
     ) -> None:
         from capsmed.data.fetch import fetch_dataset
-        from capsmed.data.sources.mnist import REMOTE
+        from capsmed.data.sources.mnist.reader import REMOTE
 
         paths = fetch_dataset(REMOTE[dataset], out_dir, mirror=mirror, timeout=timeout)
         typer.echo(f"{len(paths)} files verified in {out_dir}; next: capsmed preprocess "
@@ -49,7 +49,7 @@ def _register(dataset: str) -> None:
         gzip: bool = typer.Option(True, help="Write .gz files as distributed (--no-gzip: "
                                   "plain IDX)."),
     ) -> None:
-        from capsmed.data.synth.digits import write_mnist_like
+        from capsmed.data.sources.mnist.synth import write_mnist_like
 
         summary = write_mnist_like(out_dir, dataset, train=train, test=test, seed=seed,
                                    compress=gzip)
@@ -71,7 +71,7 @@ def _register(dataset: str) -> None:
                                 "40x40) or random40 (random position on 40x40, paper 004)"),
         seed: int = seed_option(MnistConfig, "the validation sample and random positions"),
     ) -> None:
-        from capsmed.data.sources.mnist import preprocess_mnist
+        from capsmed.data.sources.mnist.reader import preprocess_mnist
 
         config = MnistConfig(dataset=dataset,
                              **only_set(val=val, placement=placement, seed=seed))

@@ -22,7 +22,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.tupac16 import Tupac16Config
+from capsmed.data.sources.tupac16.config import Tupac16Config
 
 
 @synth_app.command("tupac16")
@@ -37,7 +37,7 @@ def synth_tupac16(
                                "mitoses_ground_truth) or flat (CSV beside each TIF)."),
 ) -> None:
     """H&E mitosis images (Beer-Lambert stain model) with row,col ground-truth CSVs."""
-    from capsmed.data.synth.tupac16 import write_tupac16
+    from capsmed.data.sources.tupac16.synth import write_tupac16
 
     summary = write_tupac16(out_dir, cases=cases, images_per_case=images_per_case, size=size,
                             seed=seed, layout=layout)
@@ -76,7 +76,7 @@ def preprocess_tupac16(
                                                              "mitosis annotation"),
 ) -> None:
     """TUPAC16 mitosis: hematoxylin channel, mitosis vs tissue patches, case-level split."""
-    from capsmed.data.sources.tupac16 import preprocess_tupac16
+    from capsmed.data.sources.tupac16.reader import preprocess_tupac16
 
     config = Tupac16Config(**only_set(
         patch_size=patch_size, output_size=output_size, jitter=jitter,

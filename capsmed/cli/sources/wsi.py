@@ -22,7 +22,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.wsi import WsiConfig
+from capsmed.data.sources.wsi.config import WsiConfig
 
 
 @synth_app.command("wsi")
@@ -42,7 +42,7 @@ def synth_wsi(
     points_per_slide: int = typer.Option(24, help="Point annotations per slide."),
 ) -> None:
     """Pyramidal H&E slides OpenSlide opens, with points, GeoJSON and slide labels."""
-    from capsmed.data.synth.wsi import write_wsi
+    from capsmed.data.sources.wsi.synth import write_wsi
 
     paths = write_wsi(out_dir, slides=slides, size=size, seed=seed, levels=levels, tile=tile,
                       mpp=None if no_mpp else mpp, fmt=format,
@@ -101,7 +101,7 @@ def preprocess_wsi(
                                                              "classified polygon"),
 ) -> None:
     """Whole-slide images: tissue mask, grid tiles at a level or mpp, labels, slide split."""
-    from capsmed.data.sources.wsi import preprocess_wsi as run
+    from capsmed.data.sources.wsi.reader import preprocess_wsi as run
 
     config = WsiConfig(**only_set(
         level=level, mpp=mpp, tile_size=tile_size, stride=stride, output_size=output_size,

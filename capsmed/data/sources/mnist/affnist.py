@@ -27,11 +27,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from capsmed.data.configs.digits import AffnistConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, refuse_same_stem
 from capsmed.data.output import claims_output
-from capsmed.data.sources.mnist import MNIST_CLASSES
+from capsmed.data.sources.mnist.config import AffnistConfig
+from capsmed.data.sources.mnist.reader import MNIST_CLASSES
 from capsmed.errors import CapsmedError
 from capsmed.progress import track
 

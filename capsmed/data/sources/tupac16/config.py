@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from capsmed.data.configs.common import DEFAULT_H_MAX, check_fractions, default_fractions
+from capsmed.data.sources.common import DEFAULT_H_MAX, check_fractions, default_fractions
 from capsmed.errors import CapsmedError
 
 

@@ -31,8 +31,8 @@ import h5py
 import numpy as np
 import scipy.io
 
-from capsmed.data.sources.idx import write_idx
-from capsmed.data.sources.mnist import IDX_FILES
+from capsmed.data.sources.mnist.idx import write_idx
+from capsmed.data.sources.mnist.reader import IDX_FILES
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_dir, atomic_path
 from capsmed.progress import track

@@ -18,9 +18,9 @@ import numpy as np
 import tifffile
 from PIL import Image, UnidentifiedImageError
 
-from capsmed.data.configs.diaretdb1 import LESION_TYPES
 from capsmed.data.files import FolderWalk, find_in_folder, refuse_same_stem
 from capsmed.data.images import check_image_file
+from capsmed.data.sources.diaretdb1.config import LESION_TYPES
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Coordinates are level-0 pixels with the origin at the top-left corner, as QuPath and
 every WSI viewer export them. This module parses and validates the files (errors name
-the file and line); :mod:`capsmed.data.sources.tile_labels` turns the annotations into
+the file and line); :mod:`capsmed.data.sources.wsi.tile_labels` turns the annotations into
 tile labels.
 """
 

@@ -29,20 +29,20 @@ import cv2
 import numpy as np
 import tifffile
 
-from capsmed.data.sources.diaretdb1_layout import (
+from capsmed.data.sources.diaretdb1.fundus import (
+    FOV_RADIUS,
+    draw_blob,
+    fundus_mask,
+    retina_background,
+    vessel_tree,
+)
+from capsmed.data.sources.diaretdb1.layout import (
     FUNDUS_MASK,
     GROUND_TRUTH_DIR,
     IMAGES_DIR,
     LESION_TYPES,
     TEST_LIST,
     TRAIN_LIST,
-)
-from capsmed.data.synth.fundus import (
-    FOV_RADIUS,
-    draw_blob,
-    fundus_mask,
-    retina_background,
-    vessel_tree,
 )
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_dir

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from capsmed.data.configs.common import DEFAULT_CLIP_LIMIT, DEFAULT_TILE_GRID
+from capsmed.data.sources.common import DEFAULT_CLIP_LIMIT, DEFAULT_TILE_GRID
 from capsmed.errors import CapsmedError
 
 LESION_TYPES = ("hardexudates", "softexudates", "hemorrhages", "redsmalldots")

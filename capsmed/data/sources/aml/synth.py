@@ -24,15 +24,7 @@ import cv2
 import numpy as np
 import tifffile
 
-from capsmed.data.sources.aml_layout import (
-    ANNOTATIONS,
-    CLASS_NAMES,
-    IMAGE_DIR,
-    NOT_REANNOTATED,
-    RELEASE_COUNTS,
-    UNDECIDABLE,
-)
-from capsmed.data.synth.cells import (
+from capsmed.data.sources.aml.cells import (
     Grid,
     arc_points,
     capsule,
@@ -46,6 +38,14 @@ from capsmed.data.synth.cells import (
     soft,
     streaks,
     wobble,
+)
+from capsmed.data.sources.aml.layout import (
+    ANNOTATIONS,
+    CLASS_NAMES,
+    IMAGE_DIR,
+    NOT_REANNOTATED,
+    RELEASE_COUNTS,
+    UNDECIDABLE,
 )
 from capsmed.data.synth.histology import fine_noise, smooth_field
 from capsmed.errors import CapsmedError

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from capsmed.data.configs.digits import MnistConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.fetch import RemoteDataset, file_md5
 from capsmed.data.output import claims_output
-from capsmed.data.sources.idx import read_idx_images, read_idx_labels
+from capsmed.data.sources.mnist.config import MnistConfig
+from capsmed.data.sources.mnist.idx import read_idx_images, read_idx_labels
 from capsmed.errors import CapsmedError
 from capsmed.progress import track
 

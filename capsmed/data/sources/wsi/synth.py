@@ -3,7 +3,7 @@
 Real slides cannot be downloaded here, so tests and demos use slides drawn by this
 module: H&E tissue islands (stroma with fibroblasts; in "tumor" slides, dense nests of
 tumour nuclei) on white glass, coloured with the Beer-Lambert law and the stain vectors
-of :mod:`capsmed.data.synth.tupac16`. Each slide is written as a tiled, zlib-compressed
+of :mod:`capsmed.data.sources.tupac16.synth`. Each slide is written as a tiled, zlib-compressed
 TIFF pyramid, either Aperio-style (``.svs``: an ``Aperio Image Library`` description
 with ``MPP`` and ``AppMag``, a stripped thumbnail page after level 0, as real SVS
 files have) or generic (``.tiff``: reduced levels marked ``subfiletype=1``, mpp in the
@@ -27,8 +27,8 @@ import cv2
 import numpy as np
 import tifffile
 
+from capsmed.data.sources.tupac16.synth import E_STAIN, H_STAIN
 from capsmed.data.synth.histology import Canvas, draw_nucleus, fibres, sigmoid, smooth_field
-from capsmed.data.synth.tupac16 import E_STAIN, H_STAIN
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_dir
 from capsmed.progress import track

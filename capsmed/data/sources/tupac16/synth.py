@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 import tifffile
 
-from capsmed.data.sources.tupac16 import GROUND_TRUTH_DIR
+from capsmed.data.sources.tupac16.reader import GROUND_TRUTH_DIR
 from capsmed.data.synth.histology import (
     Canvas,
     draw_lookalike,

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from capsmed.data.configs.tupac16 import Tupac16Config
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, find_in_folder
 from capsmed.data.images import read_tiff
@@ -33,6 +32,7 @@ from capsmed.data.output import claims_output
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
+from capsmed.data.sources.tupac16.config import Tupac16Config
 from capsmed.data.splits import assign_splits, warn_missing_classes
 from capsmed.data.stains import hematoxylin_channel, tissue_mask
 from capsmed.errors import CapsmedError

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from capsmed.data.sources.annotations import (
+from capsmed.data.sources.wsi.annotations import (
     PointSet,
     Polygon,
     match_geojson,

@@ -23,12 +23,12 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from capsmed.data.configs.folder import FolderConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, check_name
 from capsmed.data.images import convert_channels, read_image, resize_image, to_uint8
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
+from capsmed.data.sources.folder.config import FolderConfig
 from capsmed.data.splits import assign_splits as assign_group_splits
 from capsmed.data.splits import warn_missing_classes
 from capsmed.errors import CapsmedError

@@ -1,4 +1,4 @@
-"""Find and summarise run directories (for ``capsmed runs ls``)."""
+"""Find and summarise run directories (``capsmed runs ls``, ``capsmed report``)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from capsmed.train.checkpoint import META
 from capsmed.train.protocol import protocol_label, protocol_settings
+from capsmed.train.run_config import CONFIG, METRICS, metric_records
+from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
 
@@ -51,34 +53,20 @@ def _object(path: Path, text: str, kind: str) -> dict:
     return value
 
 
-def metric_records(lines: list[str]) -> list[dict[str, Any]]:
-    """The epoch records of ``metrics.jsonl`` lines; a partial line (a full disk, a
-    killed writer) or a line of another shape is skipped."""
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("epoch"), int):
-            records.append(record)
-    return records
-
-
 def summarise_run(run_dir: Path) -> RunSummary:
     """Read a run's config, metrics and checkpoint metadata (raises on a broken run)."""
-    config_path = run_dir / "config.yaml"
+    config_path = run_dir / CONFIG
     config = _object(config_path, config_path.read_text(encoding="utf-8"), "yaml")
     train, dataset = config.get("train"), config.get("dataset")
     if not isinstance(train, dict) or not isinstance(dataset, dict):
         raise ValueError("config.yaml has no train and dataset sections")
-    unfinished = (run_dir / "resume.pt").is_file()
-    metrics_path = run_dir / "metrics.jsonl"
+    unfinished = (run_dir / RESUME_FILE).is_file()
+    metrics_path = run_dir / METRICS
     if unfinished and not metrics_path.exists():  # stopped in its first epoch
         metrics = []
     else:
         metrics = metric_records(metrics_path.read_text(encoding="utf-8").splitlines())
-    meta_path = run_dir / "checkpoint.json"
+    meta_path = run_dir / META
     best = (_object(meta_path, meta_path.read_text(encoding="utf-8"), "json").get("epoch")
             if meta_path.is_file() else None)
     report_path = run_dir / "report" / "report.json"
@@ -102,7 +90,7 @@ def find_runs(root: Path) -> list[RunSummary]:
     Folders that look like runs but cannot be read are skipped with a warning.
     """
     runs = []
-    for config in sorted(Path(root).rglob("config.yaml")):
+    for config in sorted(Path(root).rglob(CONFIG)):
         try:
             runs.append(summarise_run(config.parent))
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:

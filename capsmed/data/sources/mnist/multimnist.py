@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from capsmed.data.configs.digits import MultiMnistConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.output import claims_output
-from capsmed.data.sources.mnist import (
+from capsmed.data.sources.mnist.config import MultiMnistConfig
+from capsmed.data.sources.mnist.reader import (
     MNIST_CLASSES,
     SPLIT_CODES,
     load_mnist_splits,

@@ -24,13 +24,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from capsmed.data.configs.diaretdb1 import Diaretdb1Config
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.enhance import clahe_green
 from capsmed.data.output import claims_output
 from capsmed.data.patches import grid_centres
 from capsmed.data.pool import default_workers, map_in_workers
-from capsmed.data.sources.diaretdb1_layout import (
+from capsmed.data.sources.diaretdb1.config import Diaretdb1Config
+from capsmed.data.sources.diaretdb1.layout import (
     CLASS_NAMES,
     LESION_TYPES,
     SPLITS,

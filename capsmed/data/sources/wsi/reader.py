@@ -24,7 +24,6 @@ from typing import Any
 import cv2
 import numpy as np
 
-from capsmed.data.configs.wsi import WsiConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.digest import file_digest
 from capsmed.data.output import claims_output
@@ -39,7 +38,8 @@ from capsmed.data.slides import (
     read_tile,
     tissue_fractions,
 )
-from capsmed.data.sources import tile_labels
+from capsmed.data.sources.wsi import tile_labels
+from capsmed.data.sources.wsi.config import WsiConfig
 from capsmed.data.splits import assign_splits, warn_missing_classes
 from capsmed.data.stains import hematoxylin_channel
 from capsmed.errors import CapsmedError

@@ -2,7 +2,7 @@
 
 The TCIA release is two downloads: the images, which unpack to
 ``AML-Cytomorphology/<CLS>/<CLS>_NNNN.tiff`` (RGBA TIFF, about 400x400), and
-``annotations.dat``. :func:`~capsmed.data.sources.aml_layout.locate` accepts ``raw_dir`` as
+``annotations.dat``. :func:`~capsmed.data.sources.aml.layout.locate` accepts ``raw_dir`` as
 
 * the folder holding ``AML-Cytomorphology/`` and ``annotations.dat``
   (``annotations.dat`` may also sit inside ``AML-Cytomorphology/``), or
@@ -30,13 +30,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from capsmed.data.configs.aml import AmlConfig
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.images import read_tiff
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
-from capsmed.data.sources.aml_layout import (
+from capsmed.data.sources.aml.config import AmlConfig
+from capsmed.data.sources.aml.layout import (
     CLASS_NAMES,
     CLASSES,
     NOT_REANNOTATED,
