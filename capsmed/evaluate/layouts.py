@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from capsmed.evaluate.aggregate import Group, Stat, order_metrics
+from capsmed.evaluate.caveats import cell_notes, mark
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import TEST_NAMES, PairedTest
 from capsmed.tables import PLUS_MINUS, Column, Table, text_column
@@ -68,12 +69,14 @@ def metric_table(groups: Sequence[Group], metric: str, digits: int = 3) -> Table
     columns = [(p, a) for p, _ in protocols
                for a in dict.fromkeys(g.arch for g in groups if g.protocol == p)]
     cell = {(g.dataset, g.protocol, g.arch): g.stat(metric) for g in groups}
+    runs = {(g.dataset, g.protocol, g.arch): g.runs for g in groups}
     stats = [s for s in cell.values() if s is not None]
     show_n, n_note = _n_note([s.n for s in stats])
     rows, csv_rows = [], []
     for d in datasets:
         found = [cell.get((d, p, a)) for p, a in columns]
-        rows.append([d, *(format_stat(s, digits, show_n) for s in found)])
+        rows.append([d, *(mark(format_stat(cell.get((d, p, a)), digits, show_n),
+                               runs.get((d, p, a), ())) for p, a in columns)])
         csv_rows.append([d, *(v for s in found for v in
                               ((s.mean, s.std, s.n) if s else (None, None, None)))])
     csv_columns = ["dataset"] + [f"{p} / {a} {k}" for p, a in columns
@@ -82,8 +85,10 @@ def metric_table(groups: Sequence[Group], metric: str, digits: int = 3) -> Table
         title=f"{metric_title(metric)}: mean {PLUS_MINUS} std over repetitions "
               "(paper 000 Table 2 layout)",
         columns=[text_column("Dataset"), *(Column(a, span=p) for p, a in columns)],
-        rows=rows, notes=[n_note, f"'{MISSING}': no evaluated run for that dataset, protocol and "
-               "architecture"],
+        rows=rows,
+        notes=[n_note, f"'{MISSING}': no evaluated run for that dataset, protocol and "
+               "architecture", *cell_notes({f"{d}, {p} / {a}": rs
+                                            for (d, p, a), rs in runs.items()})],
         csv_columns=csv_columns, csv_rows=csv_rows, label=f"metric-{metric}")
 
 
@@ -148,9 +153,10 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
         images, image_notes = _images_column(members, supports)
         notes += image_notes
         notes += [f"{g.arch}: {len(g.runs)} run(s) ({_repetitions(g)})" for g in members]
+        notes += cell_notes({g.arch: g.runs for g in members})
         for g in members:
-            columns += [Column("Precision", span=g.arch, short="PRE"),
-                        Column("Sensitivity", span=g.arch, short="SEN")]
+            columns += [Column("Precision", span=mark(g.arch, g.runs), short="PRE"),
+                        Column("Sensitivity", span=mark(g.arch, g.runs), short="SEN")]
         rows, csv_rows = [], []
         for k, name in enumerate([*names, "Total"]):
             is_total = name == "Total"
@@ -234,7 +240,7 @@ def groups_table(groups: Sequence[Group], digits: int = 3) -> Table:
     rows, csv_rows = [], []
     for g in groups:
         stats = {m: g.stat(m) for m in metrics}
-        rows.append([g.dataset, g.protocol, g.arch, str(len(g.runs)),
+        rows.append([g.dataset, g.protocol, mark(g.arch, g.runs), str(len(g.runs)),
                      *(format_stat(stats[m], digits) for m in metrics)])
         csv_rows += [[g.dataset, g.protocol, g.arch, "", m, s.mean, s.std, s.n]
                      for m, s in stats.items() if s is not None]
@@ -246,6 +252,7 @@ def groups_table(groups: Sequence[Group], digits: int = 3) -> Table:
         title=f"Every group: mean {PLUS_MINUS} sample std over its runs",
         columns=[text_column("Dataset"), text_column("Protocol"), text_column("Arch"),
                  Column("n"), *(Column(metric_title(m)) for m in metrics)],
-        rows=rows,
+        rows=rows, notes=cell_notes({f"{g.dataset}, {g.protocol} / {g.arch}": g.runs
+                                     for g in groups}),
         csv_columns=["dataset", "protocol", "arch", "class", "metric", "mean", "std", "n"],
         csv_rows=csv_rows, label="groups")

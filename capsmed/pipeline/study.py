@@ -30,6 +30,7 @@ from typing import Any
 
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.aggregate import EvaluatedRun, describe, load_evaluated_run
+from capsmed.evaluate.caveats import cell_notes, mark, unfinished
 from capsmed.evaluate.per_class import pooled_per_class
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.checks import matches_selection
@@ -114,9 +115,12 @@ def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineSta
             if metric in e.metrics]
 
 
-def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
+def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]],
+                 evaluated: Sequence[tuple[RunSpec, EvaluatedRun]] = ()
                  ) -> tuple[Table, dict[str, Any]]:
-    """One ``metric`` table and its JSON form."""
+    """One ``metric`` table and its JSON form; ``evaluated`` (the runs' reports, when
+    the numbers come from them) marks cells with unfinished runs and adds the notes of
+    :mod:`capsmed.evaluate.caveats`."""
     scale = float(spec.get("scale", 1))
     digits = 1 if scale == 100 else 3
     rows_by, cols_by = spec["rows"], spec["columns"]
@@ -128,6 +132,9 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
             rows.append(str(key))
     table = Table(str(spec.get("title", "")), [text_column(rows_by), *map(Column, cols)], [])
     cells: dict[str, Any] = {}
+    reports: dict[str, list[EvaluatedRun]] = {}
+    for r, e in evaluated:
+        reports.setdefault(f"{r.fields.get(rows_by)} / {r.fields.get(cols_by)}", []).append(e)
     for row in rows:
         out = [row]
         for col in cols:
@@ -144,9 +151,11 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
             text += f" (n={stat.n})" if stat.n > 1 else ""
             if paper is not None:
                 text += f" [paper {paper}]"
-            out.append(text)
-            cells[f"{row}|{col}"] = {**stat.to_dict(), "paper": paper}
+            late = len(unfinished(reports.get(f"{row} / {col}", [])))
+            out.append(mark(text, reports.get(f"{row} / {col}", [])))
+            cells[f"{row}|{col}"] = {**stat.to_dict(), "paper": paper, "unfinished": late}
         table.rows.append(out)
+    table.notes += cell_notes(reports)
     return table, {"cells": cells}
 
 
@@ -158,6 +167,7 @@ def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, Eval
     pooled = pooled_per_class([e for _, e in found])
     table = Table(str(spec.get("title", "")), [text_column("class"), Column("precision"),
                                                 Column("sensitivity"), Column("support")], [])
+    table.notes += cell_notes({"its runs": [e for _, e in found]})
     for name, values in pooled["per_class"].items():
         paper = _paper(spec, name) or {}
         cells = []
@@ -188,8 +198,10 @@ def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpe
             tables.append(Table(spec["title"], [], [],
                                 notes=[_why_empty(spec, pipeline, state, chosen)]))
             continue
+        reports = (_evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
+                   if kind == "metric" and not spec.get("file") else [])
         table, numbers = (per_class_table(spec, found) if kind == "per_class"
-                          else metric_table(spec, found))
+                          else metric_table(spec, found, reports))
         if kind != "per_class":
             numbers["metric"] = (f"{spec['file']}:{spec.get('key', default_metric)}"
                                  if spec.get("file") else spec.get("metric", default_metric))

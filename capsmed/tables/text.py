@@ -65,7 +65,8 @@ def csv_text(tables: Sequence[Table], heading: str = "") -> str:
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
                   "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
                   "^": r"\textasciicircum{}", PLUS_MINUS: r"$\pm$", "<": r"$<$",
-                  ">": r"$>$", "≥": r"$\geq$", "–": "--", "−": "$-$", "…": r"\ldots{}"}
+                  ">": r"$>$", "≥": r"$\geq$", "–": "--", "−": "$-$", "…": r"\ldots{}",
+                  "†": r"\dag{}"}
 
 
 def latex_escape(text: str) -> str:
