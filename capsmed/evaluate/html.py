@@ -30,6 +30,8 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.total td { font-weight: bold; border-top: 2px solid #888; }
 ul.notes li { color: #8a5a00; }
 figure { margin: 1em 0; }
+div.figures { display: grid; grid-template-columns: repeat(auto-fill, minmax(340px, 1fr));
+              gap: 0 1.5em; }
 figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #666; font-size: .9em; }
 footer { margin-top: 3em; color: #999; font-size: .8em; }
@@ -63,14 +65,14 @@ def render_html(report: ClassificationReport, title: str, context: dict[str, Any
                   [[k, str(v)] for k, v in context.items()], show_header=False)
     parts = [f"<h1>{esc(title)}</h1>", html_table(about),
              *(html_table(t) for t in report_tables(report, agreement))]
-    section = None
+    sections: dict[str, list[str]] = {}
     for heading, caption, path in figures:
-        if not Path(path).is_file():
-            continue
-        if heading != section:
-            parts.append(f"<h2>{esc(heading)}</h2>")
-            section = heading
-        parts.append(_figure(caption, path))
+        if Path(path).is_file():
+            sections.setdefault(heading, []).append(_figure(caption, path))
+    for heading, drawn in sections.items():  # several figures: side by side
+        parts += [f"<h2>{esc(heading)}</h2>",
+                  f'<div class="figures">{"".join(drawn)}</div>' if len(drawn) > 1
+                  else drawn[0]]
     parts.append("<footer>written by capsmed evaluate</footer>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n"
