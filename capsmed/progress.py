@@ -3,9 +3,10 @@
 Library code calls :func:`track`; the CLI's ``--quiet`` flag (or ``disable=True``)
 turns every bar off so logs and CI output stay clean.
 
-Bars are transient: they show work under way and vanish when it ends, so what is left
-in a terminal or a log is what the logs and the command's result lines say once (a
-finished bar left on screen repeated the last epoch's log line, cut at 80 columns).
+Bars are drawn on a terminal only, and transient: they show work under way and vanish
+when it ends, so what is left in a terminal or a log is what the logs and the command's
+result lines say, once (a finished bar left behind repeated the last epoch's log line,
+cut at 80 columns).
 A text column passed to :func:`make_progress` (training's epoch summary) is drawn as a
 line of its own under the bars, wrapped at the terminal's width instead of cut.
 """
@@ -62,6 +63,9 @@ def make_progress(*extra_columns: ProgressColumn, disable: bool | None = None) -
     """A rich Progress with the project's standard columns plus ``extra_columns``
     (a :class:`TextColumn` among them is drawn as a line under the bars)."""
     off = (not _state["enabled"]) if disable is None else disable
+    # no terminal (a log file, a pipe, CI): a bar is never drawn there, and a transient
+    # one still left an empty line behind
+    off = off or not stderr_console.is_terminal
     lines = tuple(c for c in extra_columns if isinstance(c, TextColumn))
     return LinedProgress(
         TextColumn("[bold blue]{task.description}", table_column=Column(no_wrap=True)),

@@ -74,3 +74,13 @@ def test_predict_shows_a_slides_window_count_without_the_previous_images_total(
     slide = [s for s in seen if s[0] == "slide.svs"]
     assert image and image[-1][1] == image[-1][2]  # an image's window count is known
     assert slide and all(total is None for _, total, _ in slide), slide
+
+
+def test_outside_a_terminal_a_bar_leaves_nothing_behind(monkeypatch, capsys):
+    """In a log or a pipe rich never draws the bar, and a transient one left an empty
+    line between the log lines."""
+    from capsmed.progress import track
+
+    monkeypatch.setattr(progress_module, "_state", {"enabled": True})
+    assert list(track(range(3), "work")) == [0, 1, 2]
+    assert capsys.readouterr().err == ""
