@@ -312,7 +312,8 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
     result = runner.invoke(app, ["-q", "analyze", "affine", str(run)])
     assert result.exit_code == 1 and "two labels per image" in result.stderr
     info, dup = read_info(multi), tmp_path / "dup.h5"  # a hand-made file, same class twice
-    with DatasetWriter(dup, dataset="multimnist", class_names=list(info.class_names),
+    with DatasetWriter(dup, dataset="multimnist", kind="multimnist", domain="digits",
+                       class_names=list(info.class_names),
                        image_shape=(info.channels, *info.image_size), preprocessing={},
                        source={}) as w:
         w.append("test", test.images[:2], np.array([1, 2]), np.array(["g0", "g1"]),

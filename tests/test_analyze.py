@@ -158,7 +158,8 @@ def test_rotation_invariant_model_keeps_its_accuracy_a_side_model_does_not():
 
 
 def _contract(path, images, labels, class_names):
-    with DatasetWriter(path, dataset="toy", class_names=class_names,
+    with DatasetWriter(path, dataset="toy", kind="folder", domain="generic",
+                       class_names=class_names,
                        image_shape=images.shape[1:], preprocessing={}, source={}) as w:
         w.append("test", images, labels, np.array([f"g{i}" for i in range(len(labels))]))
     return path

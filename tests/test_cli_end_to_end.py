@@ -154,7 +154,8 @@ def test_evaluate_refuses_data_with_other_classes(cli_dataset, tmp_path):
     _ok(["train", "--data", str(cli_dataset / "t.h5"), "--arch", "lenet", "--epochs", "1",
          "--out", str(run)])
     other = tmp_path / "other.h5"
-    with DatasetWriter(other, dataset="x", class_names=["healthy", "lesion"],
+    with DatasetWriter(other, dataset="x", kind="folder", domain="generic",
+                       class_names=["healthy", "lesion"],
                        image_shape=(1, 28, 28), preprocessing={}, source={}) as writer:
         writer.append("test", np.zeros((2, 1, 28, 28), np.uint8), [0, 1], ["p1", "p1"])
     result = runner.invoke(app, ["evaluate", str(run), "--data", str(other)])

@@ -210,7 +210,8 @@ def test_cli_agreement_flag_and_bad_batch_size(lenet_run, tmp_path):
 
 def _other_file(path, class_names, size, n=5):
     rng = np.random.default_rng(1)
-    with DatasetWriter(path, dataset="other", class_names=class_names,
+    with DatasetWriter(path, dataset="other", kind="folder", domain="generic",
+                       class_names=class_names,
                        image_shape=(1, size, size), preprocessing={}, source={}) as writer:
         writer.append("test", rng.integers(0, 256, (n, 1, size, size), dtype=np.uint8),
                       np.arange(n) % 2, [f"p{i}" for i in range(n)])

@@ -167,7 +167,7 @@ def test_predict_works_after_the_dataset_file_is_gone(tupac_runs, tiny_h5, tiny_
 
 def test_the_estimated_field_of_view_matches_the_released_mask(tmp_path):
     from capsmed.data.sources.diaretdb1.layout import read_fundus_mask, read_rgb_png
-    from capsmed.predict.recipes import estimate_fov
+    from capsmed.data.sources.diaretdb1.recipe import estimate_fov
 
     raw = tmp_path / "ddb1"
     write_diaretdb1(raw, images=2, size=(320, 256), seed=5, disable_progress=True)
@@ -196,8 +196,8 @@ def test_a_light_digit_image_is_warned_about(tmp_path, caplog):
     import cv2
 
     from capsmed.data.record import DatasetRecord
-    from capsmed.predict.config import Overrides
-    from capsmed.predict.recipes import make_recipe
+    from capsmed.data.replay import make_recipe
+    from capsmed.data.replay.options import Overrides
 
     record = DatasetRecord("mnist", tuple("0123456789"), 1, (28, 28), {"seed": 0})
     recipe = make_recipe(record, Overrides())

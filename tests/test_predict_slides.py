@@ -17,6 +17,7 @@ except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machi
 
 from capsmed.cli import app
 from capsmed.data.contract import read_meta
+from capsmed.data.replay import slides
 from capsmed.data.sources.aml.config import AmlConfig
 from capsmed.data.sources.aml.reader import preprocess_aml
 from capsmed.data.sources.aml.synth import write_aml
@@ -26,7 +27,6 @@ from capsmed.data.sources.folder.synth import write_class_folders
 from capsmed.data.sources.tupac16.synth import render_tupac16_image
 from capsmed.data.sources.wsi.reader import WsiConfig, preprocess_wsi
 from capsmed.data.sources.wsi.synth import write_pyramid, write_wsi
-from capsmed.predict import slides
 from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.train.config import TrainConfig

@@ -147,6 +147,16 @@ def allow_no_annotations_option(config: type, looked_for: str) -> Any:
                 "(without this, that is an error naming where they were looked for)")
 
 
+def domain_option(config: type) -> Any:
+    """``--domain``: what the images show; training's defaults follow it."""
+    from capsmed.data.domains import DOMAINS
+
+    names = ", ".join(DOMAINS)
+    return option(config, "domain", f"What the images show ({names}), recorded in the "
+                  "file: training's default lr and --augment recipe follow it (digits are "
+                  "never flipped, generic sets only rotated; docs/sources.md)")
+
+
 def synth_seed_option() -> Any:
     """``--seed`` of ``capsmed synth``: the same seed writes the same files."""
     return typer.Option(0, help="Random seed; same seed, same files.")

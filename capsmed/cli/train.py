@@ -72,7 +72,7 @@ def train(
     config: Path = typer.Option(None, help="YAML file of these options; flags override it."),
 ) -> None:
     """Train a model; keeps the checkpoint at minimum validation loss."""
-    from capsmed.data.protocols import parse_imbalance
+    from capsmed.data.challenges import parse_imbalance
     from capsmed.train.config import TrainConfig, read_options_yaml
     from capsmed.train.engine import resume as resume_training
     from capsmed.train.engine import train as run_training

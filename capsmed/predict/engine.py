@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from capsmed.data.record import DatasetRecord
+from capsmed.data.replay import make_recipe
+from capsmed.data.replay.windows import Prepared
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.evaluation import predict_scores
@@ -43,8 +45,6 @@ from capsmed.predict.outputs import (
     write_heatmap,
     write_predictions_csv,
 )
-from capsmed.predict.recipes import make_recipe
-from capsmed.predict.windows import Prepared
 from capsmed.progress import make_progress, restart_task
 from capsmed.runs import open_run
 

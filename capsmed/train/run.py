@@ -266,7 +266,7 @@ class Run:
         if cfg.compile:
             module = torch.compile(module)
         steps = cfg.steps_per_epoch
-        if steps is None and not cfg.protocol.is_full:  # same iterations as the full set
+        if steps is None and not cfg.challenge.is_full:  # same iterations as the full set
             steps = math.ceil(self.rows.full_train_size / cfg.batch_size)
         self.sampler = BatchSampler(self.train_data.labels, cfg.batch_size, cfg.sampler,
                                     steps, torch.Generator().manual_seed(cfg.seed))
@@ -333,7 +333,9 @@ class Run:
         write_text_atomic(folder / "config.yaml", yaml.safe_dump(
             {"train": resolved, "model_kwargs": self.model_kwargs,
              "environment": self.environment,
-             "dataset": {"name": info.dataset, "class_names": list(info.class_names),
+             "dataset": {"name": info.dataset, "source_kind": info.data_source().name,
+                         "domain": info.image_domain().name,
+                         "class_names": list(info.class_names),
                          "splits": info.split_sizes, "created": info.created,
                          "digest": self.data_digest,
                          "train_split": self.rows.train_split,

@@ -2,7 +2,7 @@
 
 Two kinds of file:
 
-* train / val / test splits: train on (a protocol's subset of) ``train``, select the
+* train / val / test splits: train on (a data challenge's subset of) ``train``, select the
   checkpoint on ``val``, test on ``test``;
 * cross-validation (split ``all`` with ``folds``, e.g. AML): ``--fold K`` trains on
   the other folds and tests on fold K (paper 001: no validation set, the last epoch is
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from capsmed.data.challenges import cv_partition, select_training_indices
 from capsmed.data.contract import (
     SECOND_LABEL,
     DatasetInfo,
@@ -31,7 +32,6 @@ from capsmed.data.contract import (
     read_meta,
 )
 from capsmed.data.loader import DeviceSplit, StreamingSplit, should_stream, split_nbytes
-from capsmed.data.protocols import cv_partition, select_training_indices
 from capsmed.errors import CapsmedError
 from capsmed.train.config import TrainConfig
 
@@ -47,7 +47,7 @@ class RunRows:
 
     Attributes:
         train_split: Split the training rows index (``train``, or ``all`` under CV).
-        train_rows: Training rows after every protocol (sorted).
+        train_rows: Training rows after every data challenge (sorted).
         full_train_size: Training rows before fraction / imbalance / limit (for the
             paper-000 rule "same iterations as the full set").
         val_split: Split used for checkpoint selection, or None.
@@ -64,8 +64,8 @@ class RunRows:
 
 
 def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
-    """Apply the run's protocol to the file (labels only; no images are read)."""
-    protocol = cfg.protocol
+    """Apply the run's data challenges to the file (labels only; no images are read)."""
+    challenge = cfg.challenge
     if cfg.fold is None:
         if cfg.folds is not None:
             raise CapsmedError("--folds needs --fold K (which fold to test on)")
@@ -73,7 +73,7 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
             hint = (" (it has cross-validation folds: pass --fold K)" if info.folds else "")
             raise CapsmedError(f"{info.path}: has no 'train' split{hint}")
         labels, _ = read_labels(info.path, "train")
-        rows = select_training_indices(labels, info.class_names, protocol, cfg.seed)
+        rows = select_training_indices(labels, info.class_names, challenge, cfg.seed)
         _check_not_empty(info, "train", len(labels), rows)
         return RunRows("train", rows, len(labels),
                        "val" if info.split_sizes.get("val") else None, "test", None)
@@ -90,7 +90,7 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
                                              cfg.seed)
     except CapsmedError as exc:  # the fold is out of the file's range: name the file
         raise CapsmedError(f"{info.path}: {exc}") from None
-    rest = dataclasses.replace(protocol, per_class_limit=None)  # already applied
+    rest = dataclasses.replace(challenge, per_class_limit=None)  # already applied
     chosen = select_training_indices(labels[train_rows], info.class_names, rest, cfg.seed)
     _check_not_empty(info, f"{CV_SPLIT}' without fold {cfg.fold} '", len(train_rows), chosen)
     return RunRows(CV_SPLIT, train_rows[chosen], len(train_rows), None, CV_SPLIT, test_rows)
@@ -101,7 +101,7 @@ def _check_not_empty(info: DatasetInfo, split: str, available: int, chosen: np.n
     if not available:
         raise CapsmedError(f"{info.path}: the training split '{split}' is empty")
     if not len(chosen):
-        raise CapsmedError(f"{info.path}: the protocol (--fraction, --imbalance, "
+        raise CapsmedError(f"{info.path}: the data challenges (--fraction, --imbalance, "
                            f"--per-class-limit) leaves none of the {available} training "
                            f"samples of '{split}'")
 

@@ -10,6 +10,7 @@ from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_spl
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
+    domain_option,
     flag,
     fraction_option,
     option,
@@ -75,6 +76,7 @@ def preprocess_folder(
     seed: int = seed_option(FolderConfig, "the split or folds"),
     name: str = option(FolderConfig, "name", "Dataset name recorded in the file",
                        meaning="ROOT's name"),
+    domain: str = domain_option(FolderConfig),
     workers: int = workers_option(FolderConfig),
     allow_group_leak: bool = allow_group_leak_option(FolderConfig, "group"),
 ) -> None:
@@ -91,7 +93,7 @@ def preprocess_folder(
         channels=channels, size=size, keep_aspect=keep_aspect, scale16=scale16,
         group_pattern=group_pattern, groups_csv=str(groups_csv) if groups_csv else None,
         fractions=fractions, split_files=files, folds=folds, seed=seed, name=name,
-        workers=workers, allow_group_leak=allow_group_leak))
+        domain=domain, workers=workers, allow_group_leak=allow_group_leak))
     path = preprocess_folder(root, output, config, overwrite=overwrite)
     echo_wrapped(f"inspect it with: capsmed data info {path} (or: capsmed data preview "
                  f"{path} -o preview.png)")

@@ -11,6 +11,7 @@ from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
     allow_no_annotations_option,
+    domain_option,
     fraction_option,
     option,
     overwrite_option,
@@ -94,6 +95,7 @@ def preprocess_wsi(
     test: float = fraction_option(WsiConfig, "test", "slide"),
     split_file: list[str] = split_file_option("slide"),  # noqa: B008
     seed: int = seed_option(WsiConfig, "the slide split"),
+    domain: str = domain_option(WsiConfig),
     workers: int = workers_option(WsiConfig),
     tiles_per_job: int = option(WsiConfig, "tiles_per_job", "Tiles per worker job"),
     allow_group_leak: bool = allow_group_leak_option(WsiConfig, "slide"),
@@ -110,7 +112,8 @@ def preprocess_wsi(
         geojson=tuple(str(g) for g in geojson) if geojson else None,
         slide_labels_csv=None if slide_labels is None else str(slide_labels),
         min_overlap=min_overlap, unlabelled=unlabelled, background_class=background_class,
-        stain=stain, h_max=h_max, seed=seed, workers=workers, tiles_per_job=tiles_per_job,
+        stain=stain, h_max=h_max, seed=seed, domain=domain, workers=workers,
+        tiles_per_job=tiles_per_job,
         fractions=split_fractions(WsiConfig, train, val, test),
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))

@@ -143,7 +143,7 @@ def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
     config_path = out / "config.yaml"
     if config_path.is_file():
         saved = yaml.safe_load(config_path.read_text(encoding="utf-8"))["train"]
-        ours = _normalised(cfg.resolved(read_info(Path(cfg.data)).dataset).to_dict())
+        ours = _normalised(cfg.resolved(read_info(Path(cfg.data)).image_domain()).to_dict())
         same = (Path(saved["data"]).resolve() == Path(cfg.data).resolve()
                 and all(saved.get(k) == v for k, v in ours.items()
                         if k not in ("data", "out")))

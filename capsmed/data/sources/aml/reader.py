@@ -35,6 +35,7 @@ from capsmed.data.images import read_tiff
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
+from capsmed.data.sources.aml import SOURCE
 from capsmed.data.sources.aml.config import AmlConfig
 from capsmed.data.sources.aml.layout import (
     CLASS_NAMES,
@@ -207,7 +208,8 @@ def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
     channels = 1 if cfg.grey else 3
     chunks = [_Chunk(root, tuple(r.relpath for r in kept[i:i + cfg.chunk_size]), cfg.size,
                      cfg.grey) for i in range(0, len(kept), cfg.chunk_size)]
-    writer = DatasetWriter(output, dataset="aml", class_names=CLASS_NAMES,
+    writer = DatasetWriter(output, dataset="aml", kind=SOURCE.name,
+                           domain=SOURCE.domain, class_names=CLASS_NAMES,
                            image_shape=(channels, cfg.size, cfg.size),
                            preprocessing=parameters, source=source)
     shapes, translucent, start = [], 0, 0

@@ -29,6 +29,7 @@ from capsmed.data.enhance import clahe_green
 from capsmed.data.output import claims_output
 from capsmed.data.patches import grid_centres
 from capsmed.data.pool import default_workers, map_in_workers
+from capsmed.data.sources.diaretdb1 import SOURCE
 from capsmed.data.sources.diaretdb1.config import Diaretdb1Config
 from capsmed.data.sources.diaretdb1.layout import (
     CLASS_NAMES,
@@ -263,7 +264,8 @@ def preprocess_diaretdb1(raw_dir: Path, output: Path, config: Diaretdb1Config | 
                                    .astype(np.int64), minlength=2).tolist()
                     for s, items in collected.items()},
         dropped_ambiguous=sum(r.dropped for v in collected.values() for _, r in v))
-    writer = DatasetWriter(output, dataset="diaretdb1", class_names=CLASS_NAMES,
+    writer = DatasetWriter(output, dataset="diaretdb1", kind=SOURCE.name,
+                           domain=SOURCE.domain, class_names=CLASS_NAMES,
                            image_shape=(1, cfg.output_size, cfg.output_size),
                            preprocessing=parameters, source=source,
                            allow_group_leak=cfg.allow_group_leak)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
 from capsmed.data.sources.common import check_fractions, default_fractions
 from capsmed.errors import CapsmedError
 
@@ -34,6 +35,9 @@ class FolderConfig:
         name: Dataset name recorded in the file; None = ROOT's folder name.
         workers: Processes reading images (0 = one per CPU, up to 8).
         allow_group_leak: Write even if a group lands in two splits.
+        domain: What the images show (:mod:`capsmed.data.domains`): training's default
+            learning rate and augmentation follow it (generic: no flips; digits: never
+            flipped).
     """
 
     classes: tuple[str, ...] | None = None
@@ -50,6 +54,7 @@ class FolderConfig:
     name: str | None = None
     workers: int = 0
     allow_group_leak: bool = False
+    domain: str = DEFAULT_DOMAIN
 
     def __post_init__(self) -> None:
         if self.channels not in (None, 1, 3):
@@ -63,6 +68,7 @@ class FolderConfig:
         if self.group_pattern and self.groups_csv:
             raise CapsmedError("give either a group pattern or a groups CSV, not both")
         check_fractions(self.fractions)
+        get_domain(self.domain)
         if self.folds is not None and (self.folds < 2 or self.folds > 127):
             raise CapsmedError(f"folds must be within 2..127, got {self.folds}")
         if self.folds is not None and self.split_files:

@@ -28,6 +28,7 @@ from capsmed.data.files import FolderWalk, check_file, check_name
 from capsmed.data.images import convert_channels, read_image, resize_image, to_uint8
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
+from capsmed.data.sources.folder import SOURCE
 from capsmed.data.sources.folder.config import FolderConfig
 from capsmed.data.splits import assign_splits as assign_group_splits
 from capsmed.data.splits import warn_missing_classes
@@ -268,6 +269,7 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
               "files": {files[i].rel: files[i].path.stat().st_size for i in keep}}
     converted = low_range = 0
     writer = DatasetWriter(output, dataset=cfg.name or root.resolve().name,
+                           kind=SOURCE.name, domain=cfg.domain,
                            class_names=class_names, image_shape=(channels, *shape),
                            preprocessing=parameters, source=source,
                            allow_group_leak=cfg.allow_group_leak)

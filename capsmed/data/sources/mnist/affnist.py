@@ -30,6 +30,7 @@ import numpy as np
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, refuse_same_stem
 from capsmed.data.output import claims_output
+from capsmed.data.sources.mnist import AFFNIST
 from capsmed.data.sources.mnist.config import AffnistConfig
 from capsmed.data.sources.mnist.reader import MNIST_CLASSES
 from capsmed.errors import CapsmedError
@@ -155,7 +156,8 @@ def preprocess_affnist(path: Path, output: Path, config: AffnistConfig | None = 
     source = {"raw_dir": str(root.resolve()),
               "files": {str(f.relative_to(root)): f.stat().st_size for f in files}}
     left = cfg.max_images
-    writer = DatasetWriter(output, dataset="affnist", class_names=MNIST_CLASSES,
+    writer = DatasetWriter(output, dataset="affnist", kind=AFFNIST.name,
+                           domain=AFFNIST.domain, class_names=MNIST_CLASSES,
                            image_shape=(1, SIZE, SIZE), preprocessing=parameters,
                            source=source)
     with writer:

@@ -30,6 +30,7 @@ import numpy as np
 
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.output import claims_output
+from capsmed.data.sources.mnist import MULTIMNIST
 from capsmed.data.sources.mnist.config import MultiMnistConfig
 from capsmed.data.sources.mnist.reader import (
     MNIST_CLASSES,
@@ -112,7 +113,8 @@ def preprocess_multimnist(raw_dir: Path, output: Path, config: MultiMnistConfig 
                   "labels": "first digit; meta/label2 = second digit",
                   "groups": "source id of the first digit (<file>-<index>)"}
     total = sum(len(d) * per_source[s] for s, d in splits.items())
-    writer = DatasetWriter(output, dataset="multimnist", class_names=MNIST_CLASSES,
+    writer = DatasetWriter(output, dataset="multimnist", kind=MULTIMNIST.name,
+                           domain=MULTIMNIST.domain, class_names=MNIST_CLASSES,
                            image_shape=(1, canvas, canvas), preprocessing=parameters,
                            source=source)
     with writer, make_progress(disable=disable_progress) as progress:

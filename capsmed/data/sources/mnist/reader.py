@@ -28,6 +28,7 @@ import numpy as np
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.fetch import RemoteDataset, file_md5
 from capsmed.data.output import claims_output
+from capsmed.data.sources import get_source
 from capsmed.data.sources.mnist.config import MnistConfig
 from capsmed.data.sources.mnist.idx import read_idx_images, read_idx_labels
 from capsmed.errors import CapsmedError
@@ -262,8 +263,10 @@ def preprocess_mnist(raw_dir: Path, output: Path, config: MnistConfig | None = N
                   "groups": "one per image (MNIST has no patients): <file>-<index>"}
     offsets = {s: _offsets(cfg, s, len(d.labels), size) for s, d in splits.items()}
     jobs = [(s, start) for s, d in splits.items() for start in range(0, len(d.labels), CHUNK)]
-    writer = DatasetWriter(output, dataset=cfg.dataset, class_names=CLASS_NAMES[cfg.dataset],
-                           image_shape=(1, *out_size), preprocessing=parameters, source=source)
+    writer = DatasetWriter(output, dataset=cfg.dataset, kind=cfg.dataset,
+                           domain=get_source(cfg.dataset).domain,
+                           class_names=CLASS_NAMES[cfg.dataset], image_shape=(1, *out_size),
+                           preprocessing=parameters, source=source)
     with writer:
         for split, start in track(jobs, f"Writing {cfg.dataset}", disable=disable_progress):
             data, stop = splits[split], start + CHUNK

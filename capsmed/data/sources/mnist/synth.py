@@ -25,6 +25,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import h5py
@@ -290,6 +291,11 @@ def write_mnist_like(out_dir: Path, kind: str = "mnist", *, train: int = 600, te
             written += [out_dir / f"{image_name}{suffix}", out_dir / f"{label_name}{suffix}"]
     log.info("wrote synthetic %s (%d train, %d test images) to %s", kind, train, test, out_dir)
     return SynthDigitsSummary(out_dir, tuple(written), {"train": train, "t10k": test})
+
+
+def write_fashion_mnist(out_dir: Path, **options: Any) -> SynthDigitsSummary:
+    """:func:`write_mnist_like` for Fashion-MNIST (the source registry's hook)."""
+    return write_mnist_like(out_dir, "fashion-mnist", **options)
 
 
 def write_affnist_mat(path: Path, images: np.ndarray, labels: np.ndarray,

@@ -27,11 +27,12 @@ import numpy as np
 
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, find_in_folder
-from capsmed.data.images import read_tiff
+from capsmed.data.images import read_rgb_tiff
 from capsmed.data.output import claims_output
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
+from capsmed.data.sources.tupac16 import SOURCE
 from capsmed.data.sources.tupac16.config import Tupac16Config
 from capsmed.data.splits import assign_splits, warn_missing_classes
 from capsmed.data.stains import hematoxylin_channel, tissue_mask
@@ -153,19 +154,6 @@ def check_annotations(raw_dir: Path, records: list[ImageRecord]) -> None:
     raise CapsmedError(f"{folder}: {state}; looked for <CC>/<NN>.csv there and <NN>.csv "
                        "beside each image, so the dataset would hold no mitosis (pass "
                        "--allow-no-annotations to write it anyway)")
-
-
-def read_rgb_tiff(path: Path) -> np.ndarray:
-    """Read an RGB(A) TIFF as (H, W, 3) uint8, or fail naming the file."""
-    image, _ = read_tiff(path)
-    if image.ndim != 3 or image.shape[-1] not in (3, 4):
-        raise CapsmedError(f"{path}: expected an RGB image, got shape {image.shape}")
-    if image.dtype != np.uint8:
-        if image.dtype == np.uint16:
-            image = (image >> 8).astype(np.uint8)
-        else:
-            raise CapsmedError(f"{path}: expected 8-bit RGB, got {image.dtype}")
-    return np.ascontiguousarray(image[..., :3])
 
 
 @dataclass(frozen=True)
@@ -305,7 +293,8 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
                         for r in records}}
     short = 0
     labels_by_split: dict[str, set[int]] = {split: set() for split in set(split_of.values())}
-    writer = DatasetWriter(output, dataset="tupac16", class_names=CLASS_NAMES,
+    writer = DatasetWriter(output, dataset="tupac16", kind=SOURCE.name,
+                           domain=SOURCE.domain, class_names=CLASS_NAMES,
                            image_shape=(1, cfg.output_size, cfg.output_size),
                            preprocessing=parameters, source=source,
                            allow_group_leak=cfg.allow_group_leak)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
 from capsmed.data.sources.common import DEFAULT_H_MAX, check_fractions, default_fractions
 from capsmed.errors import CapsmedError
 
@@ -44,6 +45,8 @@ class WsiConfig:
         allow_no_annotations: Write even when the GeoJSON files hold no classified
             polygon for any slide (every tile then takes the background class);
             without it that is an error naming where the files were looked for.
+        domain: What the slides show (:mod:`capsmed.data.domains`): training's default
+            learning rate and augmentation follow it (generic: no flips).
     """
 
     level: int | None = None
@@ -72,6 +75,7 @@ class WsiConfig:
     tiles_per_job: int = 256
     allow_group_leak: bool = False
     allow_no_annotations: bool = False
+    domain: str = DEFAULT_DOMAIN
 
     def __post_init__(self) -> None:
         checks = [
@@ -104,6 +108,7 @@ class WsiConfig:
             if bad:
                 raise CapsmedError(message)
         check_fractions(self.fractions)
+        get_domain(self.domain)
 
     @property
     def step(self) -> int:

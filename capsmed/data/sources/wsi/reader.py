@@ -38,7 +38,7 @@ from capsmed.data.slides import (
     read_tile,
     tissue_fractions,
 )
-from capsmed.data.sources.wsi import tile_labels
+from capsmed.data.sources.wsi import SOURCE, tile_labels
 from capsmed.data.sources.wsi.config import WsiConfig
 from capsmed.data.splits import assign_splits, warn_missing_classes
 from capsmed.data.stains import hematoxylin_channel
@@ -280,7 +280,8 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
     # come from (a changed annotation or class list recomputes it)
     digests = {s: f"{file_digest(paths[s])}:{labelling.per_slide[s].digest()}" for s in ids}
     channels = 1 if cfg.stain == "hematoxylin" else 3
-    writer = DatasetWriter(output, dataset="wsi", class_names=labelling.class_names,
+    writer = DatasetWriter(output, dataset="wsi", kind=SOURCE.name, domain=cfg.domain,
+                           class_names=labelling.class_names,
                            image_shape=(channels, cfg.out_size, cfg.out_size),
                            preprocessing=parameters, source=source,
                            allow_group_leak=cfg.allow_group_leak)

@@ -1,4 +1,4 @@
-"""Paper 000's data-challenge protocols: which training samples a run may use.
+"""Paper 000's data challenges: which training samples a run may use.
 
 * ``fraction``: a seeded subset of the training split keeping the class ratios
   (paper 000 section 3.1: 50%, 10%, 5%, 1%);
@@ -6,7 +6,7 @@
   one class, or two, cut to 20%).
 
 * ``per_class_limit``: at most X samples of each class (paper 001's small-data
-  protocol); with cross-validation folds, see :func:`cv_partition`.
+  study); with cross-validation folds, see :func:`cv_partition`.
 
 They compose (limit, then imbalance, then fraction) and act on indices only, so the
 subset is recorded in the run directory and the dataset file is never rewritten.
@@ -26,8 +26,8 @@ from capsmed.errors import CapsmedError
 
 
 @dataclass(frozen=True)
-class Protocol:
-    """A data-challenge protocol.
+class DataChallenge:
+    """A data challenge: the subset of the training split a run may use.
 
     Attributes:
         fraction: Share of the training split to keep, per class (0 < f <= 1).
@@ -87,26 +87,26 @@ def _keep_per_class(labels: np.ndarray, keep: Mapping[int, float],
 
 
 def select_training_indices(labels: np.ndarray, class_names: Sequence[str],
-                            protocol: Protocol, seed: int) -> np.ndarray:
-    """Indices of the training samples a run uses under ``protocol`` (sorted, seeded).
+                            challenge: DataChallenge, seed: int) -> np.ndarray:
+    """Indices of the training samples a run uses under ``challenge`` (sorted, seeded).
 
     Raises:
         CapsmedError: if ``imbalance`` names a class the dataset does not have.
     """
     labels = np.asarray(labels)
     index = np.arange(len(labels))
-    if protocol.per_class_limit is not None:
-        index = limit_per_class(labels, protocol.per_class_limit, seed)
+    if challenge.per_class_limit is not None:
+        index = limit_per_class(labels, challenge.per_class_limit, seed)
     rng = np.random.default_rng([seed, 2018])  # its own stream: training seeds differ
-    if protocol.imbalance:
-        unknown = sorted(set(protocol.imbalance) - set(class_names))
+    if challenge.imbalance:
+        unknown = sorted(set(challenge.imbalance) - set(class_names))
         if unknown:
             raise CapsmedError(f"--imbalance: unknown class(es) {', '.join(unknown)} "
                                f"(the dataset has: {', '.join(class_names)})")
-        keep = {class_names.index(n): p / 100.0 for n, p in protocol.imbalance.items()}
+        keep = {class_names.index(n): p / 100.0 for n, p in challenge.imbalance.items()}
         index = index[_keep_per_class(labels[index], keep, rng)]
-    if protocol.fraction is not None and protocol.fraction < 1.0:
-        keep = {int(c): protocol.fraction for c in np.unique(labels[index])}
+    if challenge.fraction is not None and challenge.fraction < 1.0:
+        keep = {int(c): challenge.fraction for c in np.unique(labels[index])}
         index = index[_keep_per_class(labels[index], keep, rng)]
     return index
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from capsmed.data.challenges import DataChallenge, parse_imbalance, select_training_indices
 from capsmed.data.contract import load_split
-from capsmed.data.protocols import Protocol, parse_imbalance, select_training_indices
 from capsmed.errors import CapsmedError
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
@@ -20,30 +20,30 @@ NAMES = ["healthy", "lesion"]
 
 
 def test_fraction_keeps_class_ratios_and_is_seeded():
-    idx = select_training_indices(LABELS, NAMES, Protocol(fraction=0.1), seed=3)
+    idx = select_training_indices(LABELS, NAMES, DataChallenge(fraction=0.1), seed=3)
     assert np.bincount(LABELS[idx]).tolist() == [60, 40]
     assert np.array_equal(idx, np.unique(idx))  # sorted, no repeats
-    again = select_training_indices(LABELS, NAMES, Protocol(fraction=0.1), seed=3)
-    other = select_training_indices(LABELS, NAMES, Protocol(fraction=0.1), seed=4)
+    again = select_training_indices(LABELS, NAMES, DataChallenge(fraction=0.1), seed=3)
+    other = select_training_indices(LABELS, NAMES, DataChallenge(fraction=0.1), seed=4)
     assert np.array_equal(idx, again) and not np.array_equal(idx, other)
-    tiny = select_training_indices(LABELS, NAMES, Protocol(fraction=0.001), seed=0)
+    tiny = select_training_indices(LABELS, NAMES, DataChallenge(fraction=0.001), seed=0)
     assert np.bincount(LABELS[tiny]).tolist() == [1, 1]  # every class keeps a sample
 
 
 def test_imbalance_reduces_named_classes_and_composes_with_fraction():
-    idx = select_training_indices(LABELS, NAMES, Protocol(imbalance={"lesion": 20}), 0)
+    idx = select_training_indices(LABELS, NAMES, DataChallenge(imbalance={"lesion": 20}), 0)
     assert np.bincount(LABELS[idx]).tolist() == [600, 80]
     both = select_training_indices(LABELS, NAMES,
-                                   Protocol(fraction=0.5, imbalance={"lesion": 20}), 0)
+                                   DataChallenge(fraction=0.5, imbalance={"lesion": 20}), 0)
     assert np.bincount(LABELS[both]).tolist() == [300, 40]
-    assert Protocol().is_full and not Protocol(fraction=0.5).is_full
+    assert DataChallenge().is_full and not DataChallenge(fraction=0.5).is_full
     with pytest.raises(CapsmedError, match="unknown class"):
-        select_training_indices(LABELS, NAMES, Protocol(imbalance={"tumour": 20}), 0)
+        select_training_indices(LABELS, NAMES, DataChallenge(imbalance={"tumour": 20}), 0)
 
 
 @pytest.mark.parametrize("bad, message", [
-    (lambda: Protocol(fraction=0.0), "within \\(0, 1\\]"),
-    (lambda: Protocol(imbalance={"lesion": 120}), "within \\(0, 100\\]"),
+    (lambda: DataChallenge(fraction=0.0), "within \\(0, 1\\]"),
+    (lambda: DataChallenge(imbalance={"lesion": 120}), "within \\(0, 100\\]"),
     (lambda: parse_imbalance("lesion"), "CLASS=PERCENT"),
     (lambda: parse_imbalance("lesion=lots"), "CLASS=PERCENT"),
 ])
