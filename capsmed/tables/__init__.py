@@ -39,6 +39,8 @@ class Column:
             ``sensitivity``); empty = the header's words wrap instead.
         name: The cells are names (runs, datasets, classes) that a narrow terminal may
             shorten at their separators (``tupac16-…-seed0``), never numbers.
+        wrap: The cells are prose (a model's description): in the terminal the column
+            takes the width the others leave and wraps at spaces.
     """
 
     header: str
@@ -47,6 +49,7 @@ class Column:
     priority: int = 0
     short: str = ""
     name: bool = False
+    wrap: bool = False
 
 
 def text_column(header: str, **kw: Any) -> Column:
@@ -61,13 +64,15 @@ class Table:
     Attributes:
         title: Caption (Markdown heading, LaTeX caption, rich title); may be empty.
         columns: The columns, left to right.
-        rows: Formatted cells, one list per row, as long as ``columns``.
+        rows: Formatted cells, one list per row, as long as ``columns``; a cell may
+            hold several lines (``name\nparameters``).
         total_rows: How many trailing rows are totals, set apart by a rule.
         notes: Sentences printed under the table.
         csv_columns, csv_rows: The machine-readable version (raw numbers); empty =
             the headers and the formatted cells.
         label: LaTeX label suffix.
         show_header: False for a key-value table (a run's context in report.html).
+        row_rules: A rule between every two rows in the terminal (rows of several lines).
     """
 
     title: str
@@ -79,6 +84,7 @@ class Table:
     csv_rows: list[list[Any]] = field(default_factory=list)
     label: str = ""
     show_header: bool = True
+    row_rules: bool = False
 
     def __post_init__(self) -> None:
         self.rows = [[str(cell) for cell in row] for row in self.rows]

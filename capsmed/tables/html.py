@@ -11,7 +11,8 @@ from capsmed.tables import Table, register_renderer
 
 
 def esc(value: Any) -> str:
-    return html.escape(str(value))
+    """Escaped text; a line break in a cell is kept."""
+    return html.escape(str(value)).replace("\n", "<br>")
 
 
 def _header_rows(t: Table) -> list[str]:

@@ -116,7 +116,10 @@ def _words(text: str) -> int:
 
 
 def _cell_width(t: Table, i: int) -> int:
-    return max((len(row[i]) for row in t.rows), default=0)
+    """The widest line of column ``i``; a prose column needs only its longest word."""
+    if t.columns[i].wrap:
+        return max((_words(row[i]) for row in t.rows), default=0)
+    return max((len(line) for row in t.rows for line in row[i].split("\n")), default=0)
 
 
 class _Fitter:
@@ -161,6 +164,18 @@ class _Fitter:
             widest = max(room, key=lambda i: self.cells[i])
             self.cells[widest] -= 1
             self.settle()
+
+    def widen_prose(self) -> None:
+        """Prose columns take what the others leave, up to their longest line."""
+        prose = [i for i in self.fit.shown if self.t.columns[i].wrap]
+        if not prose:
+            return
+        room = max(0, self.width - self.fit.total())
+        for i in prose:
+            longest = max((len(line) for row in self.t.rows for line in row[i].split("\n")),
+                          default=0)
+            extra = min(room // len(prose), max(0, longest - self.fit.widths[i]))
+            self.fit.widths[i] += extra
 
     def grow(self) -> None:
         """Give room left after a column was dropped or the table split back to
@@ -224,7 +239,18 @@ def layout(t: Table, width: int) -> Layout:
         step()
     if f.fit.dropped or f.fit.chunks:
         f.grow()
+    f.widen_prose()
     return f.fit
+
+
+def _shorten_column(cells: list[str], width: int) -> list[str]:
+    """Each line of each cell shortened to ``width``, lines of one position across the
+    rows shortened together (their shared parts go first)."""
+    lines = [c.split("\n") for c in cells]
+    depth = max(map(len, lines))
+    padded = [ls + [""] * (depth - len(ls)) for ls in lines]
+    short = [shorten_names([row[k] for row in padded], width) for k in range(depth)]
+    return ["\n".join(short[k][r] for k in range(len(lines[r]))) for r in range(len(cells))]
 
 
 def _rich_part(t: Table, fit: Layout, part: list[int], cells: dict[int, list[str]]
@@ -241,7 +267,8 @@ def _rich_part(t: Table, fit: Layout, part: list[int], cells: dict[int, list[str
     for k in range(len(t.rows)):
         table.add_row(*(escape(cells[i][k]) for i in part),
                       style="bold" if k >= first_total else None,
-                      end_section=bool(t.total_rows) and k == first_total - 1)
+                      end_section=t.row_rules or (bool(t.total_rows)
+                                                   and k == first_total - 1))
     return table
 
 
@@ -254,7 +281,7 @@ def to_rich(t: Table, width: int, notes: bool = True) -> RenderableType:
     shortened = False
     for i in fit.shown:
         if t.columns[i].name and _cell_width(t, i) > fit.widths[i]:
-            cells[i] = shorten_names(cells[i], fit.widths[i])
+            cells[i] = _shorten_column(cells[i], fit.widths[i])
             shortened = True
     out: list[RenderableType] = [Text(t.title, style="bold")] if t.title else []
     for k, part in enumerate(fit.parts()):

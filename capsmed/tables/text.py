@@ -10,7 +10,7 @@ from capsmed.tables import PLUS_MINUS, Table, register_renderer
 
 
 def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    return text.replace("|", "\\|").replace("\n", "<br>")
 
 
 def markdown_lines(t: Table, level: int = 2) -> list[str]:
@@ -71,7 +71,7 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
 
 def latex_escape(text: str) -> str:
     """Escape LaTeX's special characters; ``±`` becomes ``$\\pm$``."""
-    text = text.replace("->", "\x00")
+    text = text.replace("->", "\x00").replace("\n", " ")
     escaped = "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
     return escaped.replace("\x00", r"$\rightarrow$")
 
