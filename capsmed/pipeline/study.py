@@ -32,6 +32,7 @@ from capsmed.errors import CapsmedError
 from capsmed.evaluate.aggregate import EvaluatedRun, describe, load_evaluated_run
 from capsmed.evaluate.caveats import cell_notes, mark, unfinished
 from capsmed.evaluate.per_class import pooled_per_class
+from capsmed.evaluate.verdicts import WORDS, Verdict, summary, verdict
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.checks import matches_selection
 from capsmed.pipeline.execute import analysed_run_dirs, current_identity, remade_outputs
@@ -115,14 +116,33 @@ def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineSta
             if metric in e.metrics]
 
 
+def _metric_cell(values: Sequence[float], paper: Any, scale: float,
+                 runs: Sequence[EvaluatedRun]) -> tuple[str, dict[str, Any], Verdict | None]:
+    """A cell's text (mean ± std (n) [paper X: verdict], † when a run is unfinished),
+    its JSON and its verdict (None without a paper number)."""
+    digits = 1 if scale == 100 else 3
+    stat = describe(values)
+    text = _number(stat.mean, scale, digits)
+    if stat.std is not None:
+        text += f" ± {_number(stat.std, scale, digits)}"
+    text += f" (n={stat.n})" if stat.n > 1 else ""
+    judged = (verdict(values, paper, scale) if isinstance(paper, int | float)
+              and not isinstance(paper, bool) else None)
+    if paper is not None:
+        text += f" [paper {paper}" + (f": {judged.word}]" if judged else "]")
+    data = {**stat.to_dict(), "paper": paper, "unfinished": len(unfinished(runs)),
+            **(judged.to_dict() if judged else {})}
+    return mark(text, runs), data, judged
+
+
 def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]],
                  evaluated: Sequence[tuple[RunSpec, EvaluatedRun]] = ()
                  ) -> tuple[Table, dict[str, Any]]:
-    """One ``metric`` table and its JSON form; ``evaluated`` (the runs' reports, when
-    the numbers come from them) marks cells with unfinished runs and adds the notes of
+    """One ``metric`` table and its JSON form, a verdict on every paper number
+    (:mod:`capsmed.evaluate.verdicts`); ``evaluated`` (the runs' reports, when the
+    numbers come from them) marks cells with unfinished runs and adds the notes of
     :mod:`capsmed.evaluate.caveats`."""
     scale = float(spec.get("scale", 1))
-    digits = 1 if scale == 100 else 3
     rows_by, cols_by = spec["rows"], spec["columns"]
     rows = list(dict.fromkeys(str(r.fields.get(rows_by)) for r, _ in found))
     cols = list(dict.fromkeys(str(r.fields.get(cols_by)) for r, _ in found))
@@ -135,6 +155,7 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
     reports: dict[str, list[EvaluatedRun]] = {}
     for r, e in evaluated:
         reports.setdefault(f"{r.fields.get(rows_by)} / {r.fields.get(cols_by)}", []).append(e)
+    verdicts = []
     for row in rows:
         out = [row]
         for col in cols:
@@ -144,19 +165,14 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
             if not values:
                 out.append("-" if paper is None else f"- (paper {paper})")
                 continue
-            stat = describe(values)
-            text = _number(stat.mean, scale, digits)
-            if stat.std is not None:
-                text += f" ± {_number(stat.std, scale, digits)}"
-            text += f" (n={stat.n})" if stat.n > 1 else ""
-            if paper is not None:
-                text += f" [paper {paper}]"
-            late = len(unfinished(reports.get(f"{row} / {col}", [])))
-            out.append(mark(text, reports.get(f"{row} / {col}", [])))
-            cells[f"{row}|{col}"] = {**stat.to_dict(), "paper": paper, "unfinished": late}
+            text, cells[f"{row}|{col}"], judged = _metric_cell(
+                values, paper, scale, reports.get(f"{row} / {col}", []))
+            out.append(text)
+            verdicts += [judged] if judged else []
         table.rows.append(out)
-    table.notes += cell_notes(reports)
-    return table, {"cells": cells}
+    table.notes += ([summary(verdicts)] if verdicts else []) + cell_notes(reports)
+    counts = {w: sum(v.word == w for v in verdicts) for w in WORDS}
+    return table, {"cells": cells, **({"verdicts": counts} if verdicts else {})}
 
 
 def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, EvaluatedRun]]
@@ -234,7 +250,8 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
         shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
         log.warning("%s: no aggregate/ tables: capsmed report reads each run's evaluation "
                     "named 'report', and no run has one yet", pipeline.path)
-    ending = ("Cells: mean ± sample std over the repetitions (n), [the paper's number]. "
+    ending = ("Cells: mean ± sample std over the repetitions (n), [the paper's number: "
+              "verdict]. "
               + ("All runs grouped by dataset, architecture and protocol: aggregate/."
                  if done else ""))
     path = out_dir / "study.md"
