@@ -63,3 +63,27 @@ def test_the_study_table_gives_each_paper_number_its_verdict():
     assert numbers["verdicts"] == {"reproduced": 1, "above": 0, "below": 1, "undecided": 1}
     cell = numbers["cells"]["f1|lenet"]
     assert cell["verdict"] == "below" and cell["interval"][1] < 0.909 - 0.0005
+
+
+def test_the_study_page_links_each_evaluated_runs_report(tmp_path):
+    from pathlib import Path
+
+    from capsmed.evaluate.aggregate import EvaluatedRun
+    from capsmed.pipeline.study import study_page
+    from capsmed.tables import Column, Table, text_column
+
+    out = tmp_path / "out" / "report"
+    runs = [EvaluatedRun(path=tmp_path / "out" / "runs" / name, dataset="d", arch="a",
+                         protocol="full", settings={}, seed=0, fold=None,
+                         class_names=("x", "y"), metrics={}, per_class={},
+                         confusion=np.eye(2, dtype=int))
+            for name in ("b-seed1", "a-seed0")]
+    table = Table("T2a", [text_column("condition"), Column("capsnet")],
+                  [["f1", "0.944 [paper 0.943: reproduced]"]], notes=["1 of 1 ..."])
+    pipeline = SimpleNamespace(name="study <1>", description="what it checks",
+                               path=Path("pipelines/x.yaml"))
+    page = study_page(pipeline, [table], runs, out, "Cells: ...")
+    assert "<title>study &lt;1&gt;</title>" in page and "pipelines/x.yaml" in page
+    assert page.index('href="../runs/a-seed0/report/report.html"') < page.index(
+        'href="../runs/b-seed1/report/report.html"')
+    assert "0.944 [paper 0.943: reproduced]" in page and "<li>1 of 1 ...</li>" in page

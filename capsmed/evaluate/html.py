@@ -35,6 +35,8 @@ div.figures { display: grid; grid-template-columns: repeat(auto-fill, minmax(340
 figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #666; font-size: .9em; }
 footer { margin-top: 3em; color: #999; font-size: .8em; }
+p.lead { color: #444; }
+ul.runs { columns: 2; font-size: .9em; }
 """
 
 
@@ -48,6 +50,36 @@ def _figure(caption: str, path: Path) -> str:
             f"<figcaption>{esc(caption)}</figcaption></figure>")
 
 
+def figure_sections(figures: Sequence[tuple[str, str, Path]]) -> list[str]:
+    """``(section, caption, png path)`` as HTML: figures of one section under its heading
+    in the given order, several side by side; missing files are left out."""
+    sections: dict[str, list[str]] = {}
+    for heading, caption, path in figures:
+        if Path(path).is_file():
+            sections.setdefault(heading, []).append(_figure(caption, path))
+    parts = []
+    for heading, drawn in sections.items():
+        parts += [f"<h2>{esc(heading)}</h2>",
+                  f'<div class="figures">{"".join(drawn)}</div>' if len(drawn) > 1
+                  else drawn[0]]
+    return parts
+
+
+def about_table(facts: dict[str, Any]) -> str:
+    """Key-value facts (what was evaluated, which capsmed) as a table without header."""
+    return html_table(Table("", [text_column("what"), text_column("value")],
+                            [[k, str(v)] for k, v in facts.items()], show_header=False))
+
+
+def page(title: str, parts: Sequence[str], writer: str) -> str:
+    """A self-contained page: ``title``, the HTML ``parts``, a footer naming ``writer``."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n"
+            + "\n".join([f"<h1>{esc(title)}</h1>", *parts,
+                          f"<footer>written by {esc(writer)}</footer>"])
+            + "\n</body></html>\n")
+
+
 def render_html(report: ClassificationReport, title: str, context: dict[str, Any],
                 agreement: AgreementResult | None = None,
                 figures: Sequence[tuple[str, str, Path]] = ()) -> str:
@@ -58,25 +90,11 @@ def render_html(report: ClassificationReport, title: str, context: dict[str, Any
         title: Page heading.
         context: What was evaluated (run, data, split, checkpoint ...), shown as a table.
         agreement: Agr and the accuracy by orientation, when computed.
-        figures: ``(section, caption, png path)``; figures of one section are grouped
-            under its heading in the given order; missing files are left out.
+        figures: ``(section, caption, png path)``, see :func:`figure_sections`.
     """
-    about = Table("", [text_column("what"), text_column("value")],
-                  [[k, str(v)] for k, v in context.items()], show_header=False)
-    parts = [f"<h1>{esc(title)}</h1>", html_table(about),
-             *(html_table(t) for t in report_tables(report, agreement))]
-    sections: dict[str, list[str]] = {}
-    for heading, caption, path in figures:
-        if Path(path).is_file():
-            sections.setdefault(heading, []).append(_figure(caption, path))
-    for heading, drawn in sections.items():  # several figures: side by side
-        parts += [f"<h2>{esc(heading)}</h2>",
-                  f'<div class="figures">{"".join(drawn)}</div>' if len(drawn) > 1
-                  else drawn[0]]
-    parts.append("<footer>written by capsmed evaluate</footer>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n"
-            + "\n".join(parts) + "\n</body></html>\n")
+    return page(title, [about_table(context),
+                        *(html_table(t) for t in report_tables(report, agreement)),
+                        *figure_sections(figures)], "capsmed evaluate")
 
 
 def write_html(path: Path, report: ClassificationReport, title: str,

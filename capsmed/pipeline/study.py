@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +237,7 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     tables, data = study_tables(pipeline, state, runs)
     if not data and not _any_evaluated(pipeline, state, runs):
         # nothing of this pipeline to show: an older study.md must not pass for its report
-        for stale in ("study.md", "study.json"):
+        for stale in ("study.md", "study.json", "study.html"):
             (out_dir / stale).unlink(missing_ok=True)
         shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
         log.warning("%s: no study report written: no run of it is evaluated yet",
@@ -257,8 +259,33 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     path = out_dir / "study.md"
     write_text_atomic(path, f"# {pipeline.name}\n\n{pipeline.description.strip()}\n\n"
                       + render("md", tables) + f"\n{ending.strip()}\n")
+    write_text_atomic(out_dir / "study.html",
+                      study_page(pipeline, tables, [e for _, e in done], out_dir, ending))
     write_text_atomic(out_dir / "study.json", json.dumps(data, indent=1, default=str))
     return path
+
+
+def study_page(pipeline: Pipeline, tables: Sequence[Table], done: Sequence[EvaluatedRun],
+               out_dir: Path, ending: str) -> str:
+    """``study.html``: self-contained like report.html, with what made it (pipeline file,
+    capsmed version), every table with its verdicts and notes, capsmed report's fraction
+    plots, and a link to each evaluated run's report.html."""
+    from capsmed import __version__
+    from capsmed.evaluate.html import about_table, esc, figure_sections, page
+    from capsmed.tables.html import html_table
+
+    facts = {"pipeline file": pipeline.path, "capsmed version": __version__,
+             "written (UTC)": datetime.now(UTC).isoformat(timespec="seconds"),
+             "evaluated runs": len(done)}
+    plots = [("capsmed report: the metric against the training fraction", p.name, p)
+             for p in sorted((out_dir / "aggregate").glob("fraction_*.png"))]
+    links = [f'<li><a href="{esc(os.path.relpath(e.path / "report" / "report.html", out_dir))}'
+             f'">{esc(e.path.name)}</a></li>' for e in sorted(done, key=lambda e: e.path)]
+    return page(pipeline.name, [
+        f'<p class="lead">{esc(pipeline.description.strip())}</p>', about_table(facts),
+        *(html_table(t) for t in tables), *figure_sections(plots),
+        f"<p>{esc(ending.strip())}</p>", "<h2>Runs (their report.html)</h2>",
+        f'<ul class="runs">{"".join(links)}</ul>'], "capsmed run")
 
 
 def _any_evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
