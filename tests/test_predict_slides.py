@@ -52,7 +52,7 @@ def test_a_wsi_run_predicts_the_training_tiles_of_a_slide(tmp_path):
                      PredictOptions(batch_size=64, device="cpu"))
     assert np.array_equal(_predicted(result), expected)
     lefts = np.concatenate([r.x for r in result.results]) - 32
-    assert np.array_equal(lefts, split.meta["x"])
+    assert np.array_equal(lefts, split.meta["left"])
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["per_input"][0]["level"] == 0 and summary["per_input"][0]["tile_size"] == 64
     assert (tmp_path / "out" / "heatmaps" / f"slides_{slide_files[0].stem}.png").is_file()

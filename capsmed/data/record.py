@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from capsmed.data.schema import DatasetInfo, read_info
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
+from capsmed.yamlfile import read_yaml
 
 if TYPE_CHECKING:
     from capsmed.data.domains import Domain
@@ -126,7 +127,7 @@ def _check_of_run(record: DatasetRecord, run_dir: Path) -> None:
     import yaml
 
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        config = read_yaml(run_dir / "config.yaml")
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return  # no config to compare with
     dataset = (config.get("dataset") or {}) if isinstance(config, dict) else {}

@@ -32,6 +32,7 @@ from capsmed.train.protocol import (
     protocol_sort_key,
 )
 from capsmed.train.state import RESUME_FILE
+from capsmed.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class Collection:
 def _read_structured(path: Path, loader: str) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
-        value = json.loads(text) if loader == "json" else yaml.safe_load(text)
+        value = json.loads(text) if loader == "json" else load_yaml(text, path)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         raise CapsmedError(f"{path}: cannot read {loader.upper()} "
                            f"({str(exc).splitlines()[0]})") from exc

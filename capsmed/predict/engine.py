@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+import shutil
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +28,15 @@ from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.evaluation import predict_scores
 from capsmed.evaluate.metrics import class_probabilities
-from capsmed.io import atomic_dir, replace_dir, write_text_atomic, writing
+from capsmed.io import (
+    atomic_dir,
+    ensure_writable_dir,
+    output_lock,
+    replace_dir,
+    stale_partial_dirs,
+    write_text_atomic,
+    writing,
+)
 from capsmed.predict.config import SHAPES, PredictOptions
 from capsmed.predict.inputs import (
     InputFile,
@@ -120,8 +128,9 @@ def _class_index(record: DatasetRecord, name: str | None) -> int:
 def _check_options(options: PredictOptions) -> None:
     if options.batch_size < 1:
         raise CapsmedError(f"--batch-size must be >= 1, got {options.batch_size}")
-    if not math.isfinite(options.threshold):
-        raise CapsmedError(f"--threshold must be a number, got {options.threshold}")
+    if not 0.0 <= options.threshold <= 1.0:  # NaN too: scores are probabilities
+        raise CapsmedError(f"--threshold must be within [0, 1] (class scores are "
+                           f"probabilities or capsule lengths), got {options.threshold}")
     if options.shape not in SHAPES:
         raise CapsmedError(f"--shape must be one of {', '.join(SHAPES)}, got {options.shape!r}")
 
@@ -163,13 +172,19 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     check_out_dir(out_dir, inputs, items, [run_dir, *(p for p in (
         opts.centres, opts.data, opts.overrides.fov_mask) if p is not None)], opts.overwrite)
     staging_of = replace_dir if opts.overwrite else atomic_dir
-    with staging_of(out_dir) as staging, writing(out_dir):
-        done = _predict_all(model, meta, record, recipe, items, centres, class_index, opts,
-                            device, staging)
-        write_predictions_csv(staging / "predictions.csv", done.results, record.class_names)
-        write_text_atomic(staging / "summary.json", json.dumps(
-            _summary(run_dir, meta, record, done, opts, class_index), indent=2,
-            default=str) + "\n")
+    ensure_writable_dir(out_dir.parent)
+    with output_lock(out_dir):
+        for stale in stale_partial_dirs(out_dir):  # a predict killed before it finished
+            log.info("removing %s, left by a predict that was killed", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        with staging_of(out_dir) as staging, writing(out_dir):
+            done = _predict_all(model, meta, record, recipe, items, centres, class_index,
+                                opts, device, staging)
+            write_predictions_csv(staging / "predictions.csv", done.results,
+                                  record.class_names)
+            write_text_atomic(staging / "summary.json", json.dumps(
+                _summary(run_dir, meta, record, done, opts, class_index), indent=2,
+                default=str) + "\n")
     done.out_dir = out_dir
     return done
 
@@ -239,7 +254,8 @@ def _finish(entry: _Open, meta: dict[str, Any], record: DatasetRecord, class_ind
     xy = np.concatenate(entry.centres) if entry.centres else np.empty((0, 2), np.int64)
     result = InputResult(name=entry.item.name, size=p.size, x=xy[:, 0],
                          y=xy[:, 1], footprint=p.footprint, scores=probabilities,
-                         thumbnail=p.thumbnail, windowed=p.windowed)
+                         thumbnail=p.thumbnail, windowed=p.windowed,
+                         class_index=class_index, threshold=opts.threshold)
     for k in result.predicted.tolist():
         done.counts[record.class_names[k]] += 1
     extra: dict[str, Any] = {"input": entry.item.name, "windows": len(raw), **p.notes}
@@ -274,6 +290,9 @@ def _summary(run_dir: Path, meta: dict[str, Any], record: DatasetRecord, done: P
         "overrides": {k: v for k, v in asdict(opts.overrides).items() if v is not None},
         "scores": score_kind, "class": done.class_name, "class_index": class_index,
         "threshold": opts.threshold, "geojson_shape": opts.shape,
+        "decision": f"a window is '{done.class_name}' when its {done.class_name} score is "
+                    f">= {opts.threshold}, else its highest-scoring other class; an "
+                    "image-level prediction is its highest-scoring class",
         "inputs": len(done.results), "windows": sum(len(r.x) for r in done.results),
         "predicted_counts": done.counts, "positives": done.positives,
         "per_input": done.per_input, "failed": done.failed,

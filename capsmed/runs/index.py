@@ -14,6 +14,7 @@ from capsmed.train.checkpoint import META
 from capsmed.train.protocol import protocol_label, protocol_settings
 from capsmed.train.run_config import CONFIG, METRICS, metric_records
 from capsmed.train.state import RESUME_FILE
+from capsmed.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _protocol(train: dict) -> str:
 
 
 def _object(path: Path, text: str, kind: str) -> dict:
-    value = yaml.safe_load(text) if kind == "yaml" else json.loads(text)
+    value = load_yaml(text, path) if kind == "yaml" else json.loads(text)
     if not isinstance(value, dict):
         raise ValueError(f"{path.name} is not a mapping")
     return value

@@ -23,6 +23,7 @@ from capsmed.train.augment import get_recipe
 from capsmed.train.model_options import FROM_DATA
 from capsmed.train.optim import OPTIMIZERS, SCHEDULES
 from capsmed.train.sampling import SAMPLERS
+from capsmed.yamlfile import read_yaml
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -190,7 +191,7 @@ class TrainConfig:
 def read_options_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping of training options (possibly partial), keys checked."""
     try:
-        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        values = read_yaml(Path(path)) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise CapsmedError(f"{path}: cannot read YAML config ({exc})") from exc
     if not isinstance(values, dict):

@@ -18,6 +18,7 @@ import yaml
 
 from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError, first_line
+from capsmed.yamlfile import read_yaml
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -36,7 +37,7 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CapsmedError(f"{run_dir}: not a run directory (no {CONFIG})")
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        values = read_yaml(path)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise CapsmedError(f"{path}: cannot read the run's options ({first_line(exc)})"
                            ) from None

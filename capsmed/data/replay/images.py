@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from capsmed.data.images import convert_channels, read_image, read_rgb_tiff, to_uint8
+from capsmed.data.images import read_image, read_rgb_tiff, to_uint8
 from capsmed.data.patches import extract_patches, grid_centres, resize_patches, window_fraction
 from capsmed.data.record import DatasetRecord
 from capsmed.data.replay.options import Overrides
@@ -50,7 +50,10 @@ def read_rgb(path: Path) -> np.ndarray:
     other formats with 16 bits scaled as it does)."""
     if path.suffix.lower() in TIFF_SUFFIXES:
         return read_rgb_tiff(path)
-    return np.ascontiguousarray(convert_channels(read_8bit(path), 3))
+    image = read_8bit(path)
+    if image.ndim != 3 or image.shape[-1] not in (3, 4):  # as read_rgb_tiff refuses it
+        raise CapsmedError(f"{path}: expected an RGB image, got shape {image.shape}")
+    return np.ascontiguousarray(image[..., :3])
 
 
 def recorded(record: DatasetRecord, key: str) -> Any:

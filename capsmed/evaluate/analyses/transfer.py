@@ -44,6 +44,7 @@ from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import pyplot, save_figure
 from capsmed.train.run_data import TEST_ROWS
+from capsmed.yamlfile import read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def _check_trained_on(run_dir: Path, data: Path, what: str) -> None:
     from capsmed.data.digest import file_digest
 
     config_path = Path(run_dir) / "config.yaml"
-    config = (yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    config = (read_yaml(config_path)
               if config_path.is_file() else {}) or {}
     saved = (config.get("dataset") or {}).get("digest")
     trained = (config.get("train") or {}).get("data") or _meta(run_dir).get("data")
@@ -142,7 +143,7 @@ def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
     out = Path(cfg.out)
     config_path = out / "config.yaml"
     if config_path.is_file():
-        saved = yaml.safe_load(config_path.read_text(encoding="utf-8"))["train"]
+        saved = read_yaml(config_path)["train"]
         ours = _normalised(cfg.resolved(read_info(Path(cfg.data)).image_domain()).to_dict())
         same = (Path(saved["data"]).resolve() == Path(cfg.data).resolve()
                 and all(saved.get(k) == v for k, v in ours.items()

@@ -306,8 +306,8 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
             labels_of.setdefault(split_of[s], []).append(band.labels)
             if n:
                 writer.append(split_of[s], band.images, band.labels, [s] * n, meta={
-                    "slide": np.array([s] * n), "x": band.coords[:, 0],
-                    "y": band.coords[:, 1], "level": np.full(n, job.res.level, np.int32),
+                    "slide": np.array([s] * n), "left": band.coords[:, 0],
+                    "top": band.coords[:, 1], "level": np.full(n, job.res.level, np.int32),
                     "tissue": band.tissue})
         for s, hit in hits.items():
             per_slide[s]["points_on_no_tile"] = lost = int((~hit).sum())
@@ -322,5 +322,20 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                             per_slide[s].get("tissue_share", 0.0))
         warn_missing_classes({split: np.concatenate(parts) for split, parts
                               in sorted(labels_of.items())}, labelling.class_names)
+        _warn_empty_splits(split_of, labels_of, by_id)
         writer.update_preprocessing(per_slide=per_slide)  # known only now
     return output
+
+
+def _warn_empty_splits(split_of: dict[str, str], labels_of: dict[str, list[np.ndarray]],
+                       by_id: dict[str, SlideInfo]) -> None:
+    """Warn about a split that was given slides but holds no tile (its slides were too
+    small or showed no tissue): training or evaluating on it would find nothing."""
+    for split in sorted(set(split_of.values())):
+        if sum(len(p) for p in labels_of.get(split, [])) == 0:
+            slides = [str(by_id[s].path) for s, where in sorted(split_of.items())
+                      if where == split]
+            log.warning("split '%s' holds no tile: its slide(s) %s were skipped or kept "
+                        "no tiles; choose other slides for it (--split-file) or a smaller "
+                        "--tile-size", split, ", ".join(slides[:3])
+                        + (", ..." if len(slides) > 3 else ""))
