@@ -35,7 +35,8 @@ def train(
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:1, mps."),
     steps: int = typer.Option(20, help="Timed steps (after the warm-up)."),
     warmup: int = typer.Option(5, help="Untimed warm-up steps."),
-    precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16."),
+    precision: str = typer.Option("auto", help="auto, fp32 (IEEE, TF32 off), tf32 (CUDA), "
+                                  "bf16 or fp16."),
     channels_last: bool = typer.Option(None, "--channels-last/--no-channels-last",
                                        help="Channels-last memory format [on CUDA]."),
     compile_model: bool = typer.Option(False, "--compile/--no-compile",
@@ -66,7 +67,7 @@ def train(
                         input_size=input_size,
                         channels=channels, num_classes=num_classes, model_kwargs=kwargs)
         append_result(r, results)
-        table.notes = [f"device: {r.device}; peak: " + (
+        table.notes = [f"device: {r.device}; float32 = IEEE fp32 (TF32 off); peak: " + (
             "GPU memory allocated" if "cpu" not in r.device else
             "process RSS so far (one --arch per command for per-model figures)")]
         table.rows.append([r.arch, r.input.replace(", ", "/").replace(" classes", ""),

@@ -54,12 +54,20 @@ def train(
                                         "small-data protocol; with --fold the rest is "
                                         "tested)."),
     precision: str = typer.Option(None, help="auto (bf16/fp16 autocast on GPU, fp32 on CPU), "
-                                  "fp32, bf16 or fp16 [auto]. Routing stays fp32."),
+                                  "fp32 (IEEE, TF32 off), tf32 (CUDA, Ampere+), bf16 or "
+                                  "fp16 [auto]. Routing stays fp32."),
     channels_last: bool = typer.Option(None, "--channels-last/--no-channels-last",
                                        help="Channels-last memory format [on CUDA]."),
     compile_model: bool = typer.Option(None, "--compile/--no-compile",
                                        help="torch.compile the model (slow start, faster "
                                        "long runs)."),
+    cuda_graph: bool = typer.Option(None, "--cuda-graph/--no-cuda-graph",
+                                    help="Replay the whole training step as one CUDA graph "
+                                    "(CUDA; not with fp16, --augment or torchrun)."),
+    state_every_minutes: float = typer.Option(None, help="Write RUN_DIR/resume.pt at most "
+                                              "this often, besides at the start, the end "
+                                              "and on Ctrl-C or a signal (0: every 50 "
+                                              "steps and epoch end) [5]."),
     data_loading: str = typer.Option(None, help="memory, stream (read HDF5 per batch) or "
                                      "auto [auto]."),
     loader_workers: int = typer.Option(None, help="Reader processes when streaming [2]."),
@@ -94,6 +102,7 @@ def train(
                          augment_recipe=augment_recipe, fold=fold, folds=folds,
                          per_class_limit=per_class_limit, precision=precision,
                          channels_last=channels_last, compile=compile_model,
+                         cuda_graph=cuda_graph, state_every_minutes=state_every_minutes,
                          data_loading=data_loading, loader_workers=loader_workers,
                          tensorboard=tensorboard)
     if resume is not None:

@@ -25,7 +25,7 @@ from capsmed.train.optim import OPTIMIZERS, SCHEDULES
 from capsmed.train.sampling import SAMPLERS
 from capsmed.yamlfile import read_yaml
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,17 @@ class TrainConfig:
         per_class_limit: At most this many samples per class (paper 001's small-data
             protocol; with ``fold``, the rest of each class goes to the test set).
         precision: ``auto`` (bf16 autocast on GPUs that support it, fp16 with loss
-            scaling on other GPUs, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16``.
-            Routing always runs in fp32.
+            scaling on other GPUs, fp32 on CPU), ``fp32`` (IEEE: TF32 off), ``tf32``
+            (fp32 tensors, TF32 matmuls and convolutions; CUDA, Ampere or newer),
+            ``bf16`` or ``fp16``. Routing always runs in fp32.
         channels_last: Channels-last memory format; None = on CUDA only.
         compile: ``torch.compile`` the model (20-50 s start-up; pays off on long runs).
+        cuda_graph: Replay the whole training step (forward, loss, backward, optimiser
+            update, the epoch's sums) as one CUDA graph (CUDA only; not with fp16,
+            ``augment`` or torchrun).
+        state_every_minutes: Write the resumable state at most this often (at a check
+            point every 50 steps or an epoch end), besides at the start, at the end of
+            training and when stopped; 0 = at every check point and epoch end.
         data_loading: ``memory`` (held on the device), ``stream`` (read from HDF5 per
             batch) or ``auto`` (stream when the set would take over a quarter of free
             GPU memory or 4 GiB of host memory).
@@ -117,6 +124,8 @@ class TrainConfig:
     precision: str = "auto"
     channels_last: bool | None = None
     compile: bool = False
+    cuda_graph: bool = False
+    state_every_minutes: float = 5.0
     data_loading: str = "auto"
     loader_workers: int = 2
     tensorboard: bool = False
@@ -219,6 +228,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (lambda v: v >= 0, ">= 0"),
     "folds": (lambda v: v >= 2, ">= 2"),
     "loader_workers": (lambda v: v >= 0, ">= 0"),
+    "state_every_minutes": (lambda v: v >= 0, ">= 0"),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "sampler": SAMPLERS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES,
