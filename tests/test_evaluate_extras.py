@@ -26,9 +26,10 @@ from capsmed.evaluate.agreement import (
     orientation_predictions,
 )
 from capsmed.evaluate.capsule_grids import perturb_dimensions
-from capsmed.evaluate.evaluation import evaluate_run, predict_scores
+from capsmed.evaluate.evaluation import evaluate_run
 from capsmed.models.capsules import MaskedDecoder
 from capsmed.runs.checkpoint import load_checkpoint
+from capsmed.runs.scores import predict_scores
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 from tests.helpers import TINY_CAPSNET, assert_clean_failure

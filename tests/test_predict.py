@@ -17,11 +17,10 @@ from capsmed.data.contract import load_split
 from capsmed.data.sources.diaretdb1.config import Diaretdb1Config
 from capsmed.data.sources.diaretdb1.reader import preprocess_diaretdb1
 from capsmed.data.sources.diaretdb1.synth import write_diaretdb1
-from capsmed.evaluate.evaluation import predict_scores
-from capsmed.evaluate.metrics import class_probabilities
 from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.runs import open_run
+from capsmed.runs.scores import class_probabilities, predict_scores
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 from tests.helpers import TINY_CAPSNET

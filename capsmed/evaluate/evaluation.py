@@ -7,24 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from capsmed.data.contract import SplitData, groups_by_split, read_info
 from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
 from capsmed.evaluate.capsule_grids import capsule_grids, write_capsule_grids
 from capsmed.evaluate.html import write_html
-from capsmed.evaluate.metrics import (
-    ClassificationReport,
-    class_probabilities,
-    classification_report,
-)
+from capsmed.evaluate.metrics import ClassificationReport, classification_report
 from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.run_report import write_report
 from capsmed.io import replace_dir, writing
 from capsmed.runs import OpenRun, open_run
+from capsmed.runs.scores import class_probabilities, predict_scores
 from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
@@ -41,19 +35,6 @@ class Evaluation:
     title: str
     agreement: AgreementResult | None = None
     files: tuple[str, ...] = field(default_factory=tuple)  # names written in report_dir
-
-
-@torch.no_grad()
-def predict_scores(model: torch.nn.Module, images: np.ndarray, device: torch.device,
-                   batch_size: int = 512) -> np.ndarray:
-    """Class scores [N, K] for uint8 images [N, C, H, W]."""
-    out = []
-    for start in range(0, len(images), batch_size):
-        # contiguous: a strided view (HWC read as CHW) takes other kernels, other roundings
-        chunk = np.ascontiguousarray(images[start:start + batch_size])
-        x = torch.from_numpy(chunk).to(device).float().div_(255.0)
-        out.append(model(x).scores.float().cpu())
-    return torch.cat(out).numpy() if out else np.empty((0, 0), dtype=np.float32)
 
 
 def _warn_seen_groups(run: OpenRun, split: str, split_data: SplitData) -> None:

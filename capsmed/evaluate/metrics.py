@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import softmax
 from sklearn.metrics import confusion_matrix, roc_auc_score
 
 # The per-class table: ratio columns (may be None) then the sample count.
@@ -88,22 +87,6 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(defined)) if defined else None
 
 
-def class_probabilities(scores: np.ndarray, loss_kind: str) -> tuple[np.ndarray, str]:
-    """Per-class scores to rank samples by for AUC, and how they were obtained.
-
-    ConvNets trained with cross-entropy output logits: their probabilities are the
-    softmax. Capsule networks (margin loss) output capsule lengths and the EM networks
-    (spread loss) class activations: each is already the model's own probability of
-    its class, trained independently of the others, so it is used as is. One-vs-rest
-    AUC ranks the samples by one class's score, so renormalising the lengths to sum to
-    one would mix the other classes' evidence into that ranking.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    if loss_kind == "ce":
-        return softmax(scores, axis=1), "softmax of the logits"
-    return scores, "class capsule lengths / activations, unnormalised"
-
-
 def _per_class_auc(y_true: np.ndarray, scores: np.ndarray, class_names: Sequence[str],
                    notes: list[str]) -> list[float | None]:
     if scores.shape != (len(y_true), len(class_names)):
@@ -134,7 +117,8 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray,
         y_true: True labels [N] in ``0..K-1``.
         y_pred: Predicted labels [N].
         class_names: The K class names.
-        scores: Optional per-class scores [N, K] for AUC (see :func:`class_probabilities`).
+        scores: Optional per-class scores [N, K] for AUC (see
+            :func:`capsmed.runs.scores.class_probabilities`).
 
     Returns:
         The report; undefined values are None and explained in ``notes``.

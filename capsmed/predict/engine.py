@@ -26,8 +26,6 @@ from capsmed.data.replay import make_recipe
 from capsmed.data.replay.windows import Prepared
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
-from capsmed.evaluate.evaluation import predict_scores
-from capsmed.evaluate.metrics import class_probabilities
 from capsmed.io import (
     atomic_dir,
     ensure_writable_dir,
@@ -55,6 +53,7 @@ from capsmed.predict.outputs import (
 )
 from capsmed.progress import make_progress
 from capsmed.runs import open_run
+from capsmed.runs.scores import class_probabilities, predict_scores
 
 log = logging.getLogger(__name__)
 

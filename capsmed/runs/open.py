@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -25,6 +26,7 @@ from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.runs.checkpoint import load_checkpoint
 from capsmed.runs.rows import is_run_file, load_run_split
+from capsmed.runs.scores import class_probabilities, predict_scores
 from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 from capsmed.train.state import RESUME_FILE
 
@@ -99,6 +101,26 @@ class OpenRun:
         if self.data_path is None:
             raise CapsmedError(f"{self.run_dir}: opened without a dataset file")
         return load_run_split(self.run_dir, self.data_path, split)
+
+    def predict(self, images: np.ndarray, batch_size: int = 512) -> np.ndarray:
+        """Class scores float64 [N, K] of model-ready images: uint8 [N, C, H, W] as the
+        dataset file holds them (or one image [C, H, W]). The scores are what predict and
+        evaluate report (:func:`capsmed.runs.scores.class_probabilities`): softmax
+        probabilities for ConvNets, capsule lengths for capsule networks. Raw images
+        of other sizes go through ``capsmed predict``, which replays the preprocessing.
+
+        Raises:
+            CapsmedError: images of another dtype or shape than the model takes.
+        """
+        images = np.asarray(images)
+        if images.ndim == 3:
+            images = images[None]
+        if images.dtype != np.uint8 or images.shape[1:] != self.input_shape:
+            shape = "x".join(map(str, self.input_shape))
+            raise CapsmedError(f"{self.run_dir}: the model takes uint8 images [N, {shape}] "
+                               f"(N, C, H, W), got {images.dtype} {list(images.shape)}")
+        scores = predict_scores(self.model, images, self.device, batch_size)
+        return class_probabilities(scores, self.loss_kind)[0]
 
     def record(self) -> DatasetRecord:
         """The preprocessing the model was trained with (``preprocessing.json``, else
