@@ -39,11 +39,11 @@ from capsmed.data.sources.wsi.config import WsiConfig  # noqa: E402
 from capsmed.data.sources.wsi.reader import preprocess_wsi  # noqa: E402
 from capsmed.data.sources.wsi.synth import write_wsi  # noqa: E402
 from capsmed.device import device_name, select_device  # noqa: E402
-from capsmed.evaluate.evaluation import predict_scores  # noqa: E402
 from capsmed.predict.config import PredictOptions  # noqa: E402
 from capsmed.predict.engine import predict  # noqa: E402
 from capsmed.progress import set_progress_enabled  # noqa: E402
 from capsmed.runs.checkpoint import load_checkpoint  # noqa: E402
+from capsmed.runs.scores import predict_scores  # noqa: E402
 from capsmed.train.config import TrainConfig  # noqa: E402
 from capsmed.train.engine import train  # noqa: E402
 

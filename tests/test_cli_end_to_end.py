@@ -133,7 +133,7 @@ def test_train_then_evaluate(cli_dataset, tmp_path, arch, model_args):
         rows = list(csv.reader(f))
     assert rows[0][:3] == ["class", "precision", "sensitivity"] and rows[-1][0] == "total"
     assert (run / "report" / "confusion_matrix.png").stat().st_size > 1000
-    assert "| Total (macro) |" in (run / "report" / "report.md").read_text()
+    assert "| **Total (macro)** |" in (run / "report" / "report.md").read_text()
 
 
 def test_training_refuses_an_existing_run_directory(cli_dataset, tmp_path):

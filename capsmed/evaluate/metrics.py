@@ -24,6 +24,7 @@ A macro mean (the Total row) is taken over the classes where the value is define
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -53,6 +54,8 @@ class ClassificationReport:
         auc_method: How ``auc`` was computed, in words.
         confusion: Counts [true, predicted].
         notes: Why a value is undefined or conventional, one sentence each.
+        predictions_digest: SHA-256 (first 16 hex digits) of the predicted labels as
+            int64: two evaluations with the same digest predicted the same labels.
     """
 
     class_names: tuple[str, ...]
@@ -66,6 +69,7 @@ class ClassificationReport:
     weighted_f1: float | None = None
     auc: float | None = None
     auc_method: str | None = None
+    predictions_digest: str | None = None
 
     def summary(self) -> dict[str, float | None]:
         """The overall numbers, by name."""
@@ -75,7 +79,8 @@ class ClassificationReport:
     def to_dict(self) -> dict:
         return {"class_names": list(self.class_names), "per_class": self.per_class,
                 "total": self.total, **self.summary(), "auc_method": self.auc_method,
-                "confusion_matrix": self.confusion.tolist(), "notes": self.notes}
+                "confusion_matrix": self.confusion.tolist(), "notes": self.notes,
+                "predictions_digest": self.predictions_digest}
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -178,4 +183,10 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray,
         class_names=tuple(class_names), per_class=per_class, total=total,
         accuracy=_ratio(float(tp.sum()), n), balanced_accuracy=total["sensitivity"],
         confusion=cm, notes=notes, macro_f1=total["f1"], weighted_f1=weighted_f1,
-        auc=auc, auc_method=auc_method)
+        auc=auc, auc_method=auc_method, predictions_digest=predictions_digest(y_pred))
+
+
+def predictions_digest(y_pred: np.ndarray) -> str:
+    """Which labels were predicted, in 16 hex digits (order and values)."""
+    data = np.ascontiguousarray(np.asarray(y_pred, dtype=np.int64)).tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]

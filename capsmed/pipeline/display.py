@@ -7,12 +7,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Table
+from rich.table import Table as RichTable
 from rich.text import Text
 
 from capsmed.pipeline.spec import RunSpec
+from capsmed.tables import Column, Table, text_column
+from capsmed.tables.terminal import to_rich
 
 SHOWN_RUNNING = 8
 
@@ -50,7 +52,7 @@ class RunBoard:
         head = Text(f"{self.name}: {len(self.done)} done, {len(self.running)} running, "
                     f"{max(0, pending)} pending, {len(self.failed)} failed "
                     f"(of {self.total})")
-        table = Table(box=None, show_header=bool(self.running), pad_edge=False)
+        table = RichTable(box=None, show_header=bool(self.running), pad_edge=False)
         table.add_column("running", no_wrap=True, max_width=60)
         table.add_column("for", justify="right", no_wrap=True)
         now = time.monotonic()
@@ -109,21 +111,16 @@ class RunBoard:
 
 
 def status_table(name: str, rows: Sequence[Mapping[str, Any]], fields: Sequence[str],
-                 estimate: Mapping[str, str] | None = None) -> Table:
-    """The expanded grid (``--dry-run``) or its progress (``capsmed run status``)."""
-    table = Table(title=f"{name}: {len(rows)} runs", title_justify="left", box=None,
-                  pad_edge=False)
-    table.add_column("#", justify="right")
-    for f in fields:
-        table.add_column(f, no_wrap=True, overflow="ellipsis", max_width=18)
-    table.add_column("id", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    if estimate:
-        table.add_column("est.", justify="right", no_wrap=True)
+                 estimate: Mapping[str, str] | None = None, width: int | None = None
+                 ) -> RenderableType:
+    """The expanded grid (``--dry-run``) or its progress (``capsmed run status``), fitted
+    to ``width`` columns (the terminal's by default)."""
+    columns = [Column("#"), *(text_column(f) for f in fields), text_column("id"),
+               text_column("status")] + ([Column("est.")] if estimate else [])
+    cells = []
     for i, row in enumerate(rows, 1):
-        cells = [str(i), *[str(row["fields"].get(f, "")) for f in fields],
-                 row["id"] or "(after data)", row["status"]]
-        if estimate:
-            cells.append(estimate.get(row["label"], "-"))
-        table.add_row(*cells)
-    return table
+        cells.append([str(i), *[str(row["fields"].get(f, "")) for f in fields],
+                      row["id"] or "(after data)", row["status"],
+                      *([estimate.get(row["label"], "-")] if estimate else [])])
+    return to_rich(Table(f"{name}: {len(rows)} runs", columns, cells),
+                   width or Console().width)

@@ -51,7 +51,7 @@ from capsmed.predict.outputs import (
     write_heatmap,
     write_predictions_csv,
 )
-from capsmed.progress import make_progress
+from capsmed.progress import make_progress, restart_task
 from capsmed.runs import open_run
 from capsmed.runs.scores import class_probabilities, predict_scores
 
@@ -220,8 +220,8 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
             queue.append(entry)
             try:
                 entry.prepared = recipe.prepare(item.path, centres.get(item.name))
-                progress.reset(windows, total=entry.prepared.expected,
-                               description=item.path.name[:30])
+                windows = restart_task(progress, windows, item.path.name[:30],
+                                       entry.prepared.expected)
                 for chunk, xy in entry.prepared.chunks:
                     entry.centres.append(xy)
                     entry.pushed += len(chunk)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.options import OUTPUT, option, overwrite_option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
@@ -29,10 +29,7 @@ def synth_affnist(
 
     if mat_version not in ("5", "7.3"):
         raise CapsmedError(f"--mat-version must be 5 or 7.3, got {mat_version!r}")
-    summary = write_affnist(out_dir, count=count, batches=batches, seed=seed,
-                            version=mat_version)
-    typer.echo(f"wrote {count} synthetic affNIST images to {summary.root}/test.mat and "
-               f"{batches} batches in {summary.root}/test_batches/")
+    write_affnist(out_dir, count=count, batches=batches, seed=seed, version=mat_version)
 
 
 @preprocess_app.command("affnist")
@@ -52,4 +49,4 @@ def preprocess_affnist(
 
     out = run(path, output, AffnistConfig(**only_set(split=split, max_images=max_images)),
               overwrite=overwrite)
-    typer.echo(f"wrote {out}; inspect it with: capsmed data info {out}")
+    echo_wrapped(f"inspect it with: capsmed data info {out}")

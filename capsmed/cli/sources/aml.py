@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.options import (
     OUTPUT,
     flag,
@@ -36,9 +36,8 @@ def synth_aml(
     """Single leukocytes of the 15 classes (RGBA TIFF) plus annotations.dat."""
     from capsmed.data.sources.aml.synth import write_aml
 
-    summary = write_aml(out_dir, per_class_scale=per_class_scale, size=size, seed=seed,
-                        min_per_class=min_per_class, reannotated_fraction=reannotated)
-    typer.echo(f"wrote {summary.images} images of 15 classes to {summary.root}")
+    write_aml(out_dir, per_class_scale=per_class_scale, size=size, seed=seed,
+              min_per_class=min_per_class, reannotated_fraction=reannotated)
 
 
 @preprocess_app.command("aml")
@@ -66,4 +65,4 @@ def preprocess_aml(
                                   workers=workers))
     path = preprocess_aml(raw_dir, output, config, annotations=annotations,
                           overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")

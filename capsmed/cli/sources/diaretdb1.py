@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
@@ -48,10 +48,7 @@ def synth_diaretdb1(
     """Fundus photographs with lesions, fused confidence maps, fmask.tif and split lists."""
     from capsmed.data.sources.diaretdb1.synth import write_diaretdb1
 
-    summary = write_diaretdb1(out_dir, images=images, size=_pair(size, "--size"), seed=seed)
-    lesions = ", ".join(f"{v} {k}" for k, v in summary.lesions.items())
-    typer.echo(f"wrote {summary.images} images ({summary.train} train, {summary.test} test; "
-               f"{lesions}) to {summary.root}")
+    write_diaretdb1(out_dir, images=images, size=_pair(size, "--size"), seed=seed)
 
 
 @preprocess_app.command("diaretdb1")
@@ -104,4 +101,4 @@ def preprocess_diaretdb1(
         val_fraction=val_fraction, seed=seed, workers=workers,
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak))
     path = preprocess_diaretdb1(raw_dir, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
@@ -42,10 +42,8 @@ def synth_folder(
     """Shapes on noise as OUT_DIR/<class>/P<pp>_<nnnn>.png (a class-folder dataset)."""
     from capsmed.data.sources.folder.synth import write_class_folders
 
-    summary = write_class_folders(out_dir, classes=classes, images_per_class=images_per_class,
-                                  patients=patients, size=size, seed=seed)
-    typer.echo(f"wrote {summary.images} images ({', '.join(summary.classes)}; "
-               f"{summary.patients} patients) to {summary.root}")
+    write_class_folders(out_dir, classes=classes, images_per_class=images_per_class,
+                        patients=patients, size=size, seed=seed)
 
 
 @preprocess_app.command("folder")
@@ -102,5 +100,5 @@ def preprocess_folder(
         fractions=fractions, split_files=files, folds=folds, seed=seed, name=name,
         domain=domain, workers=workers, allow_group_leak=allow_group_leak))
     path = preprocess_folder(root, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path} "
-               f"(or: capsmed data preview {path} -o preview.png)")
+    echo_wrapped(f"inspect it with: capsmed data info {path} (or: capsmed data preview "
+                 f"{path} -o preview.png)")

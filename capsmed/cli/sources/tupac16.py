@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
@@ -40,10 +40,8 @@ def synth_tupac16(
     """H&E mitosis images (Beer-Lambert stain model) with row,col ground-truth CSVs."""
     from capsmed.data.sources.tupac16.synth import write_tupac16
 
-    summary = write_tupac16(out_dir, cases=cases, images_per_case=images_per_case, size=size,
-                            seed=seed, layout=layout)
-    typer.echo(f"wrote {summary.images} images ({summary.mitoses} mitoses, "
-               f"{summary.cases} cases) to {summary.root}")
+    write_tupac16(out_dir, cases=cases, images_per_case=images_per_case, size=size,
+                  seed=seed, layout=layout)
 
 
 @preprocess_app.command("tupac16")
@@ -91,4 +89,4 @@ def preprocess_tupac16(
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
     path = preprocess_tupac16(raw_dir, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")

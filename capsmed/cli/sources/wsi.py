@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
@@ -49,8 +49,8 @@ def synth_wsi(
     paths = write_wsi(out_dir, slides=slides, size=size, seed=seed, levels=levels, tile=tile,
                       mpp=None if no_mpp else mpp, fmt=format,
                       points_per_slide=points_per_slide)
-    typer.echo(f"wrote {len(paths)} slides to {out_dir}/slides with annotations/*.geojson, "
-               "points.csv and slide_labels.csv")
+    echo_wrapped(f"annotations of the {len(paths)} slides: {out_dir}/annotations/*.geojson, "
+                 "points.csv and slide_labels.csv")
 
 
 @preprocess_app.command("wsi")
@@ -123,4 +123,4 @@ def preprocess_wsi(
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
     path = run(slides, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")

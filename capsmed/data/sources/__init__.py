@@ -41,8 +41,9 @@ class Source:
         domain: The image domain its files record (``--domain`` may override it where
             ``chooses_domain``).
         config: Its options dataclass (stdlib only, so help texts can read defaults).
-        preprocess: ``module:function`` in ``package`` turning raw files into a
-            dataset file, called as ``function(inputs, output, config, **options)``.
+        preprocess: ``module:function`` in ``package`` (or a dotted module path from
+            another package) turning raw files into a dataset file, called as
+            ``function(inputs, output, config, **options)``.
         synth: ``module:function`` writing synthetic raw files in the official
             layout, called as ``function(out_dir, **options)``; None if there is none.
         recipe: ``module:factory`` building predict's recipe, called as
@@ -74,7 +75,9 @@ class Source:
                                + (f": {self.no_recipe}" if which == "recipe" and
                                   self.no_recipe else ""))
         module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(f"{self.package}.{module}"), attr)
+        if "." not in module:  # a module of the source's own package
+            module = f"{self.package}.{module}"
+        return getattr(importlib.import_module(module), attr)
 
 
 _REGISTRY: dict[str, Source] = {}
