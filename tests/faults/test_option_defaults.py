@@ -26,6 +26,7 @@ COMMANDS = {
     "aml": ("capsmed.data.sources.aml.reader", "preprocess_aml", []),
     "folder": ("capsmed.data.sources.folder.reader", "preprocess_folder", []),
     "wsi": ("capsmed.data.sources.wsi.reader", "preprocess_wsi", ["--slide-labels", "labels.csv"]),
+    "medmnist": ("capsmed.data.sources.medmnist.reader", "preprocess_medmnist", []),
     "mnist": ("capsmed.data.sources.mnist.reader", "preprocess_mnist", []),
     "fashion-mnist": ("capsmed.data.sources.mnist.reader", "preprocess_mnist", []),
     "multimnist": ("capsmed.data.sources.mnist.multimnist", "preprocess_multimnist", []),
