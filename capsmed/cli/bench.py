@@ -7,7 +7,9 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors, parse_key_values
+from capsmed.cli.options import device_option, option
 from capsmed.io import user_data_dir
+from capsmed.train.config import TrainConfig
 
 
 def _shown(path: Path) -> str:
@@ -31,8 +33,8 @@ app = typer.Typer(help="Measure training and evaluation throughput.", no_args_is
 @handles_errors
 def train(
     arch: list[str] = typer.Option(..., help="Architecture(s) to measure; repeatable."),
-    batch_size: int = typer.Option(128, help="Batch size."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:1, mps."),
+    batch_size: int = option(TrainConfig, "batch_size", "Batch size"),
+    device: str = device_option(),
     steps: int = typer.Option(20, help="Timed steps (after the warm-up)."),
     warmup: int = typer.Option(5, help="Untimed warm-up steps."),
     precision: str = typer.Option("auto", help="auto, fp32 (IEEE, TF32 off), tf32 (CUDA), "
@@ -55,6 +57,8 @@ def train(
     from capsmed.tables.terminal import print_tables
     from capsmed.train.bench import append_result, bench_train
 
+    batch_size = TrainConfig.batch_size if batch_size is None else batch_size
+    device = TrainConfig.device if device is None else device
     table = Table(f"capsmed bench train (batch {batch_size}, {steps} timed steps)",
                   [text_column("arch"), text_column("input"), text_column("precision"),
                    *map(Column, ("train img/s", "step ms", "eval img/s", "peak MiB"))], [])

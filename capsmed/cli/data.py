@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import fit_to_width, handles_errors
+from capsmed.cli.options import OUTPUT_FLAGS
 
 app = typer.Typer(help="Inspect HDF5 dataset files.", no_args_is_help=True)
 
@@ -27,7 +28,7 @@ def info(file: Path = typer.Argument(..., help="A dataset .h5 written by capsmed
 @handles_errors
 def preview(
     file: Path = typer.Argument(..., help="A dataset .h5 written by capsmed."),
-    output: Path = typer.Option(..., "--output", "-o", help="Image to write (.png; .pdf, "
+    output: Path = typer.Option(..., *OUTPUT_FLAGS, help="Image to write (.png; .pdf, "
                                 ".svg, .jpg also work)."),
     split: str = typer.Option(None, help="Split to show [train, else the first split]."),
     per_class: int = typer.Option(None, help="Random samples per class [8]."),

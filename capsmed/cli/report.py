@@ -7,13 +7,14 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import echo_wrapped, handles_errors, only_set
+from capsmed.cli.options import OUTPUT_FLAGS
 
 
 @handles_errors
 def report(
     runs: list[Path] = typer.Argument(..., help="Evaluated run directories, or folders "
                                       "searched recursively for them."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output folder (new, empty, or an "
+    out: Path = typer.Option(..., *OUTPUT_FLAGS, help="Output folder (new, empty, or an "
                              "earlier report, which is replaced)."),
     metric: str = typer.Option(None, help="Metric of the paper-000 table, the tests and "
                                "the fraction plot: macro_f1, accuracy, balanced_accuracy, "

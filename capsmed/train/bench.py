@@ -27,7 +27,7 @@ from capsmed.device import device_name, select_device
 from capsmed.errors import CapsmedError
 from capsmed.io import append_line, ensure_writable_dir
 from capsmed.models import count_parameters
-from capsmed.train.config import PRECISIONS
+from capsmed.train.choices import PRECISIONS
 from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer
 from capsmed.train.step import (

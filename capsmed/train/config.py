@@ -17,15 +17,16 @@ import yaml
 
 from capsmed.data.challenges import DataChallenge
 from capsmed.data.domains import Domain
-from capsmed.data.loader import LOADINGS
+from capsmed.data.loading import LOADINGS
 from capsmed.errors import CapsmedError
-from capsmed.train.augment import get_recipe
-from capsmed.train.model_options import FROM_DATA
-from capsmed.train.optim import OPTIMIZERS, SCHEDULES
-from capsmed.train.sampling import SAMPLERS
+from capsmed.train.choices import (
+    FROM_DATA,
+    OPTIMIZERS,
+    PRECISIONS,
+    SAMPLERS,
+    SCHEDULES,
+)
 from capsmed.yamlfile import read_yaml
-
-PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,15 @@ class TrainConfig:
             (paper 000: 20); None never stops early.
         optimizer: ``adam`` (papers 000, 004) or ``nadam`` (paper 001).
         lr_schedule: ``constant`` or ``exponential`` (multiplied by ``lr_decay`` per epoch).
+        lr_decay: The exponential schedule's factor per epoch (Sabour et al.: 0.96).
         class_weights: ``balanced`` weights each sample's loss by N / (K n_c) of its
             class in the training samples used; None = unweighted.
         augment: Augment training batches on the device.
-        augment_recipe: A recipe of :mod:`capsmed.train.augment` or a spec such as
-            ``rotation=15,translation=0.1,hflip``; None = the recipe of the data's image
-            domain (paper 000 medical / MNIST / Fashion-MNIST, paper 001; digits are
-            never flipped, generic sets only rotated). A recipe implies ``augment``.
+        augment_recipe: A recipe of :mod:`capsmed.train.augment` (paper 000 medical /
+            MNIST / Fashion-MNIST, paper 001) or a spec such as
+            ``rotation=15,translation=0.1,hflip``; a recipe implies ``augment``; None =
+            the recipe of the data's image domain (digits are never flipped, generic
+            sets only rotated).
         fold: Cross-validation: test on this fold of a file written with folds, train
             on the others (paper 001).
         folds: Expected number of folds (checked against the file).
@@ -276,6 +279,8 @@ def check_option(name: str, value: Any) -> None:
                 ) + (" or unset" if _allows_none(hint) else "")
         raise CapsmedError(f"{name} must be {what}, got {value!r}")
     if name == "augment_recipe":
+        from capsmed.train.augment import get_recipe  # torch: only when there is one
+
         get_recipe(value)
 
 
