@@ -17,6 +17,7 @@ from capsmed.train.handlers.best_checkpoint import BestCheckpoint
 from capsmed.train.handlers.display import ProgressDisplay
 from capsmed.train.handlers.early_stopping import EarlyStopping
 from capsmed.train.handlers.metrics_file import MetricsFile
+from capsmed.train.handlers.mlflow_tracking import MLflowTracking
 from capsmed.train.handlers.resumable_state import ResumableState
 from capsmed.train.handlers.stop_signal import StopOnSignal
 from capsmed.train.handlers.summary import RunSummary
@@ -34,6 +35,7 @@ HANDLERS: tuple[type[LoopHandler], ...] = (
     EarlyStopping,  # --patience
     StopOnSignal,  # Ctrl-C, SIGTERM, SIGUSR2
     RunSummary,  # curves.png, summary.json
+    MLflowTracking,  # --mlflow: after the summary, whose files it logs at the end
     ResumableState,  # resume.pt: last, once everything else of the event is written
 )
 
