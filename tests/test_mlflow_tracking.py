@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from capsmed import __version__
 from capsmed.errors import CapsmedError
+from capsmed.runs.index import find_runs
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import resume, train
 from capsmed.train.handlers import HANDLERS
@@ -84,9 +85,12 @@ def test_a_tracked_run_is_read_back_and_trains_exactly_as_untracked(toy, tmp_pat
         [(r["epoch"], r["val_loss"]) for r in _metrics(tracked)]
     assert {"train_loss", "train_acc", "val_acc", "lr", "images_per_s"} <= run.data.metrics.keys()
     artifacts = {f.path for f in client.list_artifacts(record["run_id"])}
-    assert {"config.yaml", "summary.json", "curves.png", "metrics.jsonl"} <= artifacts
+    assert {"run-config.yaml", "summary.json", "curves.png", "metrics.jsonl"} <= artifacts
+    assert "config.yaml" not in artifacts  # else the store's copy is a run to runs ls
     local = Path(client.download_artifacts(record["run_id"], "summary.json", str(tmp_path)))
     assert local.read_text() == (tracked / "summary.json").read_text()
+    local = Path(client.download_artifacts(record["run_id"], "run-config.yaml", str(tmp_path)))
+    assert local.read_text() == config
 
     from capsmed.evaluate.evaluation import evaluate_run
 
@@ -104,6 +108,8 @@ def test_a_tracked_run_is_read_back_and_trains_exactly_as_untracked(toy, tmp_pat
     assert step == json.loads((tracked / "summary.json").read_text())["best_epoch"]
     reported = {f.path for f in client.list_artifacts(record["run_id"], "report")}
     assert {"report/report.html", "report/report.json"} <= reported
+    # the store is below the same folder as the runs: they are listed once each
+    assert [r.path for r in find_runs(tmp_path)] == [plain, tracked]
 
 
 def test_resume_continues_the_same_mlflow_run(toy, tmp_path):

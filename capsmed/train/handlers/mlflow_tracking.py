@@ -4,7 +4,7 @@ At the start the MLflow run is created in the experiment ``--mlflow-experiment``
 (default: the dataset's name) under the run folder's name, with the run's options and
 model arguments as params (:func:`~capsmed.train.handlers.run_params.run_params`), the
 dataset's name, digest and domain and capsmed's version as tags, and ``config.yaml``
-as an artifact; each epoch's record (losses, accuracies, learning rate, routing
+as the artifact ``run-config.yaml``; each epoch's record (losses, accuracies, learning rate, routing
 entropy, images/s) is logged with the epoch as step; at the end ``summary.json``,
 ``curves.png`` and ``metrics.jsonl`` are logged and the MLflow run is finished.
 
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MLFLOW_FILE = "mlflow.json"  # where RUN_DIR is tracked: tracking URI, experiment, run id
+RUN_CONFIG_ARTIFACT = "run-config.yaml"  # the run's config.yaml, as an artifact
 INSTALL = "pip install 'capsmed[mlflow]'"
 # MLflow's own limits (mlflow.utils.validation); read from there when it has them
 PARAMS_PER_BATCH = 100
@@ -163,7 +164,11 @@ class MLflowTracking(LoopHandler):
             {"tracking_uri": uri, "experiment_id": experiment_id, "experiment_name": name,
              "run_id": self.run_id}, indent=2))
         self._log_params()
-        self.client.log_artifact(self.run_id, str(run.run_dir / CONFIG))
+        # not under its own name: a folder holding config.yaml is a run directory to
+        # capsmed runs ls and capsmed report, and a file store below the runs folder
+        # would then list each run twice
+        self.client.log_text(self.run_id, (run.run_dir / CONFIG).read_text(encoding="utf-8"),
+                             RUN_CONFIG_ARTIFACT)
         log.info("MLflow: run %s in experiment '%s' at %s", self.run_id, name, uri)
 
     def _log_params(self) -> None:
