@@ -110,6 +110,25 @@ def test_a_tracked_run_is_read_back_and_trains_exactly_as_untracked(toy, tmp_pat
     assert {"report/report.html", "report/report.json"} <= reported
     # the store is below the same folder as the runs: they are listed once each
     assert [r.path for r in find_runs(tmp_path)] == [plain, tracked]
+    # and tracking is no setting of the experiment: capsmed report groups both as one
+    from capsmed.evaluate.aggregate import load_evaluated_run
+
+    evaluate_run(plain, grids=False, disable_progress=True)
+    assert load_evaluated_run(plain).other == load_evaluated_run(tracked).other
+
+
+def test_a_run_that_fails_is_marked_failed(toy, tmp_path, monkeypatch):
+    from capsmed.train.handlers.metrics_file import MetricsFile
+
+    def full_disk(self, loop):
+        raise CapsmedError("no space left")
+
+    monkeypatch.setattr(MetricsFile, "on_epoch_end", full_disk)
+    with pytest.raises(CapsmedError, match="no space left"):
+        train(_cfg(toy, tmp_path / "run", mlflow=str(tmp_path / "store")),
+              disable_progress=True)
+    client, record = _client(tmp_path / "run")
+    assert client.get_run(record["run_id"]).info.status == "FAILED"
 
 
 def test_resume_continues_the_same_mlflow_run(toy, tmp_path):
