@@ -131,14 +131,21 @@ def test_a_run_that_fails_is_marked_failed(toy, tmp_path, monkeypatch):
     assert client.get_run(record["run_id"]).info.status == "FAILED"
 
 
-def test_resume_continues_the_same_mlflow_run(toy, tmp_path):
-    cfg = _cfg(toy, tmp_path / "run", mlflow=f"file:{tmp_path / 'store'}", epochs=3,
+def test_resume_continues_the_same_mlflow_run(toy, tmp_path, monkeypatch):
+    """Even from another working directory, with the store given as a relative folder."""
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+    monkeypatch.chdir(tmp_path / "first")
+    cfg = _cfg(toy, tmp_path / "run", mlflow="store", epochs=3,
                mlflow_experiment="resumed", state_every_minutes=0)
     with pytest.raises(TrainingInterrupted):
         train(cfg, disable_progress=True, stop_after_steps=4)  # inside epoch 2 (3 steps)
     client, record = _client(tmp_path / "run")
+    assert record["tracking_uri"] == (tmp_path / "first" / "store").as_uri()
     assert client.get_run(record["run_id"]).info.status == "KILLED"
+    monkeypatch.chdir(tmp_path / "second")
     resume(tmp_path / "run", disable_progress=True)
+    assert not (tmp_path / "second" / "store").exists()
     assert _client(tmp_path / "run")[1] == record
     run = client.get_run(record["run_id"])
     assert run.info.status == "FINISHED"
@@ -188,6 +195,13 @@ def test_an_unreachable_server_is_refused_before_the_run_folder(toy, tmp_path):
     out = tmp_path / "run"
     result = invoke(lenet_args(toy, out, "--mlflow", f"http://127.0.0.1:{port}"))
     assert_clean_failure(result, f"--mlflow http://127.0.0.1:{port}: cannot reach", out)
+
+
+def test_a_store_folder_that_cannot_be_written_is_refused_before_the_run(toy, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    out = tmp_path / "run"
+    result = invoke(lenet_args(toy, out, "--mlflow", str(tmp_path / "a-file" / "store")))
+    assert_clean_failure(result, "cannot write an MLflow store there", out)
 
 
 def test_without_mlflow_installed_the_option_is_refused(toy, tmp_path, monkeypatch):

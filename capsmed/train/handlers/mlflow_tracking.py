@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,8 +127,26 @@ class MLflowTracking(LoopHandler):
 
     @staticmethod
     def check(cfg: TrainConfig) -> None:
-        if cfg.mlflow:
-            mlflow_client(tracking_uri(cfg.mlflow))
+        """The package is there and the server answers; a folder store is only checked
+        writable here (contacting it would create it, and a resumed run's relative
+        folder is another one from another working directory: its mlflow.json says
+        which)."""
+        if not cfg.mlflow:
+            return
+        uri = tracking_uri(cfg.mlflow)
+        if not uri.startswith("file:"):
+            mlflow_client(uri)
+            return
+        try:
+            import mlflow  # noqa: F401 -- the run imports it next anyway
+        except ImportError:
+            raise CapsmedError(f"--mlflow needs the mlflow-skinny package: {INSTALL}"
+                               ) from None
+        folder = Path(urllib.parse.urlparse(uri).path)
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise CapsmedError(f"--mlflow {cfg.mlflow}: cannot write an MLflow store there "
+                               f"({existing} is not a writable folder)")
 
     def on_start(self, loop: LoopState) -> None:
         """Create the MLflow run (a resumed run: take its own up again). A failure here
