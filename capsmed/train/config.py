@@ -96,6 +96,9 @@ class TrainConfig:
             needs ``capsmed[mlflow]``; None = not tracked.
         mlflow_experiment: The MLflow experiment the run is logged in; None = the
             dataset's name.
+        wandb: Log the run to Weights & Biases in this project (needs
+            ``capsmed[wandb]``; ``WANDB_MODE=offline`` logs locally, for ``wandb sync``
+            later); None = not logged.
         transfer_from: A run directory whose checkpoint initialises the parameters
             named by ``transfer_layers`` (paper 003's AnB / BnB transfer).
         transfer_layers: Parameter-name prefixes copied from ``transfer_from`` (e.g.
@@ -139,6 +142,7 @@ class TrainConfig:
     tensorboard: bool = False
     mlflow: str | None = None
     mlflow_experiment: str | None = None
+    wandb: str | None = None
     transfer_from: str | None = None
     transfer_layers: list[str] = field(default_factory=list)
     freeze_transferred: bool = True

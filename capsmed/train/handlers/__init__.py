@@ -22,6 +22,7 @@ from capsmed.train.handlers.resumable_state import ResumableState
 from capsmed.train.handlers.stop_signal import StopOnSignal
 from capsmed.train.handlers.summary import RunSummary
 from capsmed.train.handlers.tensorboard import TensorBoard
+from capsmed.train.handlers.wandb_tracking import WandbTracking
 
 if TYPE_CHECKING:
     from capsmed.train.config import TrainConfig
@@ -36,6 +37,7 @@ HANDLERS: tuple[type[LoopHandler], ...] = (
     StopOnSignal,  # Ctrl-C, SIGTERM, SIGUSR2
     RunSummary,  # curves.png, summary.json
     MLflowTracking,  # --mlflow: after the summary, whose files it logs at the end
+    WandbTracking,  # --wandb: after the summary too
     ResumableState,  # resume.pt: last, once everything else of the event is written
 )
 
