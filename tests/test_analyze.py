@@ -261,7 +261,8 @@ def test_routing_without_logged_entropy_analyses_the_checkpoint(tiny_h5, tmp_pat
     record = json.loads((out / "routing.json").read_text())["runs"][0]
     assert record["curve"] == [] and 0 < record["test_normalised"] <= 1
     assert sorted(p.name for p in out.iterdir()) == [
-        "routing.json", "routing_entropy_test.png", "routing_epochs.csv", "routing_test.csv"]
+        "routing.json", "routing_entropy_test.png", "routing_epochs.csv",
+        "routing_iterations.csv", "routing_test.csv"]
 
 
 def test_routing_into_a_used_folder_leaves_no_figure_of_the_earlier_runs(caps_run, tiny_h5,
@@ -416,3 +417,23 @@ def test_routing_table_fits_80_columns_with_run_names_whole(caps_run, tmp_path):
     for (shown, *_), run in zip(classes, [runs[0], runs[0], runs[1], runs[1]], strict=True):
         assert all(piece in str(run) for piece in shown.split("…")), shown
         assert run.name.split("-", 3)[-1] in shown
+
+
+def test_routing_reruns_the_checkpoint_with_other_iteration_counts(caps_run):
+    """Whether the agreement steps matter: the kept checkpoint with 1 (uniform
+    couplings), 2, 3 (trained) and 5 iterations; the model is left as trained."""
+    import math
+
+    from capsmed.evaluate.analyses.routing import routed_layers, routing_entropy
+
+    result = routing_entropy(caps_run, device="cpu")
+    rows = {r["iterations"]: r for r in result.by_iterations}
+    assert sorted(rows) == [1, 2, 3, 5] and [r["trained"] for r in rows.values()] == \
+        [False, False, True, False]
+    assert rows[3]["agreement"] == 1.0 and 0.0 <= rows[1]["agreement"] <= 1.0
+    # one iteration spreads every lower capsule uniformly: entropy log J, normalised 1
+    assert rows[1]["normalised"] == pytest.approx(1.0, abs=1e-6)
+    assert rows[1]["entropy"] == pytest.approx(math.log(result.upper_capsules), abs=1e-5)
+    assert rows[3]["entropy"] == pytest.approx(result.test_entropy, abs=1e-6)
+    model, _ = load_checkpoint(caps_run)
+    assert [layer.iterations for layer in routed_layers(model)] == [3]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,10 @@ class RoutingResult:
         test_entropy, test_normalised: Mean over test samples and lower capsules.
         per_class: ``{class: {"entropy", "normalised", "samples"}}`` by true class.
         samples: Test samples.
+        by_iterations: The kept checkpoint rerun with other routing iteration counts
+            (:data:`SWEEP`; the trained count marked ``trained``): ``iterations``,
+            ``accuracy``, ``entropy``, ``normalised`` and ``agreement``, the share of
+            test images given the trained count's class.
     """
 
     run_dir: str
@@ -66,6 +70,7 @@ class RoutingResult:
     test_normalised: float
     per_class: dict[str, dict[str, float]]
     samples: int
+    by_iterations: list[dict[str, float]] = field(default_factory=list)
 
 
 def read_entropy_curve(run_dir: Path) -> list[dict[str, Any]]:
@@ -124,6 +129,49 @@ def checkpoint_entropy(model: nn.Module, images: np.ndarray, device: torch.devic
     return torch.cat(values).numpy().astype(np.float64), *shape
 
 
+SWEEP = (1, 2, 3, 5)  # routing iterations the kept checkpoint is rerun with
+
+
+def routed_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's routing layers whose iteration count can be changed at test time."""
+    from capsmed.models.capsules import RoutedCapsules
+
+    return [m for m in model.modules() if isinstance(m, RoutedCapsules)]
+
+
+@torch.no_grad()
+def iteration_sweep(model: nn.Module, images: np.ndarray, labels: np.ndarray,
+                    device: torch.device, batch_size: int = 256,
+                    counts: tuple[int, ...] = SWEEP) -> list[dict[str, float]]:
+    """Accuracy and coupling entropy of the kept checkpoint with each routing iteration
+    count in ``counts`` (1: uniform couplings, no agreement step), the weights as
+    trained. Tells whether the agreement steps change what the model predicts; empty
+    for a model without a routing layer whose count can be set."""
+    layers = routed_layers(model)
+    if not layers:
+        return []
+    trained = [layer.iterations for layer in layers]
+    rows, reference = [], None
+    try:
+        for count in sorted(set(counts) | set(trained)):
+            for layer in layers:
+                layer.iterations = count
+            entropy, _, upper = checkpoint_entropy(model, images, device, batch_size)
+            predicted = common.predict(model, images, device, batch_size)
+            rows.append({"iterations": count, "trained": count == trained[0],
+                         "accuracy": common.accuracy(predicted, labels),
+                         "entropy": float(entropy.mean()),
+                         "normalised": float(entropy.mean() / math.log(upper))
+                         if upper > 1 else 0.0, "predicted": predicted})
+    finally:
+        for layer, count in zip(layers, trained, strict=True):
+            layer.iterations = count
+    reference = next(r["predicted"] for r in rows if r["trained"])
+    for r in rows:
+        r["agreement"] = float((r.pop("predicted") == reference).mean())
+    return rows
+
+
 def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
                     batch_size: int = 256) -> RoutingResult:
     """The routing entropy of one run over training and at its kept checkpoint."""
@@ -143,12 +191,15 @@ def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
                                "samples": int(len(chosen))}
     for point in curve:
         point["normalised"] = point["routing_entropy"] / log_j
+    sweep = iteration_sweep(run.model, samples.images, samples.labels, run.device,
+                            batch_size)
     return RoutingResult(run_dir=str(run.run_dir), arch=run.arch,
                          layer=routing_layer_name(run.model), lower_capsules=lower,
                          upper_capsules=upper, curve=curve,
                          test_entropy=float(per_sample.mean()),
                          test_normalised=float(per_sample.mean() / log_j),
-                         per_class=per_class, samples=len(per_sample))
+                         per_class=per_class, samples=len(per_sample),
+                         by_iterations=sweep)
 
 
 def _labels(results: list[RoutingResult]) -> list[str]:
@@ -242,6 +293,12 @@ def analyze_routing(run_dirs: list[Path], out: Path | None = None, device: str =
                      ["run", "arch", "epoch", "routing_entropy", "normalised", "val_acc"],
                      [[r.run_dir, r.arch, p["epoch"], p["routing_entropy"], p["normalised"],
                        p["val_acc"]] for r in results for p in r.curve])
+    common.write_csv(out / "routing_iterations.csv",
+                     ["run", "arch", "iterations", "trained", "accuracy", "entropy",
+                      "normalised", "agreement"],
+                     [[r.run_dir, r.arch, i["iterations"], i["trained"], i["accuracy"],
+                       i["entropy"], i["normalised"], i["agreement"]]
+                      for r in results for i in r.by_iterations])
     common.write_csv(out / "routing_test.csv",
                      ["run", "arch", "layer", "class", "entropy", "normalised", "samples"],
                      [row for r in results for row in (

@@ -59,8 +59,18 @@ def routing_tables(results: Sequence[RoutingResult], split: str) -> list[Table]:
                      text_column("layer (I->J)", priority=1), Column("first epoch"),
                      Column("last epoch"), Column(split), Column("normalised")],
                     runs, notes=["epochs: validation split, as logged", normalised])
-    return [per_run, _table(f"Routing coupling entropy on {split} by true class (nats)",
-                            ["run", "class", "entropy", "normalised"], classes, names=2)]
+    sweep = [[r.run_dir, f"{i['iterations']}" + (" (trained)" if i["trained"] else ""),
+              f"{i['accuracy']:.4f}", f"{i['entropy']:.4f}", f"{i['normalised']:.4f}",
+              f"{i['agreement']:.4f}"] for r in results for i in r.by_iterations]
+    tables = [per_run, _table(f"Routing coupling entropy on {split} by true class (nats)",
+                              ["run", "class", "entropy", "normalised"], classes, names=2)]
+    if sweep:
+        tables.append(_table(
+            f"The kept checkpoint with other routing iteration counts ({split})",
+            ["run", "iterations", "accuracy", "entropy", "normalised", "same class"],
+            sweep, ["1 iteration: uniform couplings, no agreement step; same class: share "
+                    "of images given the trained count's class"], names=2))
+    return tables
 
 
 def compactness_table(record: dict[str, Any], run_dir: Path) -> Table:
