@@ -16,12 +16,13 @@ import pytest
 import yaml
 
 from capsmed.errors import CapsmedError
-from capsmed.pipeline import execute, runner
+from capsmed.pipeline import execute, runner, tasks
 from capsmed.pipeline import state as state_module
 from capsmed.pipeline.display import RunBoard
 from capsmed.pipeline.identity import run_identity
 from capsmed.pipeline.spec import load_pipeline
 from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.work import Placement
 
 SMOKE = Path(__file__).resolve().parents[1] / "pipelines" / "smoke.yaml"
 
@@ -114,13 +115,19 @@ def test_analyses_run_again_when_a_dataset_they_read_is_remade(tmp_path, monkeyp
     monkeypatch.setattr(execute, "run_logged", lambda argv, log, env=None: calls.append(
         argv) or (pipeline.out / "analysis" / "transfer").mkdir(parents=True, exist_ok=True)
         or 0)
-    board = RunBoard("t", 0)
-    for _ in range(2):
-        assert runner._analyses(pipeline, state, pipeline.runs, board) == {}
+    assert _run_analyses(pipeline, state) == [None]
+    assert _run_analyses(pipeline, state) == []  # done with this command and data
     assert len(calls) == 1
     pipeline.stages["tupac16"].output.write_bytes(b"version 2")
-    runner._analyses(pipeline, state, pipeline.runs, board)
+    assert _run_analyses(pipeline, state) == [None]
     assert len(calls) == 2
+
+
+def _run_analyses(pipeline, state) -> list:
+    """The analyses the runner would submit (no run to train), each run here."""
+    items = runner.work_items(pipeline, state, [], [], pipeline.runs, runner.RunOptions(),
+                              0, RunBoard("t", 0))
+    return [item.task(Placement()) for item in items if item.kind == "analysis"]
 
 
 def test_a_table_reads_only_analysis_files_of_the_current_analyses(tmp_path, monkeypatch):
@@ -177,11 +184,12 @@ def test_a_selection_reports_the_whole_grid_and_defers_analyses_it_cuts(tmp_path
 
     pipeline, state = _pipeline(tmp_path)
     reported = []
-    monkeypatch.setattr(runner, "_execute", lambda state, todo, *a: {})
+    monkeypatch.setattr(tasks, "execute_run", lambda state, run, run_id, placement:
+                        _finished(state, run) and None)
     monkeypatch.setattr(study, "write_study_report",
                         lambda pipeline, state, runs: reported.append(list(runs)))
     ran = []
-    monkeypatch.setattr(runner, "execute_analysis", lambda state, a, *rest: ran.append(a.name))
+    monkeypatch.setattr(tasks, "execute_analysis", lambda state, a, *rest: ran.append(a.name))
     options = runner.RunOptions(only=["arch=capsnet", "seed=0"], gpus=[], jobs=1)
     assert runner.run_pipeline(pipeline, options) == 0
     assert [len(runs) for runs in reported] == [8]

@@ -94,9 +94,9 @@ def test_a_requeued_job_resumes_from_its_saved_state(tmp_path):
             break
         time.sleep(0.2)
     assert log is not None, "the Slurm job never started training"
-    jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True,
-                          text=True).stdout.split()
-    assert len(jobs) == 1
+    jobs = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], env=env,
+                          capture_output=True, text=True).stdout.split()
+    assert len(jobs) == 1  # the training (its analysis waits for it)
     subprocess.run(["scontrol", "requeue", jobs[0]], env=env, check=True)
     output, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, output

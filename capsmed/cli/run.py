@@ -61,14 +61,16 @@ def run(
     if mode == "status" or dry_run:
         _print_table(pipeline, only or [], exclude or [], Console(), estimates=dry_run)
         return
-    slurm = {k: v for k, v in {"partition": slurm_partition, "time_min": slurm_time,
-                               "account": slurm_account, "gpus": slurm_gpus}.items()
-             if v is not None}
+    from capsmed.pipeline.resources import check_resources
+
+    overrides = {k: v for k, v in {"partition": slurm_partition, "time_min": slurm_time,
+                                   "account": slurm_account, "gpus": slurm_gpus}.items()
+                 if v is not None}
     options = RunOptions(only=only or [], exclude=exclude or [], retries=retries,
                          executor=executor, jobs=jobs,
                          gpus=[g.strip() for g in gpus.split(",") if g.strip()]
                          if gpus is not None else None,
-                         slurm={**(pipeline.executor.get("slurm") or {}), **slurm},
+                         resources=check_resources(overrides, "--slurm-*", "command line"),
                          report=report)
     if retries < 0 or (jobs is not None and jobs < 1):
         raise CapsmedError("--retries must be >= 0 and --jobs >= 1")

@@ -12,8 +12,6 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from capsmed.pipeline.spec import RunSpec
-
 SHOWN_RUNNING = 8
 
 
@@ -74,9 +72,8 @@ class RunBoard:
     def note(self, text: str) -> None:
         self._line(text)
 
-    def event(self, what: str, run: RunSpec, run_id: str, detail: str | None) -> None:
+    def event(self, what: str, label: str, detail: str | None = None) -> None:
         """A run started (``running``), finished (``done``) or gave up (``failed``)."""
-        label = run.label
         if what == "running":
             self.running[label] = (time.monotonic(), detail)
             if self.live is None:

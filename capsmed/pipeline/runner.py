@@ -1,16 +1,18 @@
 """``capsmed run PIPELINE.yaml``: data stages, the training grid, analyses, the report.
 
-Order of work: check that every raw input exists (before anything runs), make the data
-stages the selected runs need (once each), give every run its identity, skip the
-finished ones, run the rest on the chosen executor with retries, run the analyses,
-then write the study's tables (ours beside the paper's numbers) and ``capsmed report``.
-A failed run never stops the others; they are listed at the end with their logs.
+Order of work: check that every raw input exists (before anything runs), give every
+run whose data exists its identity and skip the finished ones, then hand the rest to
+the executor as one batch of work items: the data stages to make, the runs to train
+or evaluate (each after its data stage) and the analyses (each after its runs). The
+runner knows executors only through :class:`~capsmed.pipeline.executors.Executor`;
+:class:`~capsmed.pipeline.drive.Driver` follows the jobs with retries. At the end it
+writes the study's tables (ours beside the paper's numbers) and ``capsmed report``. A
+failed run never stops the others; they are listed at the end with their logs.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,25 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from capsmed.errors import CapsmedError
+from capsmed.pipeline import resources as res
 from capsmed.pipeline.checks import parse_selection
 from capsmed.pipeline.display import RunBoard
+from capsmed.pipeline.drive import Driver
 from capsmed.pipeline.execute import (
-    analysis_argv,
-    analysis_done,
-    analysis_inputs,
     analysis_runs,
     current_identity,
-    execute_analysis,
-    execute_stage,
     remade_outputs,
     stage_done,
 )
+from capsmed.pipeline.executors import ExecutorSettings, create_executor
 from capsmed.pipeline.spec import Pipeline, RunSpec, Stage
 from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.tasks import RunTask, StageTask, analysis_task
+from capsmed.pipeline.work import JobState, WorkItem
 
 log = logging.getLogger(__name__)
-
-EXECUTORS = ("local", "slurm")
 
 
 @dataclass
@@ -50,7 +50,7 @@ class RunOptions:
     executor: str | None = None
     jobs: int | None = None
     gpus: list[str] | None = None
-    slurm: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)  # --slurm-* overrides
     report: bool = True
 
 
@@ -121,26 +121,94 @@ def plan(pipeline: Pipeline, runs: Sequence[RunSpec], state: PipelineState
     return out
 
 
-def _executor_settings(pipeline: Pipeline, options: RunOptions) -> tuple[str, int, list[str]]:
+def executor_for(pipeline: Pipeline, options: RunOptions) -> Any:
+    """The executor ``--executor`` (else the YAML's ``executor.kind``) names, built
+    with the same settings whatever it is."""
     cfg = pipeline.executor
     kind = options.executor or cfg.get("kind", "local")
-    if kind not in EXECUTORS:
-        raise CapsmedError(f"--executor must be one of {', '.join(EXECUTORS)}, got '{kind}'")
-    gpus = options.gpus if options.gpus is not None else [str(g) for g in cfg.get("gpus", [])]
-    if options.gpus is None and not cfg.get("gpus"):
-        gpus = _visible_gpus()
-    jobs = options.jobs or int(cfg.get("jobs", 0)) or max(1, len(gpus))
-    return kind, jobs, gpus[:jobs] if gpus else []
+    gpus = options.gpus if options.gpus is not None else (
+        [str(g) for g in cfg["gpus"]] if cfg.get("gpus") else None)
+    jobs = options.jobs or (int(cfg["jobs"]) if cfg.get("jobs") else None)
+    return create_executor(kind, ExecutorSettings(
+        out=pipeline.out, study=pipeline.name, jobs=jobs,
+        devices=tuple(gpus) if gpus is not None else None,
+        options=dict(cfg.get(kind) or {})))
 
 
-def _visible_gpus() -> list[str]:
-    """CUDA devices of this machine (none on a CPU-only one)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip()]
-    import torch
+def _resources(values: Mapping[str, Any], overrides: Mapping[str, Any], where: str,
+               path: Path, gpus_here: int | None) -> res.Resources:
+    """The resources a job gets: the pipeline's, then the command line's; a run that
+    does not say how many GPUs gets one where the executor has some."""
+    merged = res.merge(values, overrides)
+    if merged.get("gpus") is None and where.startswith("run ") and gpus_here:
+        merged["gpus"] = 1
+    return res.build(merged, where, path)
 
-    return [str(i) for i in range(torch.cuda.device_count())]
+
+def work_items(pipeline: Pipeline, state: PipelineState, stages: Sequence[Stage],
+               todo: Sequence[RunSpec], runs: Sequence[RunSpec], options: RunOptions,
+               gpus_here: int | None, board: RunBoard) -> list[WorkItem]:
+    """The jobs to submit: data stages to make, runs to train or evaluate, analyses
+    to run, each after the jobs it needs (dependencies first)."""
+    shared = res.without_run_shape(pipeline.resources)
+    items: list[WorkItem] = []
+    for stage in stages:
+        if not stage_done(state, stage):
+            items.append(WorkItem(
+                f"stage:{stage.name}", f"data stage '{stage.name}'",
+                StageTask(pipeline.out, stage),
+                _resources(res.merge(shared, stage.resources), options.resources,
+                           f"datasets.{stage.name}", pipeline.path, gpus_here)))
+    made = {str(s.output): f"stage:{s.name}" for s in stages if not stage_done(state, s)}
+    for run in todo:
+        inputs = {str(run.train.get("data"))} | {str(e.data) for e in run.evaluations if e.data}
+        after = tuple(sorted({made[p] for p in inputs if p in made}))
+        items.append(WorkItem(f"run:{run.label}", run.label, RunTask(pipeline.out, run),
+                              _resources(run.resources, options.resources,
+                                         f"run {run.label}", pipeline.path, gpus_here),
+                              after))
+    submitted = {i.key for i in items}
+    items += _analysis_items(pipeline, state, runs, made, submitted, options, gpus_here,
+                             board)
+    return items
+
+
+def _analysis_items(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
+                    made: Mapping[str, str], submitted: set[str], options: RunOptions,
+                    gpus_here: int | None, board: RunBoard) -> list[WorkItem]:
+    """The analyses not done with this command and these data files. One that reads a
+    run outside --only/--exclude waits for a run of the whole grid (on a part of its
+    runs it would write a different result under the same name)."""
+    selected = {r.label for r in runs}
+    shared = res.without_run_shape(pipeline.resources)
+    items = []
+    for analysis in pipeline.analyses:
+        reads = analysis_runs(analysis, pipeline.runs)
+        outside = [r.label for r in reads if r.label not in selected]
+        if outside:
+            board.note(f"analysis '{analysis.name}' not run: it reads {len(outside)} "
+                       f"run(s) outside the selection ({outside[0]}, ...)")
+            continue
+        task = analysis_task(pipeline.out, analysis, pipeline.runs,
+                             list(pipeline.stages.values()), pipeline.path)
+        names = " ".join(analysis.command)
+        after = {f"run:{r.label}" for r in reads} & submitted
+        after |= {key for output, key in made.items() if output in names}
+        if not after and _analysis_done(task, state):
+            continue
+        items.append(WorkItem(f"analysis:{analysis.name}", f"analysis '{analysis.name}'",
+                              task, _resources(res.merge(shared, analysis.resources),
+                                               options.resources,
+                                               f"analyses.{analysis.name}", pipeline.path,
+                                               gpus_here), tuple(sorted(after))))
+    return items
+
+
+def _analysis_done(task: Any, state: PipelineState) -> bool:
+    try:
+        return task.done(state)
+    except CapsmedError:
+        return False
 
 
 def run_pipeline(pipeline: Pipeline, options: RunOptions) -> int:
@@ -151,32 +219,31 @@ def run_pipeline(pipeline: Pipeline, options: RunOptions) -> int:
         raise CapsmedError(f"{pipeline.path}: no run matches the selection")
     stages = needed_stages(pipeline, runs)
     check_inputs(pipeline, stages, state)
-    kind, jobs, gpus = _executor_settings(pipeline, options)
-    if kind == "slurm":
-        from capsmed.pipeline.slurm import require_slurm
-
-        require_slurm(options.slurm)
-    state.acquire_lock()
+    executor = executor_for(pipeline, options)
     started = time.monotonic()
     board = RunBoard(pipeline.name, len(runs))
+    todo = []
+    for run, _, status in plan(pipeline, runs, state):
+        if status == "done":
+            board.event("done", run.label, "finished earlier")
+        else:
+            todo.append(run)
+    items = work_items(pipeline, state, stages, todo, runs, options,
+                       executor.gpus_available(), board)
+    executor.check(items)
+    state.acquire_lock()
     failures: dict[str, str] = {}
     try:
         with board:
-            bad_stages = _make_data(state, stages, board)
-            todo = []
-            for run, run_id, status in plan(pipeline, runs, state):
-                if run.stage in bad_stages or run_id is None:
-                    why = bad_stages.get(run.stage or "", "its data file was not made")
-                    failures[run.label] = f"data stage '{run.stage}': {why}"
-                    board.event("failed", run, run_id or "-", failures[run.label])
-                elif status == "done":
-                    board.event("done", run, run_id, "finished earlier")
-                else:
-                    todo.append((run, run_id))
-            failures.update(_execute(state, todo, kind, jobs, gpus, options, board,
-                                     pipeline.name))
-            if not failures:
-                failures.update(_analyses(pipeline, state, runs, board))
+            driver = Driver(executor, items, options.retries,
+                            lambda item, st: _outcome(state, item, st),
+                            lambda what, item, detail: _show(board, what, item, detail))
+            try:
+                driver.start()
+                failures = {driver.tracked[k].item.label: why
+                            for k, why in driver.wait().items()}
+            finally:
+                executor.close()
         if options.report:  # over every finished run of the grid, not just the selection
             from capsmed.pipeline.study import write_study_report
 
@@ -189,61 +256,30 @@ def run_pipeline(pipeline: Pipeline, options: RunOptions) -> int:
     return 1 if failures else 0
 
 
-def _make_data(state: PipelineState, stages: Sequence[Stage], board: RunBoard
-               ) -> dict[str, str]:
-    bad = {}
-    for stage in stages:
-        if stage_done(state, stage):
-            continue
-        board.note(f"data stage '{stage.name}' -> {stage.output}")
-        reason = execute_stage(state, stage, {})
-        if reason:
-            bad[stage.name] = reason
-            board.note(f"data stage '{stage.name}' FAILED: {reason}")
-    return bad
+def _outcome(state: PipelineState, item: WorkItem, job: JobState) -> str | None:
+    """None when the item's work is done, by its files; else why not."""
+    if item.kind == "run":
+        run = item.task.run
+        run_id = current_identity(run, set())
+        if run_id is not None and state.status(run, run_id) == "done":
+            return None
+        if job.reason:
+            return job.reason
+        where = state.log_path(run, run_id) if run_id else state.out / "logs"
+        return f"ended without finishing; see {where}"
+    return job.reason if job.state != "finished" else None
 
 
-def _execute(state: PipelineState, todo: list[tuple[RunSpec, str]], kind: str, jobs: int,
-             gpus: list[str], options: RunOptions, board: RunBoard, name: str
-             ) -> dict[str, str]:
-    if not todo:
-        return {}
-    if kind == "slurm":
-        from capsmed.pipeline.slurm import run_slurm
-
-        failures = run_slurm(state, todo, options.slurm, options.retries, board.event, name)
-    else:
-        from capsmed.pipeline.local import run_local
-
-        failures = run_local(state, todo, jobs, gpus, options.retries, board.event)
-    labels = {run_id: run.label for run, run_id in todo}
-    return {labels[k]: v for k, v in failures.items()}
-
-
-def _analyses(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
-              board: RunBoard) -> dict[str, str]:
-    """Run the analyses not done with this command and these data files. One that
-    reads a run outside --only/--exclude waits for a run of the whole grid (on a part
-    of its runs it would write a different result under the same name)."""
-    failures = {}
-    selected = {r.label for r in runs}
-    for analysis in pipeline.analyses:
-        outside = [r.label for r in analysis_runs(analysis, pipeline.runs)
-                   if r.label not in selected]
-        if outside:
-            board.note(f"analysis '{analysis.name}' not run: it reads {len(outside)} "
-                       f"run(s) outside the selection ({outside[0]}, ...)")
-            continue
-        argv = analysis_argv(analysis, pipeline, state)
-        inputs = analysis_inputs(pipeline, argv)
-        if analysis_done(state, analysis, argv, inputs):
-            continue
-        board.note(f"analysis '{analysis.name}'"
-                   + (f" -> {analysis.output}" if analysis.output else ""))
-        reason = execute_analysis(state, analysis, argv, inputs, {})
-        if reason:
-            failures[f"analysis {analysis.name}"] = reason
-    return failures
+def _show(board: RunBoard, what: str, item: WorkItem, detail: str | None) -> None:
+    if item.kind == "run":
+        board.event(what, item.label, detail)
+    elif what == "running":
+        output = getattr(item.task, "stage", None) or getattr(item.task, "analysis", None)
+        target = getattr(output, "output", None)
+        board.note(f"{item.label}" + (f" -> {target}" if target else "")
+                   + (f" ({detail})" if detail else ""))
+    elif what == "failed":
+        board.note(f"{item.label} FAILED: {detail}")
 
 
 def status_rows(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]

@@ -5,7 +5,8 @@ stages (capsmed commands that make one ``.h5`` each), ``grid`` blocks are produc
 axes (``dataset``, ``arch``, ``seed``, ... and labels such as ``condition``), ``train``
 holds every run's options and ``rules`` add options to the runs their ``when``
 matches. ``{name}`` in any string is a variable, a grid field of the run, or
-``{datasets.NAME}``, the output of a data stage.
+``{datasets.NAME}``, the output of a data stage. ``resources`` (top level, in a rule,
+a data stage or an analysis) say what each job asks for (:mod:`.resources`).
 
 Nothing here runs anything; :mod:`capsmed.pipeline.runner` does.
 """
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from capsmed.errors import CapsmedError
+from capsmed.pipeline import resources as res
 from capsmed.pipeline.checks import (
     check_distinct_runs,
     check_report,
@@ -33,15 +35,15 @@ from capsmed.pipeline.checks import (
     matches_selection,
     run_filter,
 )
+from capsmed.pipeline.executors import check_executor_section
 from capsmed.train.config import TrainConfig
 
 TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "exclude",
-            "train", "rules", "evaluate", "analyses", "report", "executor"}
-STAGE_KEYS = {"output", "requires", "commands", "scratch", "note"}
+            "train", "rules", "evaluate", "analyses", "report", "executor", "resources"}
+STAGE_KEYS = {"output", "requires", "commands", "scratch", "note", "resources"}
 REQUIRE_KEYS = {"path", "make"}
-EXECUTOR_KEYS = {"kind", "jobs", "gpus", "slurm"}
 EVALUATE_KEYS = {"name", "split", "data", "agreement", "batch_size"}
-ANALYSIS_KEYS = {"name", "output", "command", "note"}
+ANALYSIS_KEYS = {"name", "output", "command", "note", "resources"}
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.:=,+-]*)\}")
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -63,6 +65,7 @@ class Stage:
     commands: tuple[tuple[str, ...], ...]
     requires: tuple[Requirement, ...] = ()
     scratch: tuple[Path, ...] = ()
+    resources: dict[str, Any] = field(default_factory=dict)  # checked values
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class RunSpec:
     train: dict[str, Any]
     evaluations: tuple[Evaluation, ...]
     stage: str | None  # the data stage its ``data`` comes from, if any
+    resources: dict[str, Any] = field(default_factory=dict)  # checked, merged values
 
     def matches(self, selection: Mapping[str, set[str]]) -> bool:
         """Whether every named field has one of the selected values."""
@@ -98,6 +102,7 @@ class Analysis:
     name: str
     output: Path | None  # None: done once its command succeeded (it writes where it says)
     command: tuple[str, ...]
+    resources: dict[str, Any] = field(default_factory=dict)  # checked values
 
 
 @dataclass
@@ -114,6 +119,7 @@ class Pipeline:
     report: dict[str, Any]
     executor: dict[str, Any]
     out: Path
+    resources: dict[str, Any] = field(default_factory=dict)  # every job's defaults
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -182,7 +188,9 @@ def _stages(raw: dict[str, Any], names: dict[str, Any], path: Path) -> dict[str,
                          for r in spec.get("requires") or [])
         scratch = tuple(Path(str(interpolate(s, local, where, path)))
                         for s in spec.get("scratch") or [])
-        stages[name] = Stage(name, output, commands, requires, scratch)
+        own = res.check_resources(interpolate(spec.get("resources"), local, where, path),
+                                  f"{where}.resources", path)
+        stages[name] = Stage(name, output, commands, requires, scratch, own)
     return stages
 
 
@@ -250,9 +258,11 @@ def _check_rules(raw: dict[str, Any], axes: Mapping[str, list[str]], path: Path)
     for i, item in enumerate(excluded):
         check_selection(item, axes, f"exclude[{i}]", path)
     for i, rule in enumerate(raw.get("rules") or []):
-        if not isinstance(rule, dict) or set(rule) - {"when", "set"} or "set" not in rule \
-                or not isinstance(rule["set"], dict):
-            raise _fail(path, f"rules[{i}]: expected 'when' (optional) and 'set' (a mapping)")
+        if not isinstance(rule, dict) or set(rule) - {"when", "set", "resources"} \
+                or not ({"set", "resources"} & set(rule)) \
+                or not isinstance(rule.get("set", {}), dict):
+            raise _fail(path, f"rules[{i}]: expected 'when' (optional) and 'set' (a mapping) "
+                        "and/or 'resources'")
         check_selection(rule.get("when") or {}, axes, f"rules[{i}].when", path)
 
 
@@ -268,6 +278,8 @@ def _grid_options(fields: Mapping[str, Any], stages: dict[str, Stage]) -> dict[s
 def _runs(raw: dict[str, Any], names: dict[str, Any], stages: dict[str, Stage],
           combos: list[dict[str, Any]], path: Path) -> list[RunSpec]:
     rules = raw.get("rules") or []
+    defaults = res.check_resources(interpolate(raw.get("resources"), names, "resources",
+                                               path), "resources", path)
     runs = []
     for fields in combos:
         if any(matches_selection(x, fields) for x in raw.get("exclude") or []):
@@ -277,21 +289,26 @@ def _runs(raw: dict[str, Any], names: dict[str, Any], stages: dict[str, Stage],
         from_grid = _grid_options(fields, stages)
         opts.update(from_grid)
         stage = fields.get("dataset") if fields.get("dataset") in stages else None
+        local = {**names, **{k: v for k, v in fields.items()}}
+        resources = dict(defaults)
         for i, rule in enumerate(rules):
             if matches_selection(rule.get("when") or {}, fields):
-                clash = sorted(set(rule["set"]) & set(from_grid))
+                clash = sorted(set(rule.get("set") or {}) & set(from_grid))
                 if clash:
                     raise _fail(path, f"rules[{i}] sets {', '.join(clash)}, which the grid "
                                 f"sets for run {label}: the rule would override the axis "
                                 "(give the values on the grid, or rename the axis)")
-                _merge(opts, rule["set"])
-        local = {**names, **{k: v for k, v in fields.items()}}
+                _merge(opts, rule.get("set") or {})
+                resources = res.merge(resources, res.check_resources(
+                    interpolate(rule.get("resources"), local, f"rules[{i}]", path),
+                    f"rules[{i}].resources", path))
         opts = interpolate(opts, local, f"run {label}", path)
         evaluations = _evaluations(interpolate(opts.pop("evaluate", raw.get("evaluate")),
                                                local, f"run {label}", path),
                                    f"run {label}: evaluate", path)
         TrainConfig.from_dict({**opts, "out": None}, f"{path}: run {label}")  # validates
-        runs.append(RunSpec(fields, label, opts, evaluations, stage))
+        res.build(resources, f"run {label}: resources", path)  # its shape is checked
+        runs.append(RunSpec(fields, label, opts, evaluations, stage, resources))
     labels = [r.label for r in runs]
     if len(set(labels)) != len(labels):
         raise _fail(path, "two grid combinations give the same run label")
@@ -318,7 +335,9 @@ def _analyses(raw: dict[str, Any], names: dict[str, Any], runs: list[RunSpec],
             _check_run_filter(arg, runs, axes, where, path)
         if any(a.name == str(spec["name"]) for a in out):
             raise _fail(path, f"{where}: two analyses have this name (their records would mix)")
-        out.append(Analysis(str(spec["name"]), output, command))
+        own = res.check_resources(interpolate(spec.get("resources"), local, where, path),
+                                  f"{where}.resources", path)
+        out.append(Analysis(str(spec["name"]), output, command, own))
     return out
 
 
@@ -351,10 +370,9 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     if bad:
         raise _fail(path, f"unknown key(s) {', '.join(bad)} (allowed: "
                     f"{', '.join(sorted(TOP_KEYS))})")
-    bad = sorted(set(raw.get("executor") or {}) - EXECUTOR_KEYS)
-    if bad:  # a misspelt setting would be dropped without a word
-        raise _fail(path, f"executor: unknown key(s) {', '.join(bad)} (allowed: "
-                    f"{', '.join(sorted(EXECUTOR_KEYS))})")
+    if not isinstance(raw.get("executor") or {}, dict):
+        raise _fail(path, "'executor' must be a mapping")
+    check_executor_section(raw.get("executor") or {}, path)
     names = _variables(raw, overrides or {}, path)
     # absolute, so Slurm jobs and child processes find it from any working directory
     out = Path(str(names.get("out", f"runs/{raw['name']}"))).absolute()
@@ -371,4 +389,6 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
                     runs=runs, analyses=_analyses(raw, names, runs, axes, path),
                     report=raw.get("report") or {},
                     executor=interpolate(raw.get("executor") or {}, names, "executor", path),
-                    out=out, raw=raw)
+                    out=out, raw=raw, resources=res.check_resources(
+                        interpolate(raw.get("resources"), names, "resources", path),
+                        "resources", path))
