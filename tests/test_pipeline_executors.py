@@ -177,7 +177,7 @@ class InlineExecutor:
     def cancel(self, jobs):
         pass
 
-    def close(self):
+    def close(self, interrupted=False):
         pass
 '''
 

@@ -20,8 +20,10 @@ from capsmed.pipeline import execute, runner, tasks
 from capsmed.pipeline import state as state_module
 from capsmed.pipeline.display import RunBoard
 from capsmed.pipeline.identity import run_identity
+from capsmed.pipeline.items import work_items
 from capsmed.pipeline.spec import load_pipeline
 from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.status import run_rows
 from capsmed.pipeline.work import Placement
 
 SMOKE = Path(__file__).resolve().parents[1] / "pipelines" / "smoke.yaml"
@@ -59,31 +61,38 @@ def _run(pipeline, label):
     return next(r for r in pipeline.runs if r.label == label)
 
 
+def _rows(pipeline, state, poll=None):
+    return run_rows(state, runner.plan(pipeline, pipeline.runs, state), poll)
+
+
 def test_runs_on_data_to_be_remade_are_outdated_not_done(tmp_path):
     pipeline, state = _pipeline(tmp_path)
     _finished(state, pipeline.runs[0])
-    assert runner.status_rows(pipeline, state, pipeline.runs)[0]["status"] == "done"
+    assert _rows(pipeline, state)[0].status == "finished"
     record = state.records / "stages" / "tupac16.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"commands": "made-by-other-commands"}))
-    rows = runner.status_rows(pipeline, state, pipeline.runs)
-    assert {(r["status"], r["id"]) for r in rows} == {("outdated", None)}
+    rows = _rows(pipeline, state)
+    assert {(r.status, r.detail, r.run_id) for r in rows} == {
+        ("not submitted", "its data will be made again", None)}
     assert runner.foreign_run_dirs(pipeline, state) == []  # their identity is unknown yet
 
 
 def test_a_new_protocol_revision_trains_finished_runs_again(tmp_path, monkeypatch, capsys):
-    from capsmed.cli.run import _print_table
     from capsmed.pipeline import identity
+    from capsmed.pipeline.display import print_overview
+    from capsmed.pipeline.overview import study_overview
 
     pipeline, state = _pipeline(tmp_path)
     old = _finished(state, pipeline.runs[0])
-    assert runner.status_rows(pipeline, state, pipeline.runs)[0]["status"] == "done"
+    assert _rows(pipeline, state)[0].status == "finished"
     assert runner.foreign_run_dirs(pipeline, state) == []
     monkeypatch.setattr(identity, "PROTOCOL_REVISION", identity.PROTOCOL_REVISION + 1)
-    row = runner.status_rows(pipeline, state, pipeline.runs)[0]
-    assert row["status"] == "pending" and row["id"] not in old.name
+    row = _rows(pipeline, state)[0]
+    assert row.status == "not submitted" and row.run_id not in old.name
     assert runner.foreign_run_dirs(pipeline, state) == [old]
-    _print_table(pipeline, [], [], _console(), estimates=False)
+    print_overview(study_overview(pipeline, runner.RunOptions(), False), _console(),
+                   False, False)
     out = " ".join(capsys.readouterr().out.split())
     assert (f"1 folder(s) in {old.parent} belong to no run of this pipeline now" in out
             and old.name in out)
@@ -125,8 +134,7 @@ def test_analyses_run_again_when_a_dataset_they_read_is_remade(tmp_path, monkeyp
 
 def _run_analyses(pipeline, state) -> list:
     """The analyses the runner would submit (no run to train), each run here."""
-    items = runner.work_items(pipeline, state, [], [], pipeline.runs, runner.RunOptions(),
-                              0, RunBoard("t", 0))
+    items = work_items(pipeline, state, [], [], pipeline.runs, {}, 0, RunBoard("t", 0).note)
     return [item.task(Placement()) for item in items if item.kind == "analysis"]
 
 
@@ -197,42 +205,41 @@ def test_a_selection_reports_the_whole_grid_and_defers_analyses_it_cuts(tmp_path
     assert "analysis 'routing-seed1' not run: it reads 1 run(s) outside" in capsys.readouterr().out
 
 
-def _marker(state: PipelineState, run_id: str, **info) -> None:
-    path = state.records / "running" / run_id
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info))
-
-
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
 
 
-def test_running_markers_of_gone_slurm_jobs_are_not_trusted(tmp_path, monkeypatch):
-    state = PipelineState(tmp_path)
-    _marker(state, "here", host=socket.gethostname(), pid=_dead_pid(), job="17")
-    assert state.running_on("here") is None  # this host: its pid is checked, job or not
-    _marker(state, "there", host="node-7", pid=1, job="4242")
-    for alive, expected in ((True, "node-7"), (False, None), (None, None)):
-        monkeypatch.setattr(state_module, "slurm_job_alive", lambda job, a=alive: a)
-        assert state.running_on("there") == expected
-    _marker(state, "plain", host="node-7", pid=1, job=None)
-    assert state.running_on("plain") == "node-7"  # cannot be checked from here
+def test_status_asks_the_executor_of_each_open_job_once(tmp_path):
+    """The ledger names the jobs; one poll per executor says where they stand."""
+    from capsmed.pipeline.ledger import Ledger
+    from capsmed.pipeline.tasks import RunTask
+    from capsmed.pipeline.work import FAILED, QUEUED, RUNNING, Job, JobState, WorkItem
 
+    pipeline, state = _pipeline(tmp_path)
+    ledger = Ledger(state.records)
+    labels = [r.label for r in pipeline.runs[:4]]
+    answers = {"7_0": JobState(RUNNING), "7_1": JobState(QUEUED, "Priority"),
+               "7_2": JobState(FAILED, "Slurm: time limit reached")}
+    for i, run in enumerate(pipeline.runs[:3]):
+        item = WorkItem(f"run:{run.label}", run.label, RunTask(pipeline.out, run), None)
+        ledger.submitted(item, Job(item.key, "slurm", f"7_{i}"))
+    ledger.ended(Job(f"run:{labels[3]}", "slurm", "7_3"), JobState(FAILED))  # no entry
+    polls = []
 
-@pytest.mark.parametrize("which, rc, out, err, expected", [
-    (None, 0, "", "", None),
-    ("/usr/bin/squeue", 0, "4242\n", "", True),
-    ("/usr/bin/squeue", 0, "", "", False),
-    ("/usr/bin/squeue", 1, "", "slurm_load_jobs error: Invalid job id specified", False),
-    ("/usr/bin/squeue", 1, "", "Unable to contact slurm controller", None),
-])
-def test_slurm_job_alive_asks_squeue(monkeypatch, which, rc, out, err, expected):
-    monkeypatch.setattr(state_module.shutil, "which", lambda name: which)
-    monkeypatch.setattr(state_module.subprocess, "run", lambda *a, **k:
-                        subprocess.CompletedProcess(a[0], rc, out, err))
-    assert state_module.slurm_job_alive("4242") is expected
+    def poll(name, jobs):
+        polls.append((name, sorted(j.job_id for j in jobs)))
+        return {j.job_id: answers[j.job_id] for j in jobs}
+
+    rows = {r.label: r for r in _rows(pipeline, state, poll)}
+    assert polls == [("slurm", ["7_0", "7_1", "7_2"])]
+    assert (rows[labels[0]].status, rows[labels[0]].detail) == ("running", "job 7_0")
+    assert (rows[labels[1]].status, rows[labels[1]].detail) == ("queued", "job 7_1, Priority")
+    assert (rows[labels[2]].status, rows[labels[2]].detail) == ("failed",
+                                                                "Slurm: time limit reached")
+    assert rows[labels[3]].status == "not submitted"
+    assert _rows(pipeline, state)[0].status == "not submitted"  # dry run: no poll
 
 
 def _lock(state: PipelineState) -> Path:

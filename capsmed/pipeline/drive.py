@@ -25,6 +25,8 @@ Outcome = Callable[[WorkItem, JobState], str | None]
 Event = Callable[[str, WorkItem, str | None], None]
 # (item, job) -> None: a job was submitted (the ledger records it)
 Submitted = Callable[[WorkItem, Job], None]
+# (job, state) -> None: a job ended (the ledger records it)
+Ended = Callable[[Job, JobState], None]
 
 
 @dataclass
@@ -45,11 +47,12 @@ class Driver:
     """Submits ``items`` (or attaches to their live ``jobs``) and waits for them."""
 
     def __init__(self, executor: Executor, items: Sequence[WorkItem], retries: int,
-                 outcome: Outcome, event: Event, submitted: Submitted | None = None
-                 ) -> None:
+                 outcome: Outcome, event: Event, submitted: Submitted | None = None,
+                 ended: Ended | None = None) -> None:
         self.executor, self.retries = executor, retries
         self.outcome, self.event = outcome, event
         self.submitted = submitted or (lambda item, job: None)
+        self.ended = ended or (lambda job, state: None)
         self.tracked = {item.key: Tracked(item) for item in items}
 
     def start(self, live: Mapping[str, Job] | None = None) -> list[Job]:
@@ -105,6 +108,7 @@ class Driver:
         return ", ".join(parts) or None
 
     def _ended(self, tracked: Tracked, state: JobState) -> None:
+        self.ended(tracked.job, state)
         reason = self.outcome(tracked.item, state)
         if reason is None:
             tracked.done = True
@@ -130,6 +134,8 @@ class Driver:
         self.executor.cancel([t.job for t in dependents if t.job is not None])
         for t in dependents:
             t.reason = f"needs {tracked.item.label}, which failed"
+            if t.job is not None:
+                self.ended(t.job, JobState(FAILED, t.reason))
             self.event("failed", t.item, t.reason)
 
     def _failed_dependency(self, item: WorkItem) -> str | None:

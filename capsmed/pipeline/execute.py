@@ -27,8 +27,11 @@ from capsmed.pipeline.checks import run_filter
 from capsmed.pipeline.identity import run_identity
 from capsmed.pipeline.processes import capsmed_argv, run_logged
 from capsmed.pipeline.spec import Analysis, Pipeline, RunSpec, Stage
-from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.state import PipelineState, evaluation_current
 from capsmed.pipeline.work import Placement
+
+INTERRUPTED = 130  # capsmed's exit code for a stop on request (the state is saved)
+INTERRUPTED_REASON = "interrupted (its state is saved; the next run resumes it)"
 
 
 def command_hash(commands: Sequence[Sequence[str]]) -> str:
@@ -42,29 +45,64 @@ def _stage_record(state: PipelineState, name: str) -> Path:
     return state.records / "stages" / f"{name}.json"
 
 
+def inputs_fingerprint(stage: Stage) -> str | None:
+    """A hash of the raw files a stage reads (its ``requires:`` paths): every file's
+    path, size and modification time, so that a file added, removed, renamed (two
+    class folders swapped) or rewritten makes the stage run again. None when the stage
+    names no input."""
+    if not stage.requires:
+        return None
+    h = hashlib.sha256()
+    for req in stage.requires:
+        root = Path(req.path)
+        h.update(f"\0{root}".encode())
+        for path in _files(root):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            h.update(f"\0{path.relative_to(root) if path != root else '.'}"
+                     f"\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    out = []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        dirs.sort()
+        out += [Path(folder) / n for n in sorted(names)]
+    return out
+
+
 def stage_done(state: PipelineState, stage: Stage) -> bool:
-    """The output exists and was made by these commands (or given by the user)."""
+    """The output exists and was made by these commands from these raw files (or the
+    user put it there)."""
     if not stage.output.is_file():
         return False
     try:
-        made_by = json.loads(_stage_record(state, stage.name).read_text())["commands"]
-    except (OSError, ValueError, KeyError):
+        made = json.loads(_stage_record(state, stage.name).read_text())
+        made_by = made["commands"]
+    except (OSError, ValueError, KeyError, TypeError):
         return True  # a file the user put there: trusted, never overwritten
-    return made_by == command_hash(stage.commands)
+    if made_by != command_hash(stage.commands):
+        return False
+    return made.get("inputs") is None or made["inputs"] == inputs_fingerprint(stage)
 
 
 def remade_outputs(pipeline: Pipeline, state: PipelineState) -> set[str]:
-    """Data files that exist but will be made again (their stage's commands changed):
-    the runs that read them will train under a new identity."""
+    """Data files that exist but will be made again (their stage's commands or raw
+    inputs changed): the runs that read them may train under a new identity."""
     return {str(s.output) for s in pipeline.stages.values()
             if s.output.is_file() and not stage_done(state, s)}
 
 
 def current_identity(run: RunSpec, remade: set[str]) -> str | None:
-    """The run's identity, or None while a file it reads is missing or to be remade
-    (the identity of the file there now belongs to the old data)."""
-    inputs = {str(run.train.get("data"))} | {str(e.data) for e in run.evaluations if e.data}
-    return None if inputs & remade else run_identity(run)
+    """The run's identity, or None while its data file is missing or to be remade
+    (the identity of the file there now belongs to the old data). An evaluation's
+    other data file is not part of it: a remade one is evaluated again."""
+    return None if str(run.train.get("data")) in remade else run_identity(run)
 
 
 def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) -> str | None:
@@ -72,6 +110,7 @@ def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) ->
     log = state.out / "logs" / f"data-{stage.name}.log"
     for path in stage.scratch:  # a half-made raw folder from an interrupted attempt
         shutil.rmtree(path, ignore_errors=True)
+    inputs = inputs_fingerprint(stage)  # before: a change while it runs makes it again
     # Here with an existing output only when this stage made it with other commands:
     # set it aside (preprocess refuses to overwrite), and put it back if the new fail.
     previous = stage.output.with_name(stage.output.name + ".previous")
@@ -85,8 +124,8 @@ def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) ->
         _restore(previous, stage.output)
         return f"its commands did not write {stage.output}; see {log}"
     previous.unlink(missing_ok=True)
-    write_text_atomic(_stage_record(state, stage.name),
-                      json.dumps({"commands": command_hash(stage.commands)}))
+    write_text_atomic(_stage_record(state, stage.name), json.dumps(
+        {"commands": command_hash(stage.commands), "inputs": inputs}))
     return None
 
 
@@ -108,15 +147,14 @@ def training_argv(state: PipelineState, run: RunSpec, run_id: str, placement: Pl
                   prepare: bool = True) -> list[str]:
     """The ``capsmed train`` command that continues ``run`` from its files ([] once it
     is trained). ``prepare``: this process owns the folder (rank 0): it clears a run
-    killed before its first epoch ended and writes the run's config."""
+    killed before its folder was whole."""
     run_dir = state.run_dir(run, run_id)
     status = file_status(run_dir)
     if status == "started" and prepare:  # killed before its folder was whole: start over
         shutil.rmtree(run_dir)
     if status in ("started", "pending"):
-        config = state.config_path(run_id)
-        if prepare:
-            write_text_atomic(config, yaml.safe_dump(run.train, sort_keys=False))
+        config = state.config_path(run_id)  # every rank writes the same text, atomically
+        write_text_atomic(config, yaml.safe_dump(run.train, sort_keys=False))
         args = ["train", "--config", str(config), "--out", str(run_dir)]
     elif status == "interrupted":
         args = ["train", "--resume", str(run_dir)]
@@ -134,24 +172,23 @@ def execute_run(state: PipelineState, run: RunSpec, run_id: str,
         argv = training_argv(state, run, run_id, placement, prepare=False)
         return (f"training failed (rank {placement.rank}); see {log}"
                 if argv and run_logged(argv, log, placement.env) != 0 else None)
-    state.mark_running(run_id)
-    try:
-        argv = training_argv(state, run, run_id, placement)
-        if argv and run_logged(argv, log, placement.env) != 0:
-            return f"training failed; see {log}"
-        for e in run.evaluations:
-            if (run_dir / e.name / "report.json").is_file():
-                continue
-            args = ["evaluate", str(run_dir), "--report-name", e.name, "--split", e.split,
-                    "--no-grids"]
-            args += ["--data", e.data] if e.data else []
-            args += ["--agreement"] if e.agreement else []
-            args += ["--batch-size", str(e.batch_size)] if e.batch_size else []
-            if run_logged(capsmed_argv(*args), log, placement.env) != 0:
-                return f"evaluation '{e.name}' failed; see {log}"
-        return None
-    finally:
-        state.clear_running(run_id)
+    argv = training_argv(state, run, run_id, placement)
+    code = run_logged(argv, log, placement.env) if argv else 0
+    if code == INTERRUPTED:
+        return f"{INTERRUPTED_REASON}; see {log}"
+    if code != 0:
+        return f"training failed; see {log}"
+    for e in run.evaluations:
+        if evaluation_current(run_dir, e):
+            continue
+        args = ["evaluate", str(run_dir), "--report-name", e.name, "--split", e.split,
+                "--no-grids"]
+        args += ["--data", e.data] if e.data else []
+        args += ["--agreement"] if e.agreement else []
+        args += ["--batch-size", str(e.batch_size)] if e.batch_size else []
+        if run_logged(capsmed_argv(*args), log, placement.env) != 0:
+            return f"evaluation '{e.name}' failed; see {log}"
+    return None
 
 
 def analysis_runs(analysis: Analysis, runs: Sequence[RunSpec]) -> list[RunSpec]:

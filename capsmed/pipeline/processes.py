@@ -41,6 +41,11 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     # not Linux (no libc.so.6): children outlive a killed runner, as with any other tool
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    # Slurm's warning before a time limit (SIGUSR2) reaches every process of a job, and
+    # its default action kills: ignored until the training installs its own handler
+    # (which saves at the next step), it cannot kill a child that is still starting.
+    if hasattr(signal, "SIGUSR2"):
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> int:

@@ -55,7 +55,7 @@ class Resources:
     def describe(self) -> str:
         """``1 GPU, 8 CPUs, 32 GB, 24h, partition gpu``: what the dry run shows."""
         parts = [f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}" if self.gpus else
-                 "no GPU" if self.gpus == 0 else "GPUs as the machine has"]
+                 "no GPU"]
         if self.processes > 1:
             parts.append(f"{self.processes} processes" + (
                 f" on {self.nodes} nodes" if self.nodes > 1 else ""))
@@ -64,7 +64,7 @@ class Resources:
         if self.mem_gb:
             parts.append(f"{self.mem_gb:g} GB")
         if self.time_min:
-            parts.append(_duration(self.time_min))
+            parts.append(f"{_duration(self.time_min)} limit")
         parts += [f"{name} {value}" for name, value in (
             ("partition", self.partition), ("account", self.account), ("qos", self.qos),
             ("constraint", self.constraint)) if value]
@@ -74,7 +74,7 @@ class Resources:
 
 def _duration(minutes: int) -> str:
     if minutes % 1440 == 0:
-        return f"{minutes // 1440}d"
+        return f"{minutes // 60}h" if minutes <= 2880 else f"{minutes // 1440}d"
     if minutes % 60 == 0:
         return f"{minutes // 60}h"
     return f"{minutes} min"

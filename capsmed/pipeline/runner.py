@@ -14,27 +14,30 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from capsmed.errors import CapsmedError
-from capsmed.pipeline import resources as res
 from capsmed.pipeline.checks import parse_selection
 from capsmed.pipeline.display import RunBoard
-from capsmed.pipeline.drive import Driver
-from capsmed.pipeline.execute import (
-    analysis_runs,
-    current_identity,
-    remade_outputs,
-    stage_done,
-)
+from capsmed.pipeline.execute import current_identity, remade_outputs, stage_done
 from capsmed.pipeline.executors import ExecutorSettings, create_executor
+from capsmed.pipeline.executors.base import Executor
+from capsmed.pipeline.follow import follow, ledger_executor, write_report
+from capsmed.pipeline.items import work_items
+from capsmed.pipeline.preflight import (
+    MissingInputs,
+    check_commands,
+    check_grid,
+    check_options,
+    missing_inputs,
+)
 from capsmed.pipeline.spec import Pipeline, RunSpec, Stage
 from capsmed.pipeline.state import PipelineState
-from capsmed.pipeline.tasks import RunTask, StageTask, analysis_task
-from capsmed.pipeline.work import JobState, WorkItem
+from capsmed.pipeline.status import run_rows
+from capsmed.pipeline.work import WorkItem
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ class RunOptions:
     jobs: int | None = None
     gpus: list[str] | None = None
     resources: dict[str, Any] = field(default_factory=dict)  # --slurm-* overrides
+    allow_cpu: bool = False
+    detach: bool = False
     report: bool = True
 
 
@@ -83,19 +88,12 @@ def needed_stages(pipeline: Pipeline, runs: Sequence[RunSpec]) -> list[Stage]:
 
 
 def check_inputs(pipeline: Pipeline, stages: Sequence[Stage], state: PipelineState) -> None:
-    """Fail at once, naming every missing raw input and the command that makes it."""
-    missing = []
-    for stage in stages:
-        if stage_done(state, stage):
-            continue
-        for req in stage.requires:
-            if not req.path.exists():
-                hint = f"; make it with: {req.make}" if req.make else ""
-                missing.append(f"{req.path}: not found (data stage '{stage.name}'){hint}")
+    """Fail at once, naming every missing raw input (a line each) and what makes it."""
+    missing = missing_inputs(stages, lambda stage: stage_done(state, stage))
     if missing:
-        raise CapsmedError(f"{pipeline.path}: missing input(s) -- "
-                           + " | ".join(missing) + " (or point the pipeline elsewhere: "
-                           "--set data_root=DIR)")
+        raise MissingInputs([f"{pipeline.path}: {line}" for line in missing] + [
+            f"{pipeline.path}: {len(missing)} missing input(s); make them, or point the "
+            "pipeline elsewhere: --set data_root=DIR"])
 
 
 def plan(pipeline: Pipeline, runs: Sequence[RunSpec], state: PipelineState
@@ -109,8 +107,8 @@ def plan(pipeline: Pipeline, runs: Sequence[RunSpec], state: PipelineState
     for run in runs:
         run_id = current_identity(run, remade)
         if run_id is None:
-            inputs = {str(run.train.get("data"))} | {str(e.data) for e in run.evaluations}
-            out.append((run, None, "outdated" if inputs & remade else "pending"))
+            outdated = str(run.train.get("data")) in remade
+            out.append((run, None, "outdated" if outdated else "pending"))
             continue
         other = owner.setdefault(run_id, run.label)
         if other != run.label:  # the same options on two data files of equal content
@@ -121,7 +119,7 @@ def plan(pipeline: Pipeline, runs: Sequence[RunSpec], state: PipelineState
     return out
 
 
-def executor_for(pipeline: Pipeline, options: RunOptions) -> Any:
+def executor_for(pipeline: Pipeline, options: RunOptions) -> Executor:
     """The executor ``--executor`` (else the YAML's ``executor.kind``) names, built
     with the same settings whatever it is."""
     cfg = pipeline.executor
@@ -135,164 +133,156 @@ def executor_for(pipeline: Pipeline, options: RunOptions) -> Any:
         options=dict(cfg.get(kind) or {})))
 
 
-def _resources(values: Mapping[str, Any], overrides: Mapping[str, Any], where: str,
-               path: Path, gpus_here: int | None) -> res.Resources:
-    """The resources a job gets: the pipeline's, then the command line's; a run that
-    does not say how many GPUs gets one where the executor has some."""
-    merged = res.merge(values, overrides)
-    if merged.get("gpus") is None and where.startswith("run ") and gpus_here:
-        merged["gpus"] = 1
-    return res.build(merged, where, path)
+def check_gpus(pipeline: Pipeline, runs: Sequence[RunSpec], options: RunOptions,
+               executor: Executor) -> None:
+    """Refuse runs that ask for GPUs and would get none, unless ``--allow-cpu``."""
+    wanting = [r for r in runs if (r.resources.get("gpus") or 0) > 0]
+    if not wanting or options.allow_cpu:
+        return
+    asked = max(int(r.resources["gpus"]) for r in wanting)
+    here = executor.gpus_available()
+    if options.resources.get("gpus") == 0:
+        why = "--slurm-gpus 0"
+    elif here is not None and here < asked:
+        why = (f"--gpus gives {here}" if options.gpus is not None else
+               "this machine has no GPU (CUDA sees none)" if here == 0 else
+               f"this machine has {here}")
+    else:
+        return
+    raise CapsmedError(f"{pipeline.path}: {len(wanting)} training run(s) ask for "
+                       f"{asked} GPU(s) each (resources.gpus) and would get none: {why}; "
+                       "pass --allow-cpu to train them on CPUs")
 
 
-def work_items(pipeline: Pipeline, state: PipelineState, stages: Sequence[Stage],
-               todo: Sequence[RunSpec], runs: Sequence[RunSpec], options: RunOptions,
-               gpus_here: int | None, board: RunBoard) -> list[WorkItem]:
-    """The jobs to submit: data stages to make, runs to train or evaluate, analyses
-    to run, each after the jobs it needs (dependencies first)."""
-    shared = res.without_run_shape(pipeline.resources)
-    items: list[WorkItem] = []
-    for stage in stages:
-        if not stage_done(state, stage):
-            items.append(WorkItem(
-                f"stage:{stage.name}", f"data stage '{stage.name}'",
-                StageTask(pipeline.out, stage),
-                _resources(res.merge(shared, stage.resources), options.resources,
-                           f"datasets.{stage.name}", pipeline.path, gpus_here)))
-    made = {str(s.output): f"stage:{s.name}" for s in stages if not stage_done(state, s)}
-    for run in todo:
-        inputs = {str(run.train.get("data"))} | {str(e.data) for e in run.evaluations if e.data}
-        after = tuple(sorted({made[p] for p in inputs if p in made}))
-        items.append(WorkItem(f"run:{run.label}", run.label, RunTask(pipeline.out, run),
-                              _resources(run.resources, options.resources,
-                                         f"run {run.label}", pipeline.path, gpus_here),
-                              after))
-    submitted = {i.key for i in items}
-    items += _analysis_items(pipeline, state, runs, made, submitted, options, gpus_here,
-                             board)
-    return items
+@dataclass
+class Prepared:
+    """A checked plan: what ``capsmed run`` would submit, and to which executor."""
+
+    state: PipelineState
+    runs: list[RunSpec]
+    executor: Executor
+    items: list[WorkItem]
+    finished: list[RunSpec]
 
 
-def _analysis_items(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
-                    made: Mapping[str, str], submitted: set[str], options: RunOptions,
-                    gpus_here: int | None, board: RunBoard) -> list[WorkItem]:
-    """The analyses not done with this command and these data files. One that reads a
-    run outside --only/--exclude waits for a run of the whole grid (on a part of its
-    runs it would write a different result under the same name)."""
-    selected = {r.label for r in runs}
-    shared = res.without_run_shape(pipeline.resources)
-    items = []
-    for analysis in pipeline.analyses:
-        reads = analysis_runs(analysis, pipeline.runs)
-        outside = [r.label for r in reads if r.label not in selected]
-        if outside:
-            board.note(f"analysis '{analysis.name}' not run: it reads {len(outside)} "
-                       f"run(s) outside the selection ({outside[0]}, ...)")
-            continue
-        task = analysis_task(pipeline.out, analysis, pipeline.runs,
-                             list(pipeline.stages.values()), pipeline.path)
-        names = " ".join(analysis.command)
-        after = {f"run:{r.label}" for r in reads} & submitted
-        after |= {key for output, key in made.items() if output in names}
-        if not after and _analysis_done(task, state):
-            continue
-        items.append(WorkItem(f"analysis:{analysis.name}", f"analysis '{analysis.name}'",
-                              task, _resources(res.merge(shared, analysis.resources),
-                                               options.resources,
-                                               f"analyses.{analysis.name}", pipeline.path,
-                                               gpus_here), tuple(sorted(after))))
-    return items
-
-
-def _analysis_done(task: Any, state: PipelineState) -> bool:
-    try:
-        return task.done(state)
-    except CapsmedError:
-        return False
-
-
-def run_pipeline(pipeline: Pipeline, options: RunOptions) -> int:
-    """Run what is not finished; returns the exit code (1 if anything failed)."""
-    state = PipelineState(pipeline.out)
+def prepare(pipeline: Pipeline, options: RunOptions,
+            commands: set[tuple[str, ...]] | None = None, note: Any = None) -> Prepared:
+    """Check everything the run would refuse (``--dry-run`` stops here) and build the
+    work items; ``commands``: the capsmed commands that exist (stage commands are
+    checked against them)."""
+    check_options(options.retries, options.jobs, options.resources)
+    state = PipelineState(pipeline.out).keep_digests()
     runs = select_runs(pipeline, options.only, options.exclude)
     if not runs:
         raise CapsmedError(f"{pipeline.path}: no run matches the selection")
+    check_grid(pipeline, runs)
+    if commands is not None:
+        check_commands(pipeline, commands)
     stages = needed_stages(pipeline, runs)
-    check_inputs(pipeline, stages, state)
     executor = executor_for(pipeline, options)
-    started = time.monotonic()
-    board = RunBoard(pipeline.name, len(runs))
-    todo = []
+    todo, finished = [], []
     for run, _, status in plan(pipeline, runs, state):
-        if status == "done":
-            board.event("done", run.label, "finished earlier")
-        else:
-            todo.append(run)
-    items = work_items(pipeline, state, stages, todo, runs, options,
-                       executor.gpus_available(), board)
+        (finished if status == "done" else todo).append(run)
+    check_gpus(pipeline, todo, options, executor)
+    items = work_items(pipeline, state, stages, todo, runs, options.resources,
+                       executor.gpus_available(), note or (lambda text: None),
+                       options.allow_cpu)
     executor.check(items)
-    state.acquire_lock()
-    failures: dict[str, str] = {}
-    try:
-        with board:
-            driver = Driver(executor, items, options.retries,
-                            lambda item, st: _outcome(state, item, st),
-                            lambda what, item, detail: _show(board, what, item, detail))
-            try:
-                driver.start()
-                failures = {driver.tracked[k].item.label: why
-                            for k, why in driver.wait().items()}
-            finally:
-                executor.close()
-        if options.report:  # over every finished run of the grid, not just the selection
-            from capsmed.pipeline.study import write_study_report
+    check_inputs(pipeline, stages, state)  # last: a dry run shows the plan beside them
+    return Prepared(state, runs, executor, items, finished)
 
-            written = write_study_report(pipeline, state, pipeline.runs)
-            board.note(f"report: {written}" if written else "no study report: no run of "
-                       "this pipeline is evaluated yet (any earlier study.md was removed)")
+
+def run_pipeline(pipeline: Pipeline, options: RunOptions,
+                 commands: set[tuple[str, ...]] | None = None) -> int:
+    """Run what is not finished; returns the exit code (1 if anything failed)."""
+    started = time.monotonic()
+    board = RunBoard(pipeline.name, len(select_runs(pipeline, options.only,
+                                                    options.exclude)))
+    ready = prepare(pipeline, options, commands, board.note)
+    state, executor = ready.state, ready.executor
+    board.done.update(r.label for r in ready.finished)
+    if ready.finished:
+        board.note(f"{len(ready.finished)} of {len(ready.runs)} runs finished earlier")
+    state.acquire_lock()
+    interrupted = True  # until the jobs are followed to their end
+    try:
+        failures = follow(pipeline, state, executor, ready.items, options, board)
+        interrupted = False
+        if failures is None:  # detached
+            return 0
+        if options.report:
+            write_report(pipeline, state, board)
     finally:
-        state.release_lock()
+        try:
+            executor.close(interrupted)  # Ctrl-C, SIGTERM: the jobs here save and stop
+        finally:  # a second Ctrl-C must not leave the lock behind
+            state.release_lock()
     board.summary(failures, time.monotonic() - started, state)
     return 1 if failures else 0
 
 
-def _outcome(state: PipelineState, item: WorkItem, job: JobState) -> str | None:
-    """None when the item's work is done, by its files; else why not."""
-    if item.kind == "run":
-        run = item.task.run
-        run_id = current_identity(run, set())
-        if run_id is not None and state.status(run, run_id) == "done":
-            return None
-        if job.reason:
-            return job.reason
-        where = state.log_path(run, run_id) if run_id else state.out / "logs"
-        return f"ended without finishing; see {where}"
-    return job.reason if job.state != "finished" else None
+def start_in_background(argv: Sequence[str], pipeline: Pipeline, timeout: float = 120.0
+                        ) -> str:
+    """``--detach`` for an executor whose jobs end with their runner: start the same
+    ``capsmed run`` (``argv``, without --detach) as a background process of its own
+    session, wait until it holds the study's folder, and say how to follow it."""
+    import os
+    import subprocess
+    import sys
+
+    from capsmed.pipeline.state import lock_holder
+
+    state = PipelineState(pipeline.out).keep_digests()
+    log_path = state.records / "runner.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a", encoding="utf-8") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "capsmed", *argv], stdout=log_file,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=os.getcwd())
+    deadline = time.monotonic() + timeout
+    while lock_holder(state.records / "runner.lock") != proc.pid:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            lines = log_path.read_text(encoding="utf-8").strip().splitlines()
+            raise CapsmedError(f"{log_path}: the background runner stopped before it "
+                               f"started ({lines[-1] if lines else 'no output'})")
+        time.sleep(0.2)
+    return (f"runner started in the background (pid {proc.pid}); its output: {log_path}\n"
+            f"where it stands: capsmed run status {pipeline.path}\n"
+            f"wait for it: capsmed run wait {pipeline.path}")
 
 
-def _show(board: RunBoard, what: str, item: WorkItem, detail: str | None) -> None:
-    if item.kind == "run":
-        board.event(what, item.label, detail)
-    elif what == "running":
-        output = getattr(item.task, "stage", None) or getattr(item.task, "analysis", None)
-        target = getattr(output, "output", None)
-        board.note(f"{item.label}" + (f" -> {target}" if target else "")
-                   + (f" ({detail})" if detail else ""))
-    elif what == "failed":
-        board.note(f"{item.label} FAILED: {detail}")
-
-
-def status_rows(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
-                ) -> list[dict[str, Any]]:
-    """One row per run for ``--dry-run`` and ``capsmed run status``."""
-    rows = []
-    for run, run_id, status in plan(pipeline, runs, state):
-        record = state.read_record(run_id) if run_id else {}
-        rows.append({"label": run.label, "fields": run.fields, "id": run_id,
-                     "status": status, "attempts": record.get("attempts", 0),
-                     "log": str(state.log_path(run, run_id)) if run_id else None,
-                     "epochs": run.train.get("epochs")})
-    return rows
+def wait_pipeline(pipeline: Pipeline, options: RunOptions, patience: float = 5.0) -> int:
+    """``capsmed run wait``: follow the study's live jobs until they end (submitting
+    nothing), then write the report; 1 when a selected run is not finished. Waits
+    first for a runner that holds the folder. Without --executor, the executor is the
+    one the ledger's jobs are in."""
+    state = PipelineState(pipeline.out).keep_digests()
+    runs = select_runs(pipeline, options.only, options.exclude)
+    if options.executor is None:
+        options = replace(options, executor=ledger_executor(state))
+    executor = executor_for(pipeline, options)
+    board = RunBoard(pipeline.name, len(runs))
+    started = time.monotonic()
+    state.acquire_lock(wait_seconds=patience, on_wait=board.note)
+    try:
+        todo = [run for run, _, status in plan(pipeline, runs, state) if status != "done"]
+        board.done.update(r.label for r in runs if r not in todo)
+        items = work_items(pipeline, state, needed_stages(pipeline, runs), todo, runs,
+                           options.resources, executor.gpus_available(), lambda text: None,
+                           True)
+        failures = follow(pipeline, state, executor, items, options, board,
+                          submit=False) or {}
+        for row in run_rows(state, plan(pipeline, runs, state), None):
+            if row.status != "finished":
+                failures.setdefault(row.label, f"{row.status}" + (
+                    f": {row.detail}" if row.detail else "") + f" (capsmed run "
+                    f"{pipeline.path} runs it again)")
+        if options.report:
+            write_report(pipeline, state, board)
+    finally:
+        state.release_lock()
+    board.summary(failures, time.monotonic() - started, state)
+    return 1 if failures else 0
 
 
 def foreign_run_dirs(pipeline: Pipeline, state: PipelineState) -> list[Path]:
@@ -310,13 +300,6 @@ def foreign_run_dirs(pipeline: Pipeline, state: PipelineState) -> list[Path]:
         return []
     return sorted(p for p in folder.iterdir() if p.is_dir() and p not in current
                   and p.name.rpartition("-")[0] not in unknown)
-
-
-def count_by_status(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    return counts
 
 
 def ensure_path(path: Path) -> Path:

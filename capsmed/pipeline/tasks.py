@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from capsmed.errors import CapsmedError
 from capsmed.pipeline.execute import (
+    INTERRUPTED_REASON,
     analysis_done,
     execute_analysis,
     execute_run,
@@ -36,7 +37,8 @@ class StageTask:
     kind: ClassVar[str] = "stage"
 
     def __call__(self, placement: Placement) -> str | None:
-        return execute_stage(PipelineState(self.out), self.stage, placement.env)
+        state = PipelineState(self.out).keep_digests()
+        return execute_stage(state, self.stage, placement.env)
 
     def progress(self) -> object:
         return None
@@ -54,7 +56,7 @@ class RunTask:
     kind: ClassVar[str] = "run"
 
     def __call__(self, placement: Placement) -> str | None:
-        state = PipelineState(self.out)
+        state = PipelineState(self.out).keep_digests()
         run_id = run_identity(self.run)
         if run_id is None:
             return f"its data file {self.run.train.get('data')} does not exist"
@@ -69,17 +71,19 @@ class RunTask:
             reason = execute_run(state, self.run, run_id, placement)
         except CapsmedError as exc:  # e.g. a full disk while writing its config
             reason = str(exc)
-        state.write_record(run_id, outcome="done" if reason is None else "failed",
-                           reason=reason)
+        outcome = ("done" if reason is None else "interrupted"
+                   if reason.startswith(INTERRUPTED_REASON) else "failed")
+        state.write_record(run_id, outcome=outcome, reason=reason)
         return reason
 
     def progress(self) -> object:
         """The run's saved state: written at every epoch end and when the training is
         told to stop, so a new token means steps that a resume keeps."""
+        state = PipelineState(self.out).keep_digests()
         run_id = run_identity(self.run)
         if run_id is None:
             return None
-        run_dir = PipelineState(self.out).run_dir(self.run, run_id)
+        run_dir = state.run_dir(self.run, run_id)
         if (run_dir / "summary.json").is_file():
             return "trained"
         try:
@@ -109,7 +113,7 @@ class AnalysisTask:
         return analysis_done(state, self.analysis, argv, inputs_of(self.stages, argv))
 
     def __call__(self, placement: Placement) -> str | None:
-        state = PipelineState(self.out)
+        state = PipelineState(self.out).keep_digests()
         try:
             argv = self.argv(state)
             return execute_analysis(state, self.analysis, argv,

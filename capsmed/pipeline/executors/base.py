@@ -46,6 +46,8 @@ class Executor(Protocol):
     name: ClassVar[str]
     OPTIONS: ClassVar[frozenset[str]]  # the keys of its executor.<name> section
     detached: ClassVar[bool]  # its jobs go on after this process ends (--detach)
+    settings: ExecutorSettings
+    refresh_seconds: float  # between two polls while the runner waits
 
     def __init__(self, settings: ExecutorSettings) -> None: ...
 
@@ -66,6 +68,7 @@ class Executor(Protocol):
     def cancel(self, jobs: Sequence[Job]) -> None:
         """Stop these jobs (queued ones never start)."""
 
-    def close(self) -> None:
-        """The runner is done (or interrupted): stop starting work and let what runs
-        end as the executor's jobs end (the local one waits for its processes)."""
+    def close(self, interrupted: bool = False) -> None:
+        """The runner is done: start nothing more. ``interrupted`` (Ctrl-C, SIGTERM):
+        jobs that end with the runner are told to stop (a training saves its state
+        first) and waited for; jobs that outlive it (Slurm's) go on."""

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import socket
 import threading
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import ClassVar
 
 from capsmed.errors import CapsmedError
 from capsmed.pipeline.executors.base import ExecutorSettings
+from capsmed.pipeline.processes import signal_children
 from capsmed.pipeline.work import (
     FAILED,
     FINISHED,
@@ -66,10 +68,8 @@ class LocalExecutor:
 
     def __init__(self, settings: ExecutorSettings) -> None:
         self.settings = settings
-        self.devices = (list(settings.devices) if settings.devices is not None
-                        else visible_gpus())
-        self.jobs = settings.jobs or max(1, len(self.devices))
-        self._free = list(self.devices)
+        self._devices: list[str] | None = None
+        self._free: list[str] | None = None
         self._busy = 0
         self._queue: list[_Entry] = []
         self._states: dict[str, JobState] = {}
@@ -80,6 +80,19 @@ class LocalExecutor:
         self._host = socket.gethostname()
         self._dispatcher: threading.Thread | None = None
         self._markers = settings.records / "local"
+
+    @property
+    def devices(self) -> list[str]:
+        """The GPUs jobs may use (asked of CUDA on first use: importing torch is slow)."""
+        if self._devices is None:
+            self._devices = (list(self.settings.devices) if self.settings.devices is not None
+                             else visible_gpus())
+            self._free = list(self._devices)
+        return self._devices
+
+    @property
+    def jobs(self) -> int:
+        return self.settings.jobs or max(1, len(self.devices))
 
     # -- the protocol ----------------------------------------------------------------------
     def gpus_available(self) -> int | None:
@@ -126,14 +139,17 @@ class LocalExecutor:
                     self._states[entry.job_id] = JobState(FAILED, "cancelled")
             self._cond.notify_all()
 
-    def close(self) -> None:
-        """Start nothing more; wait for the jobs that run (they end with their
-        processes: on Ctrl-C those got the signal too and save their state)."""
+    def close(self, interrupted: bool = False) -> None:
+        """Start nothing more; wait for the jobs that run. ``interrupted``: their
+        processes get SIGTERM first (a Ctrl-C reached them already; a SIGTERM sent to
+        the runner alone did not), so a training saves its state and stops."""
         with self._cond:
             self._closing = True
             for entry in self._queue:
                 entry.cancelled = True
             self._cond.notify_all()
+        if interrupted:
+            signal_children(signal.SIGTERM)
         for thread in list(self._threads):
             thread.join()
 
@@ -161,8 +177,8 @@ class LocalExecutor:
                    for d in entry.after) or None
 
     def _fits(self, entry: _Entry) -> bool:
-        want = self._gpus_of(entry.item)
-        return self._busy < self.jobs and want <= len(self._free)
+        free = self._free if self._free is not None else list(self.devices)  # asks once
+        return self._busy < self.jobs and self._gpus_of(entry.item) <= len(free)
 
     def _gpus_of(self, item: WorkItem) -> int:
         return item.resources.gpus or 0
@@ -184,7 +200,8 @@ class LocalExecutor:
 
     def _start(self, entry: _Entry) -> None:
         want = self._gpus_of(entry.item)
-        entry.devices, self._free = self._free[:want], self._free[want:]
+        free = self._free or []
+        entry.devices, self._free = free[:want], free[want:]
         self._busy += 1
         self._states[entry.job_id] = JobState(RUNNING)
         thread = threading.Thread(target=self._work, args=(entry,), daemon=True,
@@ -216,7 +233,8 @@ class LocalExecutor:
         finally:
             marker.unlink(missing_ok=True)
         with self._cond:
-            self._free += entry.devices
+            free = set(self._free or []) | set(entry.devices)
+            self._free = [d for d in self.devices if d in free]  # the machine's order
             self._busy -= 1
             self._states[entry.job_id] = (JobState(FINISHED) if reason is None
                                           else JobState(FAILED, reason))

@@ -7,11 +7,12 @@ Slurm's: ``--dependency=afterok:...``, and a job whose dependency failed is canc
 (``--kill-on-invalid-dep=yes``) rather than left pending for ever.
 
 Time limits: Slurm warns a job ``signal_lead_s`` seconds before its limit (SIGUSR2 to
-every process of the job). The training saves its exact state at its next step
-(mid-epoch) and exits; then :meth:`SlurmJob.checkpoint` requeues the job, which
-resumes from that state. There is no cap on how often a job is requeued while it
-makes progress; a job that makes none in two windows in a row, or a task that keeps
-no progress (a data stage, an analysis), is not requeued and fails with the reason.
+every process of the job, up to a minute early). The training saves its exact state
+at its next step (mid-epoch) and exits; then :meth:`SlurmJob.checkpoint` requeues the
+job, which resumes from that state. There is no cap on how often a job is requeued
+while it makes progress; a job that makes none in three time windows in a row, or a
+task that keeps no progress (a data stage, an analysis), is not requeued and fails
+with the reason.
 Preemption (``scontrol requeue``, a preempting job) sends SIGTERM: the training saves
 the same way and Slurm runs the job again.
 
@@ -34,12 +35,13 @@ from typing import Any, ClassVar
 
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
+from capsmed.pipeline.execute import INTERRUPTED_REASON
 from capsmed.pipeline.executors.base import ExecutorSettings
 from capsmed.pipeline.resources import Resources
 from capsmed.pipeline.work import FAILED, FINISHED, QUEUED, RUNNING, Job, JobState, WorkItem
 
 DEFAULT_TIME_MIN = 1440
-STALLED_WINDOWS = 2  # time windows in a row without progress before a job gives up
+STALLED_WINDOWS = 3  # time windows in a row without progress before a job gives up
 RUNNING_STATES = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "CONFIGURING"}
 ENDED = {"TIMEOUT": "time limit reached", "PREEMPTED": "preempted",
          "OUT_OF_MEMORY": "out of memory", "NODE_FAIL": "node failure",
@@ -66,38 +68,63 @@ def signal_lead_problem(lead: int, time_min: int) -> str | None:
 
 class SlurmJob:
     """What one Slurm job runs: a task, requeued at its time limit while it progresses
-    (picklable; submitit calls it, and :meth:`checkpoint` on the warning)."""
+    (picklable; submitit calls it, and :meth:`checkpoint` on the warning).
 
-    def __init__(self, task: Any, notes: Path, lead: int) -> None:
-        self.task, self.notes, self.lead = task, Path(notes), lead
+    Slurm may send its warning up to a minute early (its timers tick every ~30 s), so
+    the warning only starts the end of the window: the task's training works on until
+    ``SAVE_SECONDS`` before the job's real limit (a training that already took the
+    warning stops and saves at its next step by itself), then it is told to stop
+    (SIGTERM: it saves at its next step) and the job is requeued."""
+
+    SAVE_SECONDS = 15.0
+
+    def __init__(self, task: Any, notes: Path, lead: int, time_min: int) -> None:
+        self.task, self.notes, self.lead, self.time_min = task, Path(notes), lead, time_min
         self.stalled = 0
-        self._at_start: object = None
+        self.last: object = None  # the task's progress at the last time limit
+        self._started = 0.0
 
     def __call__(self) -> str:
+        import signal
+        import time
 
+        self._started = time.time()
         placement = _placement()
-        self._at_start = self.task.progress()
+        if self.last is None:
+            self.last = self.task.progress()
         reason = self.task(placement)
-        if placement.rank == 0:
+        # the work is over: a warning now (Slurm's can come early) must not kill this
+        # process while it exits, which Slurm would take for a failure
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        stopped = reason is not None and reason.startswith(INTERRUPTED_REASON)
+        if placement.rank == 0 and not stopped:  # stopped: Slurm says why (requeue, ...)
             self._note("finished" if reason is None else "failed", reason)
         if reason is not None:
             raise RuntimeError(reason)
         return "done"
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """Slurm's warning before the time limit: let the training save its state,
-        then requeue this job if that state moved since it started."""
+        """Slurm's warning before the time limit: let the training work until just
+        before the limit and save its state, then requeue this job if that state moved
+        since the last time limit."""
+        import signal
+        import time
+
         import submitit
 
-        from capsmed.pipeline.processes import wait_for_children
+        from capsmed.pipeline.processes import signal_children, wait_for_children
 
-        wait_for_children(max(1.0, self.lead - 5.0))
+        left = self._started + self.time_min * 60 - time.time() - self.SAVE_SECONDS
+        wait_for_children(max(1.0, left))
+        signal_children(signal.SIGTERM)  # a training saves at its next step
+        wait_for_children(self.SAVE_SECONDS - 5.0)
         now = self.task.progress()
         if now is None:
             return self._give_up("time limit reached; a " + self.task.kind + " cannot "
                                  "continue where it stopped: give it a longer "
                                  "resources.time_min")
-        self.stalled = self.stalled + 1 if now == self._at_start else 0
+        self.stalled = self.stalled + 1 if now == self.last else 0
+        self.last = now
         if self.stalled >= STALLED_WINDOWS:
             return self._give_up(f"no progress in {STALLED_WINDOWS} time windows in a row: "
                                  "the time limit is too short for the job to start and "
@@ -192,7 +219,8 @@ class SlurmExecutor:
         executor.update_parameters(**self._parameters(res, after))
         lead = self._lead(res.time_min or DEFAULT_TIME_MIN)
         with executor.batch():
-            handles = [executor.submit(SlurmJob(item.task, self.notes, lead))
+            handles = [executor.submit(SlurmJob(item.task, self.notes, lead,
+                                                res.time_min or DEFAULT_TIME_MIN))
                        for item in group]
         return [Job(item.key, self.name, str(h.job_id))
                 for item, h in zip(group, handles, strict=True)]
@@ -268,8 +296,8 @@ class SlurmExecutor:
         if ids:
             subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
 
-    def close(self) -> None:
-        """Jobs go on in Slurm; nothing to wait for here."""
+    def close(self, interrupted: bool = False) -> None:
+        """Jobs go on in Slurm (a rerun or ``capsmed run wait`` re-attaches to them)."""
 
 
 def _groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
