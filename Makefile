@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.capsmed-installed
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test test-fast lint clean gpu-check reproduce-smoke reproduce-jimenez2018 \
-	reproduce-vigueras2021 reproduce-gu2021 reproduce-routing2019
+	reproduce-vigueras2021 reproduce-gu2021 reproduce-routing2019 reproduce-digits
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -57,6 +57,9 @@ RUN           = $(VENV)/bin/capsmed run --executor $(EXECUTOR) --set data_root=$
 
 reproduce-smoke: $(STAMP) ## Toy study on synthetic data (the batch machinery)
 	$(RUN) pipelines/smoke.yaml
+
+reproduce-digits: $(STAMP) ## Real digit scans (scikit-learn): paper 000's low-data study, ~15 min CPU
+	$(RUN) pipelines/digits-lowdata.yaml
 
 reproduce-jimenez2018: $(STAMP) ## Paper 000: 432 runs, Table 2 and Fig. 2
 	$(RUN) pipelines/jimenez2018.yaml

@@ -32,18 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from capsmed.data.configs.tupac16 import Tupac16Config  # noqa: E402
-from capsmed.data.configs.wsi import WsiConfig  # noqa: E402
-from capsmed.data.sources.tupac16 import preprocess_tupac16  # noqa: E402
-from capsmed.data.sources.wsi import preprocess_wsi  # noqa: E402
-from capsmed.data.synth.tupac16 import write_tupac16  # noqa: E402
-from capsmed.data.synth.wsi import write_wsi  # noqa: E402
+from capsmed.data.sources.tupac16.config import Tupac16Config  # noqa: E402
+from capsmed.data.sources.tupac16.reader import preprocess_tupac16  # noqa: E402
+from capsmed.data.sources.tupac16.synth import write_tupac16  # noqa: E402
+from capsmed.data.sources.wsi.config import WsiConfig  # noqa: E402
+from capsmed.data.sources.wsi.reader import preprocess_wsi  # noqa: E402
+from capsmed.data.sources.wsi.synth import write_wsi  # noqa: E402
 from capsmed.device import device_name, select_device  # noqa: E402
-from capsmed.evaluate.evaluation import predict_scores  # noqa: E402
 from capsmed.predict.config import PredictOptions  # noqa: E402
 from capsmed.predict.engine import predict  # noqa: E402
 from capsmed.progress import set_progress_enabled  # noqa: E402
-from capsmed.train.checkpoint import load_checkpoint  # noqa: E402
+from capsmed.runs.checkpoint import load_checkpoint  # noqa: E402
+from capsmed.runs.scores import predict_scores  # noqa: E402
 from capsmed.train.config import TrainConfig  # noqa: E402
 from capsmed.train.engine import train  # noqa: E402
 

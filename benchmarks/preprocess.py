@@ -38,11 +38,11 @@ from capsmed.progress import set_progress_enabled
 set_progress_enabled(False)
 name, raw, out, workers, profile = sys.argv[1:6]
 if name == "tupac16":
-    from capsmed.data.sources.tupac16 import Tupac16Config as Config
-    from capsmed.data.sources.tupac16 import preprocess_tupac16 as run
+    from capsmed.data.sources.tupac16.reader import Tupac16Config as Config
+    from capsmed.data.sources.tupac16.reader import preprocess_tupac16 as run
 else:
-    from capsmed.data.sources.diaretdb1 import Diaretdb1Config as Config
-    from capsmed.data.sources.diaretdb1 import preprocess_diaretdb1 as run
+    from capsmed.data.sources.diaretdb1.reader import Diaretdb1Config as Config
+    from capsmed.data.sources.diaretdb1.reader import preprocess_diaretdb1 as run
 t = time.perf_counter()
 if profile == "1":
     import cProfile, pstats
@@ -112,8 +112,8 @@ def measure(name: str, raw: Path, out: Path, workers: int, profile: bool) -> dic
 SYNTH = """
 import sys
 from pathlib import Path
-from capsmed.data.synth.diaretdb1 import write_diaretdb1
-from capsmed.data.synth.tupac16 import write_tupac16
+from capsmed.data.sources.diaretdb1.synth import write_diaretdb1
+from capsmed.data.sources.tupac16.synth import write_tupac16
 name, raw, count = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 if name == "tupac16":
     write_tupac16(raw, cases=count, images_per_case=1, size=2000, seed=0)

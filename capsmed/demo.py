@@ -87,8 +87,8 @@ def _claim_workdir(workdir: Path) -> None:
 def run_demo(cfg: DemoConfig = DemoConfig()) -> list[tuple[DemoRun, Evaluation]]:
     """Run the whole pipeline; returns each trained run with its test-set evaluation
     (the first run's predictions on new images are in ``workdir/predictions``)."""
-    from capsmed.data.sources.tupac16 import Tupac16Config, preprocess_tupac16
-    from capsmed.data.synth.tupac16 import write_tupac16
+    from capsmed.data.sources.tupac16.reader import Tupac16Config, preprocess_tupac16
+    from capsmed.data.sources.tupac16.synth import write_tupac16
     from capsmed.train.config import TrainConfig
     from capsmed.train.engine import train
 

@@ -24,8 +24,20 @@ def pyplot() -> Any:
     return plt
 
 
+def whole_epochs(fig: Any) -> None:
+    """Every axis labelled ``epoch`` ticks whole epochs only: matplotlib put 1.25, 1.5 ...
+    between the two epochs of a short run, epochs no run has."""
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in fig.axes:
+        if ax.get_xlabel().strip().lower() == "epoch":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def save_figure(fig: Any, path: Path, tight: bool = True) -> None:
-    """Save ``fig`` as a PNG atomically, then close it."""
+    """Save ``fig`` as a PNG atomically, then close it (epoch axes in whole epochs, see
+    :func:`whole_epochs`)."""
+    whole_epochs(fig)
     with atomic_path(Path(path), suffix=".png") as tmp:
         fig.savefig(tmp, dpi=DPI, format="png", **({"bbox_inches": "tight"} if tight else {}))
     pyplot().close(fig)

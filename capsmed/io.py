@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -179,3 +181,40 @@ def user_data_dir() -> Path:
     else:
         base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     return base / "capsmed"
+
+
+@contextlib.contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """Hold ``.<name>.lock`` beside ``output`` (a file or folder being written) for the
+    block: a second capsmed writing the same output is refused, one line naming it."""
+    lock = output.parent / f".{output.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CapsmedError(f"{output}: another capsmed process is writing this file "
+                               f"(it holds {lock.name}); wait for it to finish or choose "
+                               "another output") from None
+        # the previous owner may have removed the file between our open and flock
+        if os.path.exists(lock) and os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.unlink(lock)  # while still holding it: a waiting run then makes a new one
+        os.close(fd)
+
+
+def stale_partial_dirs(final: Path) -> list[Path]:
+    """Folders :func:`replace_dir` left beside ``final`` when its process was killed
+    (``.<name>.`` + 8 characters + ``.partial`` or ``.old``), and nothing else: call it
+    while holding :func:`output_lock`, so that none of them is another process's."""
+    final = Path(final)
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.[A-Za-z0-9_]{{8}}\.(partial|old)")
+    if not final.parent.is_dir():
+        return []
+    return sorted(p for p in final.parent.iterdir() if p.is_dir() and pattern.fullmatch(p.name))

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from capsmed.data.sources.wsi import WsiConfig, preprocess_wsi
-from capsmed.data.synth.wsi import write_wsi
+from capsmed.data.sources.wsi.reader import WsiConfig, preprocess_wsi
+from capsmed.data.sources.wsi.synth import write_wsi
 from capsmed.predict.config import PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.train.config import TrainConfig

@@ -11,16 +11,16 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.contract import DatasetWriter, load_split, read_info
-from capsmed.data.sources.affnist import AffnistConfig, preprocess_affnist, read_affnist_mat
-from capsmed.data.sources.idx import read_idx_images
-from capsmed.data.sources.mnist import MnistConfig, place_on_canvas, preprocess_mnist
-from capsmed.data.sources.multimnist import (
+from capsmed.data.sources.mnist.affnist import AffnistConfig, preprocess_affnist, read_affnist_mat
+from capsmed.data.sources.mnist.idx import read_idx_images
+from capsmed.data.sources.mnist.multimnist import (
     MultiMnistConfig,
     draw_partners,
     overlay,
     preprocess_multimnist,
 )
-from capsmed.data.synth.digits import write_affnist, write_affnist_mat, write_mnist_like
+from capsmed.data.sources.mnist.reader import MnistConfig, place_on_canvas, preprocess_mnist
+from capsmed.data.sources.mnist.synth import write_affnist, write_affnist_mat, write_mnist_like
 from capsmed.errors import CapsmedError
 from tests.helpers import assert_clean_failure
 
@@ -312,7 +312,8 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
     result = runner.invoke(app, ["-q", "analyze", "affine", str(run)])
     assert result.exit_code == 1 and "two labels per image" in result.stderr
     info, dup = read_info(multi), tmp_path / "dup.h5"  # a hand-made file, same class twice
-    with DatasetWriter(dup, dataset="multimnist", class_names=list(info.class_names),
+    with DatasetWriter(dup, dataset="multimnist", kind="multimnist", domain="digits",
+                       class_names=list(info.class_names),
                        image_shape=(info.channels, *info.image_size), preprocessing={},
                        source={}) as w:
         w.append("test", test.images[:2], np.array([1, 2]), np.array(["g0", "g1"]),

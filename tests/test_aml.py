@@ -14,14 +14,14 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.contract import class_counts, load_split, read_info
-from capsmed.data.sources.aml import (
+from capsmed.data.sources.aml.reader import (
     CLASS_NAMES,
     AmlConfig,
     preprocess_aml,
     read_rgba_as_rgb,
 )
-from capsmed.data.synth.aml import class_counts as synth_counts
-from capsmed.data.synth.aml import render_cell
+from capsmed.data.sources.aml.synth import class_counts as synth_counts
+from capsmed.data.sources.aml.synth import render_cell
 
 runner = CliRunner()
 SCALE, SIZE, SEED = 0.002, 64, 5

@@ -32,7 +32,8 @@ from capsmed.evaluate.analyses.compactness import (
 )
 from capsmed.evaluate.analyses.routing import sample_entropy
 from capsmed.models.common import ModelOutput
-from capsmed.train.checkpoint import load_checkpoint, save_checkpoint
+from capsmed.runs.checkpoint import load_checkpoint
+from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 from tests.helpers import TINY_CAPSNET, assert_clean_failure
@@ -157,7 +158,8 @@ def test_rotation_invariant_model_keeps_its_accuracy_a_side_model_does_not():
 
 
 def _contract(path, images, labels, class_names):
-    with DatasetWriter(path, dataset="toy", class_names=class_names,
+    with DatasetWriter(path, dataset="toy", kind="folder", domain="generic",
+                       class_names=class_names,
                        image_shape=images.shape[1:], preprocessing={}, source={}) as w:
         w.append("test", images, labels, np.array([f"g{i}" for i in range(len(labels))]))
     return path
@@ -390,3 +392,29 @@ def test_compactness_cli_on_a_capsnet_run(caps_run, tmp_path):
     fresh = _fresh_copy(caps_run, tmp_path)
     bad = runner.invoke(app, ["-q", "analyze", "compactness", str(fresh), "--factor", "spin"])
     assert_clean_failure(bad, "unknown factor(s) spin", fresh / "analysis")
+
+
+def test_routing_table_fits_80_columns_with_run_names_whole(caps_run, tmp_path):
+    """Issue 23: `analyze routing` split run names over four lines at 80 columns."""
+    runs = [tmp_path / "study" / "runs" / f"tupac16-capsnet-full-seed{s}-{h}"
+            for s, h in ((0, "057f80bb72f2"), (1, "cc26506c1c5b"))]
+    for run in runs:
+        shutil.copytree(caps_run, run)
+    result = runner.invoke(app, ["-q", "analyze", "routing", *map(str, runs), "--out",
+                                 str(tmp_path / "out")], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    record = json.loads((tmp_path / "out" / "routing.json").read_text())
+    rows = [line for line in lines if " capsnet " in line]
+    for run, summary, row in zip(runs, record["runs"], rows, strict=True):
+        assert f"{summary['test_entropy']:.4f}" in row.split()
+        shown = row.split()[0]
+        assert shown != str(run) and all(piece in str(run) for piece in shown.split("…"))
+        assert run.name.split("-", 3)[-1] in shown, row  # seed and digest kept
+    classes = [line.split() for line in lines if line.split()[1:2] in (["non-mitosis"],
+                                                                        ["mitosis"])]
+    assert len(classes) == 4
+    for (shown, *_), run in zip(classes, [runs[0], runs[0], runs[1], runs[1]], strict=True):
+        assert all(piece in str(run) for piece in shown.split("…")), shown
+        assert run.name.split("-", 3)[-1] in shown

@@ -99,7 +99,8 @@ def test_anb_bnb_protocol_freezes_the_transferred_layers(tiny_h5, tmp_path):
 
 def test_transfer_refuses_inputs_of_another_shape_before_training(tiny_h5, tmp_path):
     b = tmp_path / "b40.h5"
-    with DatasetWriter(b, dataset="toy", class_names=["x", "y"], image_shape=(1, 40, 40),
+    with DatasetWriter(b, dataset="toy", kind="folder", domain="generic",
+                       class_names=["x", "y"], image_shape=(1, 40, 40),
                        preprocessing={}, source={}) as w:
         w.append("test", np.zeros((2, 1, 40, 40), np.uint8), np.array([0, 1]),
                  np.array(["g0", "g1"]))

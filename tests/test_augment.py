@@ -8,6 +8,7 @@ import yaml
 from typer.testing import CliRunner
 
 from capsmed.cli import app
+from capsmed.data.domains import DOMAINS
 from capsmed.errors import CapsmedError
 from capsmed.train.augment import AugmentSpec, augment_batch, get_recipe
 from capsmed.train.config import TrainConfig
@@ -70,14 +71,19 @@ def test_a_recipe_implies_augmentation_in_a_config_file_too():
     assert not TrainConfig(data="x.h5", arch="lenet").augment
 
 
-def test_recipes_follow_the_dataset_and_reject_unknown_names():
-    def recipe(dataset, **kw):
-        return TrainConfig(data="x.h5", arch="lenet", **kw).resolved(dataset).augment_recipe
+def test_recipes_follow_the_domain_and_reject_unknown_names():
+    def recipe(domain, **kw):
+        cfg = TrainConfig(data="x.h5", arch="lenet", **kw)
+        return cfg.resolved(DOMAINS[domain]).augment_recipe
 
-    assert recipe("tupac16", augment=True) == "paper000-medical"
-    assert recipe("mnist", augment=True) == "paper000-mnist"
-    assert recipe("tupac16", augment=True, augment_recipe="paper001") == "paper001"
-    assert recipe("tupac16") is None  # no augmentation, no recipe
+    assert recipe("histology", augment=True) == "paper000-medical"
+    assert recipe("digits", augment=True) == "paper000-mnist"
+    assert recipe("histology", augment=True, augment_recipe="paper001") == "paper001"
+    assert recipe("histology") is None  # no augmentation, no recipe
+    # digits are never flipped by a default recipe, generic sets are only rotated
+    for domain in ("digits", "generic"):
+        spec = get_recipe(recipe(domain, augment=True))
+        assert not spec.hflip and not spec.vflip and spec.rotation == 10
     # paper 000's medical translations are the extraction jitter, not applied twice
     assert get_recipe("paper000-medical").translation == 0
     with pytest.raises(CapsmedError, match="unknown augmentation recipe"):

@@ -133,7 +133,7 @@ def test_train_then_evaluate(cli_dataset, tmp_path, arch, model_args):
         rows = list(csv.reader(f))
     assert rows[0][:3] == ["class", "precision", "sensitivity"] and rows[-1][0] == "total"
     assert (run / "report" / "confusion_matrix.png").stat().st_size > 1000
-    assert "| Total (macro) |" in (run / "report" / "report.md").read_text()
+    assert "| **Total (macro)** |" in (run / "report" / "report.md").read_text()
 
 
 def test_training_refuses_an_existing_run_directory(cli_dataset, tmp_path):
@@ -154,7 +154,8 @@ def test_evaluate_refuses_data_with_other_classes(cli_dataset, tmp_path):
     _ok(["train", "--data", str(cli_dataset / "t.h5"), "--arch", "lenet", "--epochs", "1",
          "--out", str(run)])
     other = tmp_path / "other.h5"
-    with DatasetWriter(other, dataset="x", class_names=["healthy", "lesion"],
+    with DatasetWriter(other, dataset="x", kind="folder", domain="generic",
+                       class_names=["healthy", "lesion"],
                        image_shape=(1, 28, 28), preprocessing={}, source={}) as writer:
         writer.append("test", np.zeros((2, 1, 28, 28), np.uint8), [0, 1], ["p1", "p1"])
     result = runner.invoke(app, ["evaluate", str(run), "--data", str(other)])

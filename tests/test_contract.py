@@ -21,7 +21,8 @@ from capsmed.errors import CapsmedError
 
 
 def _write(path, splits, allow=False):
-    with DatasetWriter(path, dataset="toy", class_names=["neg", "pos"], image_shape=(1, 4, 4),
+    with DatasetWriter(path, dataset="toy", kind="folder", domain="generic",
+                       class_names=["neg", "pos"], image_shape=(1, 4, 4),
                        preprocessing={"patch": 100, "nested": {"a": [1, 2]}},
                        source={"raw_dir": "/raw"}, allow_group_leak=allow) as w:
         for split, (labels, groups) in splits.items():
@@ -72,7 +73,8 @@ def test_leak_can_be_allowed_explicitly_and_is_recorded(tmp_path):
 def test_error_inside_block_leaves_no_file(tmp_path):
     target = tmp_path / "partial.h5"
     with pytest.raises(RuntimeError), DatasetWriter(
-            target, dataset="toy", class_names=["a"], image_shape=(1, 2, 2),
+            target, dataset="toy", kind="folder", domain="generic",
+            class_names=["a"], image_shape=(1, 2, 2),
             preprocessing={}, source={}) as w:
         w.append("train", np.zeros((1, 1, 2, 2), np.uint8), [0], ["g"])
         raise RuntimeError("crash mid-write")
@@ -81,11 +83,13 @@ def test_error_inside_block_leaves_no_file(tmp_path):
 
 def test_bad_batches_are_rejected(tmp_path):
     with pytest.raises(CapsmedError, match="expected uint8"), DatasetWriter(
-            tmp_path / "x.h5", dataset="t", class_names=["a", "b"], image_shape=(1, 2, 2),
+            tmp_path / "x.h5", dataset="t", kind="folder", domain="generic",
+            class_names=["a", "b"], image_shape=(1, 2, 2),
             preprocessing={}, source={}) as w:
         w.append("train", np.zeros((1, 1, 3, 3), np.uint8), [0], ["g"])
     with pytest.raises(CapsmedError, match="label out of range"), DatasetWriter(
-            tmp_path / "y.h5", dataset="t", class_names=["a", "b"], image_shape=(1, 2, 2),
+            tmp_path / "y.h5", dataset="t", kind="folder", domain="generic",
+            class_names=["a", "b"], image_shape=(1, 2, 2),
             preprocessing={}, source={}) as w:
         w.append("train", np.zeros((1, 1, 2, 2), np.uint8), [2], ["g"])
     assert list(tmp_path.iterdir()) == []
@@ -118,7 +122,8 @@ def test_missing_split_is_reported(tmp_path):
 
 def _write_folds(path, folds, groups, allow=False):
     n = len(folds)
-    with DatasetWriter(path, dataset="toy", class_names=["neg", "pos"], image_shape=(1, 4, 4),
+    with DatasetWriter(path, dataset="toy", kind="folder", domain="generic",
+                       class_names=["neg", "pos"], image_shape=(1, 4, 4),
                        preprocessing={}, source={}, allow_group_leak=allow) as w:
         half = n // 2  # two batches, to exercise appending folds
         for sl in (slice(0, half), slice(half, n)):
@@ -148,7 +153,8 @@ def test_group_spanning_two_folds_is_refused(tmp_path):
 
 def test_folds_on_some_batches_only_are_rejected(tmp_path):
     with pytest.raises(CapsmedError, match="folds given for some"), \
-            DatasetWriter(tmp_path / "f.h5", dataset="t", class_names=["a"],
+            DatasetWriter(tmp_path / "f.h5", dataset="t", kind="folder", domain="generic",
+                          class_names=["a"],
                           image_shape=(1, 2, 2), preprocessing={}, source={}) as w:
         w.append("all", np.zeros((1, 1, 2, 2), np.uint8), [0], ["g"], folds=np.array([0]))
         w.append("all", np.zeros((1, 1, 2, 2), np.uint8), [0], ["h"])
@@ -177,7 +183,8 @@ def test_data_info_reads_whole_at_80_columns_with_15_classes(tmp_path, monkeypat
              "NGB", "NGS", "PMB", "PMO"]
     path = tmp_path / "aml.h5"
     n = 90
-    with DatasetWriter(path, dataset="aml", class_names=names, image_shape=(3, 4, 4),
+    with DatasetWriter(path, dataset="aml", kind="aml", domain="cytology",
+                       class_names=names, image_shape=(3, 4, 4),
                        preprocessing={}, source={}) as w:
         w.append("all", np.zeros((n, 3, 4, 4), np.uint8), np.arange(n) % 15,
                  [f"p{i // 3}" for i in range(n)], folds=np.array([(i // 3) % 5

@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 from capsmed.cli import app
 from capsmed.data.contract import groups_by_split, load_split, read_info
 from capsmed.data.enhance import clahe_green, clahe_lab
-from capsmed.data.sources.diaretdb1 import Diaretdb1Config, preprocess_diaretdb1
-from capsmed.data.sources.diaretdb1_layout import (
+from capsmed.data.sources.diaretdb1.layout import (
     LESION_TYPES,
     locate_resources,
     read_split_list,
 )
-from capsmed.data.synth.diaretdb1 import OFFICIAL_TRAIN, write_diaretdb1
+from capsmed.data.sources.diaretdb1.reader import Diaretdb1Config, preprocess_diaretdb1
+from capsmed.data.sources.diaretdb1.synth import OFFICIAL_TRAIN, write_diaretdb1
 from capsmed.errors import CapsmedError
 from tests.helpers import assert_clean_failure
 

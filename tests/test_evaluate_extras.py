@@ -26,9 +26,10 @@ from capsmed.evaluate.agreement import (
     orientation_predictions,
 )
 from capsmed.evaluate.capsule_grids import perturb_dimensions
-from capsmed.evaluate.evaluation import evaluate_run, predict_scores
+from capsmed.evaluate.evaluation import evaluate_run
 from capsmed.models.capsules import MaskedDecoder
-from capsmed.train.checkpoint import load_checkpoint
+from capsmed.runs.checkpoint import load_checkpoint
+from capsmed.runs.scores import predict_scores
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 from tests.helpers import TINY_CAPSNET, assert_clean_failure
@@ -210,7 +211,8 @@ def test_cli_agreement_flag_and_bad_batch_size(lenet_run, tmp_path):
 
 def _other_file(path, class_names, size, n=5):
     rng = np.random.default_rng(1)
-    with DatasetWriter(path, dataset="other", class_names=class_names,
+    with DatasetWriter(path, dataset="other", kind="folder", domain="generic",
+                       class_names=class_names,
                        image_shape=(1, size, size), preprocessing={}, source={}) as writer:
         writer.append("test", rng.integers(0, 256, (n, 1, size, size), dtype=np.uint8),
                       np.arange(n) % 2, [f"p{i}" for i in range(n)])
@@ -254,26 +256,33 @@ AML_CLASSES = ("BAS", "EBO", "EOS", "KSC", "LYA", "LYT", "MMZ", "MOB", "MON", "M
                                    ("a class name far too long for its column", "b")],
                          ids=["tupac16", "aml-15-classes", "long-class-name"])
 def test_the_per_class_table_reads_whole_at_80_columns(names):
-    """CI logs and pipes are 80 columns: rich's boxed table cut 'sensitiv…'."""
+    """CI logs and pipes are 80 columns: rich's boxed table cut 'sensitiv…'. Headers
+    are whole (or their short forms when a long name needs the room), and a class name
+    too long for its column is shortened at its spaces, never split over two lines."""
     from rich.console import Console
 
     from capsmed.evaluate.metrics import classification_report
-    from capsmed.evaluate.run_report import HEADERS, rich_table
+    from capsmed.evaluate.run_report import HEADERS, SHORT, rich_table
 
     k = len(names)
     labels = np.arange(10 * k) % k
     predicted = (labels + (np.arange(10 * k) % 3 == 0)) % k
     report = classification_report(labels, predicted, names, scores=np.eye(k)[predicted])
     console = Console(width=80, record=True, color_system=None)
-    console.print(rich_table(report, "parallel-dr on aml / test (epoch 700)"))
+    console.print(rich_table(report, "parallel-dr on aml / test (epoch 700)", width=80))
     lines = console.export_text().splitlines()
     assert max(len(line) for line in lines) <= 80
     header = next(line for line in lines if line.lstrip().startswith("class"))
-    assert header.split() == list(HEADERS)  # every header whole, none cut to '…'
-    assert "…" not in "\n".join(lines)
+    assert header.split() in (list(HEADERS), [SHORT.get(h, h) for h in HEADERS])
     text = "\n".join(lines)
     for words in ("Total (macro)", "balanced accuracy", "macro F1", "weighted F1", "AUC"):
         assert words in text
+    for name in names:  # whole, or whole words around one '…' on the class's own row
+        row = next(line for line in lines if line.startswith(name.split()[0] + " "))
+        shown = row.split("  ")[0].strip()
+        assert shown == name or ("…" in shown and all(
+            w in name.split() for w in shown.replace("…", " ").split())), row
+    assert not [line for line in lines if line[:1] == " "]  # no row runs onto a 2nd line
 
 
 def test_another_file_putting_training_patients_in_the_split_is_warned_about(
@@ -299,3 +308,77 @@ def test_another_file_putting_training_patients_in_the_split_is_warned_about(
     (warning,) = [m for m in caplog.messages if "unseen patients" in m]
     assert warning.startswith(f"{other}: 3 of the 3 groups (cases, patients) of its split "
                               f"'train' are in the training split of {tiny_h5}")
+
+
+def _drawn(monkeypatch, module):
+    """The figures ``module`` saves, kept open for inspection."""
+    figures = []
+    monkeypatch.setattr(module, "_save", lambda fig, path: figures.append(fig))
+    return figures
+
+
+def test_the_row_normalised_confusion_matrix_says_n_a_for_a_class_without_samples(
+        monkeypatch, tmp_path):
+    """Issue 23: it drew 0.00 across the row of a class with no samples (tables: n/a)."""
+    from capsmed.evaluate import plots
+
+    figures = _drawn(monkeypatch, plots)
+    cm = np.array([[5, 1, 0], [0, 0, 0], [2, 0, 3]])  # class 'b' has no samples
+    plots.plot_confusion_matrix(cm, ["a", "b", "c"], tmp_path / "cm.png")
+    counts, normalised = figures[0].axes[:2]
+    texts = [t.get_text() for t in normalised.texts]
+    assert texts[3:6] == ["n/a"] * 3 and texts[:3] == ["0.83", "0.17", "0.00"]
+    assert [t.get_text() for t in counts.texts][3:6] == ["0", "0", "0"]
+    assert plots.row_normalised(cm).mask[1].all() and not plots.row_normalised(cm).mask[0].any()
+
+
+def test_training_curves_of_a_short_run_tick_whole_epochs(monkeypatch, tmp_path):
+    """Issue 23: two epochs were drawn with ticks at 1.2, 1.4, ... 1.8."""
+    from matplotlib.figure import Figure
+
+    from capsmed.train.curves import plot_training_curves
+
+    ticks = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **kw: (
+        ticks.extend(ax.get_xticks() for ax in fig.axes), real(fig, *a, **kw)))
+    records = [{"epoch": e, "train_loss": 1.0 / e, "train_acc": 0.5, "val_loss": 1.1 / e,
+                "val_acc": 0.5, "best": e == 2} for e in (1, 2)]
+    plot_training_curves(records, tmp_path / "curves.png")
+    assert len(ticks) == 2 and (tmp_path / "curves.png").is_file()
+    for axis_ticks in ticks:
+        assert all(float(t).is_integer() for t in axis_ticks), axis_ticks
+
+
+def test_a_flat_perturbation_grid_is_drawn_as_its_scaled_changes_or_said_flat():
+    """Issue 23: an undertrained run's grids were uniform grey squares."""
+    from capsmed.evaluate.capsule_grids import PerturbationGrid, perturbation_view
+
+    shifts = np.linspace(-0.25, 0.25, 5)
+    base = np.full((3, 5, 1, 4, 4), 0.5)
+    faint = base + 0.002 * shifts[None, :, None, None, None] * np.arange(3)[:, None,
+                                                                             None, None, None]
+    images, how = perturbation_view(PerturbationGrid(0, 0, 0, shifts, faint))
+    assert images.min() == pytest.approx(0.0) and images.max() == pytest.approx(1.0)
+    assert np.allclose(images[0], 0.5) and "scaled" in how and "±0.001" in how
+    images, how = perturbation_view(PerturbationGrid(0, 0, 0, shifts, base))
+    assert how.startswith("flat: no shift changes any pixel") and np.array_equal(images, base)
+    strong = base + 0.8 * shifts[None, :, None, None, None]
+    images, how = perturbation_view(PerturbationGrid(0, 0, 0, shifts, strong))
+    assert how == "decoded images" and np.array_equal(images, strong)
+
+
+def test_report_html_lays_several_figures_of_a_section_side_by_side(tmp_path):
+    from capsmed.evaluate.html import render_html
+    from capsmed.evaluate.metrics import classification_report
+
+    png = tmp_path / "a.png"
+    png.write_bytes(base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="))
+    report = classification_report(np.array([0, 1]), np.array([0, 1]), ["a", "b"])
+    page = render_html(report, "t", {"run_dir": "r"}, figures=[
+        ("Confusion matrix", "c", png), ("Capsule dimension perturbations", "p0", png),
+        ("Capsule dimension perturbations", "p1", png)])
+    assert page.count('<div class="figures">') == 1
+    assert page.index('<div class="figures">') > page.index("Capsule dimension")
+    assert "<h2>Per-class metrics</h2>" in page and '<tr class="total">' in page

@@ -27,6 +27,7 @@ def test_library_quickstart(tmp_path, capsys):
     assert set(report["per_class"]) == {"circle", "square", "triangle"}
     assert (tmp_path / "run" / "report" / "report.json").is_file()
     assert "sensitivity" in capsys.readouterr().out
+    assert len(report["scores"]) == 4 and (tmp_path / "capsnet.pt2").is_file()
 
 
 def test_train_config_example(tiny_h5, tmp_path):

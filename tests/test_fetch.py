@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.fetch import RemoteDataset, fetch_dataset
-from capsmed.data.sources.idx import encode_idx, read_idx_images
-from capsmed.data.sources.mnist import REMOTE
+from capsmed.data.sources.mnist.idx import encode_idx, read_idx_images
+from capsmed.data.sources.mnist.reader import REMOTE
 from capsmed.errors import CapsmedError
 from tests.helpers import assert_clean_failure
 

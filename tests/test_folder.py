@@ -8,11 +8,11 @@ import pytest
 import tifffile
 from typer.testing import CliRunner
 
-import capsmed.data.sources.folder as folder_source
+import capsmed.data.sources.folder.reader as folder_source
 from capsmed.cli import app
 from capsmed.data.contract import class_counts, groups_by_split, load_split, read_info
-from capsmed.data.sources.folder import FolderConfig, discover, preprocess_folder
-from capsmed.data.synth.folder import write_class_folders
+from capsmed.data.sources.folder.reader import FolderConfig, discover, preprocess_folder
+from capsmed.data.sources.folder.synth import write_class_folders
 from capsmed.errors import CapsmedError
 from tests.helpers import assert_clean_failure
 

@@ -13,7 +13,8 @@ from sklearn.metrics import (
     roc_auc_score,
 )
 
-from capsmed.evaluate.metrics import class_probabilities, classification_report
+from capsmed.evaluate.metrics import classification_report
+from capsmed.runs.scores import class_probabilities
 
 
 def test_binary_report_matches_hand_counts():

@@ -11,14 +11,14 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.contract import groups_by_split, load_split, read_info
-from capsmed.data.sources.idx import (
+from capsmed.data.sources.mnist.idx import (
     encode_idx,
     read_idx,
     read_idx_images,
     read_idx_labels,
     write_idx,
 )
-from capsmed.data.sources.mnist import (
+from capsmed.data.sources.mnist.reader import (
     FASHION_CLASSES,
     MnistConfig,
     find_idx_files,
@@ -26,7 +26,7 @@ from capsmed.data.sources.mnist import (
     preprocess_mnist,
     split_train_val,
 )
-from capsmed.data.synth.digits import write_mnist_like
+from capsmed.data.sources.mnist.synth import write_mnist_like
 from capsmed.errors import CapsmedError
 from tests.helpers import assert_clean_failure
 
@@ -148,7 +148,7 @@ def test_the_published_files_of_the_other_dataset_are_refused(tmp_path, mnist_ra
     from dataclasses import replace
 
     from capsmed.data.fetch import file_md5
-    from capsmed.data.sources import mnist
+    from capsmed.data.sources.mnist import reader as mnist
 
     # pretend the synthetic files are the published MNIST ones
     md5 = {p.name: file_md5(p) for p in mnist_raw.glob("*.gz")}

@@ -168,8 +168,10 @@ def test_no_stale_study_report_is_left_when_nothing_is_evaluated(tmp_path):
     old = state.out / "report"
     (old / "aggregate").mkdir(parents=True)
     (old / "study.md").write_text("# an earlier version's tables\n")
+    (old / "study.html").write_text("<p>an earlier version's page</p>\n")
     assert write_study_report(pipeline, state, pipeline.runs) is None
     assert not (old / "study.md").exists() and not (old / "aggregate").exists()
+    assert not (old / "study.html").exists()
 
 
 def test_the_study_report_needs_no_evaluation_named_report(tmp_path):
@@ -184,6 +186,9 @@ def test_the_study_report_needs_no_evaluation_named_report(tmp_path):
     written = write_study_report(pipeline, state, pipeline.runs)
     assert written is not None and "1.000" in written.read_text()
     assert not (state.out / "report" / "aggregate").exists()
+    page = (state.out / "report" / "study.html").read_text()  # issue 25: a study page
+    assert page.startswith("<!DOCTYPE html>") and "<h2>Epochs</h2>" in page
+    assert '<td class="num">1.000</td>' in page and "capsmed version" in page
 
 
 def test_a_selection_reports_the_whole_grid_and_defers_analyses_it_cuts(tmp_path,

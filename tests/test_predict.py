@@ -13,15 +13,14 @@ import torch
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from capsmed.data.configs.diaretdb1 import Diaretdb1Config
 from capsmed.data.contract import load_split
-from capsmed.data.sources.diaretdb1 import preprocess_diaretdb1
-from capsmed.data.synth.diaretdb1 import write_diaretdb1
-from capsmed.evaluate.evaluation import evaluated_split, predict_scores
-from capsmed.evaluate.metrics import class_probabilities
+from capsmed.data.sources.diaretdb1.config import Diaretdb1Config
+from capsmed.data.sources.diaretdb1.reader import preprocess_diaretdb1
+from capsmed.data.sources.diaretdb1.synth import write_diaretdb1
 from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
-from capsmed.train.checkpoint import load_checkpoint
+from capsmed.runs import open_run
+from capsmed.runs.scores import class_probabilities, predict_scores
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
 from tests.helpers import TINY_CAPSNET
@@ -45,8 +44,8 @@ def tupac_runs(tiny_h5, tmp_path_factory):
 def _evaluate_scores(run_dir: Path, data: Path, batch_size: int, with_meta: bool = True):
     """What ``capsmed evaluate`` scores: its samples (with the split's meta, when the
     run tests on a whole split), through its scoring function."""
-    split = evaluated_split(run_dir, data, "test")
-    model, meta = load_checkpoint(run_dir, CPU)
+    run = open_run(run_dir, data, CPU)
+    split, model, meta = run.samples("test"), run.model, run.meta
     raw = predict_scores(model, split.images, CPU, batch_size)
     if with_meta:
         whole = load_split(data, "test", with_meta=True)  # the same rows, and where from
@@ -142,10 +141,12 @@ def test_predict_on_a_folder_writes_csv_heatmaps_geojson_and_summary(tupac_runs,
         rows = list(csv.DictReader(fh))
     assert len(rows) == summary["windows"]
     assert {r["predicted"] for r in rows} <= {"mitosis", "non-mitosis"}
-    # a threshold above every score: empty FeatureCollections, still one per input
+    # the highest threshold (no softmax of these windows reaches 1): empty
+    # FeatureCollections, still one per input
+    assert max(float(r["score_mitosis"]) for r in rows) < 1
     high = runner.invoke(app, ["-q", "predict", str(tupac_runs["lenet"]), str(tiny_raw),
                                "-o", str(tmp_path / "high"), "--device", "cpu",
-                               "--threshold", "2", "--no-heatmaps"])
+                               "--threshold", "1", "--no-heatmaps"])
     assert high.exit_code == 0, high.output
     assert not (tmp_path / "high" / "heatmaps").exists()
     empty = json.loads((tmp_path / "high" / "geojson" / "01_01.geojson").read_text())
@@ -166,8 +167,8 @@ def test_predict_works_after_the_dataset_file_is_gone(tupac_runs, tiny_h5, tiny_
 
 
 def test_the_estimated_field_of_view_matches_the_released_mask(tmp_path):
-    from capsmed.data.sources.diaretdb1_layout import read_fundus_mask, read_rgb_png
-    from capsmed.predict.recipes import estimate_fov
+    from capsmed.data.sources.diaretdb1.layout import read_fundus_mask, read_rgb_png
+    from capsmed.data.sources.diaretdb1.recipe import estimate_fov
 
     raw = tmp_path / "ddb1"
     write_diaretdb1(raw, images=2, size=(320, 256), seed=5, disable_progress=True)
@@ -196,8 +197,8 @@ def test_a_light_digit_image_is_warned_about(tmp_path, caplog):
     import cv2
 
     from capsmed.data.record import DatasetRecord
-    from capsmed.predict.config import Overrides
-    from capsmed.predict.recipes import make_recipe
+    from capsmed.data.replay import make_recipe
+    from capsmed.data.replay.options import Overrides
 
     record = DatasetRecord("mnist", tuple("0123456789"), 1, (28, 28), {"seed": 0})
     recipe = make_recipe(record, Overrides())

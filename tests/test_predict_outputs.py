@@ -42,6 +42,30 @@ def test_predicted_is_argmax():
     assert result.predicted.dtype == np.int64
 
 
+def test_the_called_class_follows_its_threshold_everywhere(tmp_path):
+    """Capsule lengths are independent: both classes of a window can exceed 0.5. The
+    threshold on the called class decides, and the CSV's predicted class, the GeoJSON
+    detections and the counts agree on every window."""
+    scores = np.array([[0.9, 0.6], [0.7, 0.3], [0.2, 0.95], [0.1, 0.4]])
+    result = two_windows(x=np.array([20, 40, 60, 80]), y=np.array([30] * 4), scores=scores,
+                         class_index=1, threshold=0.5)
+    assert result.predicted.tolist() == [1, 0, 1, 0]  # window 0: 0.6 >= 0.5, not argmax
+    assert positives(result, 1, 0.5).tolist() == [True, False, True, False]
+    write_predictions_csv(tmp_path / "p.csv", [result], CLASSES)
+    with open(tmp_path / "p.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    called = [r["predicted"] == "mitosis" for r in rows]
+    features = geojson(result, CLASSES, 1, 0.5, "tile")["features"]
+    assert called == [float(r["score_mitosis"]) >= 0.5 for r in rows]
+    assert len(features) == sum(called) == 2
+    raised = two_windows(x=np.array([20, 40, 60, 80]), y=np.array([30] * 4), scores=scores,
+                         class_index=1, threshold=0.7)
+    assert raised.predicted.tolist() == [0, 0, 1, 0]
+    # an image-level prediction (one per image) is the highest-scoring class
+    assert two_windows(scores=scores[:2], windowed=False, class_index=1).predicted.tolist() \
+        == [0, 0]
+
+
 def test_csv_header_rows_and_quoting(tmp_path):
     names = ['tumour, grade "2"', "a b", "a_b"]  # a comma, quotes, names alike once sanitised
     scores = np.array([[0.123456789, 0.5, 0.376543211], [1e-9, 0.25, 0.75]])
@@ -55,7 +79,7 @@ def test_csv_header_rows_and_quoting(tmp_path):
     with path.open(newline="") as fh:
         rows = list(csv.reader(fh))
     header = rows[0]
-    assert header[:4] == ["input", "x", "y", "size"] and header[-1] == "predicted"
+    assert header[:4] == ["input", "centre_x", "centre_y", "size"] and header[-1] == "predicted"
     columns = header[4:-1]
     assert len(set(columns)) == 3 and columns[0] == 'score_tumour,_grade_"2"'
     assert columns[1] == "score_a_b" and columns[2].startswith("score_a_b")

@@ -9,9 +9,10 @@ import pytest
 import tifffile
 
 from capsmed.data.record import DatasetRecord
+from capsmed.data.replay import make_recipe
+from capsmed.data.replay.images import read_rgb
+from capsmed.data.replay.options import Overrides
 from capsmed.errors import CapsmedError
-from capsmed.predict.config import Overrides
-from capsmed.predict.recipes import make_recipe, read_rgb
 
 AML = DatasetRecord("aml", ("LYT", "MON"), 3, (28, 28), {"size": 28, "grey": False})
 TUPAC16 = DatasetRecord("tupac16", ("non-mitosis", "mitosis"), 1, (32, 32),

@@ -16,17 +16,17 @@ except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machi
                 allow_module_level=True)
 
 from capsmed.cli import app
-from capsmed.data.configs.aml import AmlConfig
-from capsmed.data.configs.folder import FolderConfig
 from capsmed.data.contract import read_meta
-from capsmed.data.sources.aml import preprocess_aml
-from capsmed.data.sources.folder import preprocess_folder
-from capsmed.data.sources.wsi import WsiConfig, preprocess_wsi
-from capsmed.data.synth.aml import write_aml
-from capsmed.data.synth.folder import write_class_folders
-from capsmed.data.synth.tupac16 import render_tupac16_image
-from capsmed.data.synth.wsi import write_pyramid, write_wsi
-from capsmed.predict import slides
+from capsmed.data.replay import slides
+from capsmed.data.sources.aml.config import AmlConfig
+from capsmed.data.sources.aml.reader import preprocess_aml
+from capsmed.data.sources.aml.synth import write_aml
+from capsmed.data.sources.folder.config import FolderConfig
+from capsmed.data.sources.folder.reader import preprocess_folder
+from capsmed.data.sources.folder.synth import write_class_folders
+from capsmed.data.sources.tupac16.synth import render_tupac16_image
+from capsmed.data.sources.wsi.reader import WsiConfig, preprocess_wsi
+from capsmed.data.sources.wsi.synth import write_pyramid, write_wsi
 from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.train.config import TrainConfig
@@ -52,7 +52,7 @@ def test_a_wsi_run_predicts_the_training_tiles_of_a_slide(tmp_path):
                      PredictOptions(batch_size=64, device="cpu"))
     assert np.array_equal(_predicted(result), expected)
     lefts = np.concatenate([r.x for r in result.results]) - 32
-    assert np.array_equal(lefts, split.meta["x"])
+    assert np.array_equal(lefts, split.meta["left"])
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["per_input"][0]["level"] == 0 and summary["per_input"][0]["tile_size"] == 64
     assert (tmp_path / "out" / "heatmaps" / f"slides_{slide_files[0].stem}.png").is_file()

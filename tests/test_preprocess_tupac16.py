@@ -9,14 +9,14 @@ import pytest
 
 from capsmed.data.contract import groups_by_split, load_split, read_info
 from capsmed.data.patches import extract_patches, resize_patches
-from capsmed.data.sources.tupac16 import (
+from capsmed.data.sources.tupac16.reader import (
     Tupac16Config,
     discover,
     preprocess_tupac16,
     read_rgb_tiff,
 )
+from capsmed.data.sources.tupac16.synth import render_tupac16_image
 from capsmed.data.stains import hematoxylin_channel, hematoxylin_density
-from capsmed.data.synth.tupac16 import render_tupac16_image
 from capsmed.errors import CapsmedError
 
 

@@ -19,7 +19,8 @@ PALETTE = np.array([[230, 30, 30], [30, 200, 40], [20, 40, 220]], np.uint8)
 def _contract(path, channels, per_class, splits=("train",), folds=None):
     """A file whose class c images are one flat colour (or grey level 60 + 70c)."""
     names = ["red", "green", "blue"]
-    with DatasetWriter(path, dataset="flat", class_names=names, image_shape=(channels, 6, 6),
+    with DatasetWriter(path, dataset="flat", kind="folder", domain="generic",
+                       class_names=names, image_shape=(channels, 6, 6),
                        preprocessing={}, source={}) as writer:
         for split in splits:
             for c, n in enumerate(per_class):

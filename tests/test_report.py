@@ -25,7 +25,7 @@ from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
 from capsmed.evaluate.metrics import classification_report
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import paired_p_value
-from capsmed.evaluate.tables import latex, latex_escape
+from capsmed.tables.text import latex, latex_escape
 from capsmed.train.protocol import protocol_label, protocol_settings
 from tests.helpers import assert_clean_failure
 
@@ -302,7 +302,7 @@ def test_a_report_older_than_the_kept_checkpoint_is_refused_and_shown_stale(real
 
 def test_runs_ls_skips_broken_configs_and_reads_past_a_partial_metrics_line(real_run,
                                                                             tmp_path, caplog):
-    from capsmed.train.run_index import find_runs
+    from capsmed.runs.index import find_runs
 
     good = make_run(real_run, tmp_path / "good", "lenet", 1, FULL["lenet", 1])
     epochs = len((good / "metrics.jsonl").read_text().splitlines())
@@ -319,7 +319,7 @@ def test_runs_ls_skips_broken_configs_and_reads_past_a_partial_metrics_line(real
 
 
 def test_runs_ls_shows_unfinished_runs_even_before_their_first_epoch(real_run, tmp_path):
-    from capsmed.train.run_index import find_runs
+    from capsmed.runs.index import find_runs
 
     run = tmp_path / "cut"
     shutil.copytree(real_run, run)
@@ -377,9 +377,9 @@ def test_stratified_folds_with_equal_class_counts_are_summed_in_the_images_colum
 
 def test_latex_escaping():
     assert latex_escape("a_b 50% & c->d ± x") == "a\\_b 50\\% \\& c$\\rightarrow$d $\\pm$ x"
-    from capsmed.evaluate.tables import TextTable
+    from capsmed.tables import Column, Table
 
-    assert "\\toprule" in latex([TextTable("t", ["a", "b"], [["1", "2"]])])
+    assert "\\toprule" in latex([Table("t", [Column("a"), Column("b")], [["1", "2"]])])
 
 
 def _ok(args):
@@ -450,7 +450,7 @@ def test_cli_refuses_foreign_folder_and_no_runs(runs_root, tmp_path):
 
 
 def test_runs_ls_and_report_share_one_protocol_label():
-    from capsmed.train.run_index import _protocol
+    from capsmed.runs.index import _protocol
 
     train = {"per_class_limit": 25, "augment": True, "fold": 2, "folds": 5}
     assert _protocol(train) == protocol_label(protocol_settings(train)) + ", fold 2"
@@ -465,14 +465,68 @@ def test_the_terminal_table_shows_labels_with_brackets_and_keeps_numbers_whole()
     label column wraps, never a number."""
     from rich.console import Console
 
-    from capsmed.evaluate.tables import TextTable, rich_table
+    from capsmed.tables import Column, Table, text_column
+    from capsmed.tables.terminal import to_rich
 
     label = "tupac16 [tupac16.h5 5e125ea9]"
-    table = TextTable(title=f"{label} / full", columns=["Dataset", *(f"m{i}" for i in range(8))],
-                      rows=[[label, *(f"-0.{i}23 ± 0.045" for i in range(8))]])
+    table = Table(title=f"{label} / full",
+                  columns=[text_column("Dataset"), *(Column(f"m{i}") for i in range(8))],
+                  rows=[[label, *(f"-0.{i}23 ± 0.045" for i in range(8))]])
     console = Console(width=80, record=True)
-    console.print(rich_table(table))
+    console.print(to_rich(table, 80))
     text = console.export_text()
     assert "[tupac16.h5" in text and "5e125ea9]" in text
     for i in range(8):
         assert f"-0.{i}23" in text and text.count("0.045") == 8
+
+
+def _whole_name(shown: str, name: str) -> bool:
+    """``shown`` is ``name`` or whole parts of it around '…' (never a word cut)."""
+    import re
+
+    parts = re.findall(r"[^-_/ :]+[-_/ :]*|[-_/ :]+", name)
+    pieces = [p for p in shown.split("…") if p]
+    return shown == name or ("…" in shown and all(
+        any("".join(parts[i:j]) == piece for i in range(len(parts))
+            for j in range(i + 1, len(parts) + 1)) for piece in pieces))
+
+
+def test_runs_ls_at_80_columns_shortens_run_names_never_splits_them(real_run, tmp_path):
+    """Issue 23: `runs ls` split run names mid-word over two lines at 80 columns."""
+    names = [f"tupac16-{arch}-fraction-0.1-seed{seed}-{digest}" for arch, seed, digest in
+             (("capsnet", 1, "057f80bb72f2"), ("capsnet", 2, "cc26506c1c5b"),
+              ("lenet", 1, "0f7a499c0fc5"))]
+    for name in names:
+        make_run(real_run, tmp_path / "study" / "runs" / name, name.split("-")[1], 1,
+                 FULL["lenet", 1], fraction=0.1)
+    ls = runner.invoke(app, ["runs", "ls", str(tmp_path)], terminal_width=80)
+    assert ls.exit_code == 0, ls.output
+    lines = ls.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = [line for line in lines if line.split() and line.split()[-1] in ("yes", "no")]
+    assert len(rows) == 3
+    for row, name in zip(rows, names, strict=True):
+        shown = row.split()[0]
+        assert _whole_name(shown, f"study/runs/{name}"), row
+        assert name.split("-")[1] in row and f"seed{name.split('seed')[1][0]}" in shown
+
+
+def test_report_at_80_columns_keeps_every_header_and_number_whole(runs_root, tmp_path):
+    """Issue 23: the paired-test table cut 'Dataset' to 'Datas/et', 'capsnet' to
+    'capsne/t' and ran past 80 columns."""
+    result = runner.invoke(app, ["report", str(runs_root), "-o", str(tmp_path / "r")],
+                           terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    header = next(line for line in lines if line.startswith("Dataset  Protocol"))
+    assert header.split()[:4] == ["Dataset", "Protocol", "A", "B"]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    for t in summary["significance"]["tests"]:
+        if t["p_value"] is not None:  # its row: both archs and p, each whole
+            p = "<0.0001" if t["p_value"] < 1e-4 else f"{t['p_value']:.4f}"
+            assert any({t["arch_a"], t["arch_b"], p} <= set(line.split())
+                       for line in lines), p
+    means = [f"{g['metrics']['macro_f1']['mean']:.3f}" for g in summary["groups"]]
+    body = "\n".join(lines)
+    assert all(m in body for m in means)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import capsmed.data.sources.tupac16 as tupac16
-import capsmed.data.sources.wsi as wsi
+import capsmed.data.sources.tupac16.reader as tupac16
+import capsmed.data.sources.wsi.reader as wsi
 from capsmed.data.contract import load_split, read_info
 from capsmed.data.resume import ResultCache
 from tests.test_wsi import _cfg, _labels_csv, _slide

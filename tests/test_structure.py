@@ -10,7 +10,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "capsmed"
 # Higher layers may import lower ones, never the reverse (inside functions too).
-LAYERS = ("cli", "pipeline", "demo", "predict", "evaluate", "train", "data", "models", "base")
+LAYERS = ("cli", "api", "pipeline", "demo", "predict", "evaluate", "runs", "train", "data",
+          "models", "base")
 
 
 def _module(path: Path) -> str:
@@ -46,9 +47,12 @@ def _imports() -> dict[str, list[tuple[str, int]]]:
 
 
 def test_imports_run_from_higher_layers_to_lower_ones():
+    # the package itself is exempt both ways: its face (capsmed/__init__.py) imports the
+    # library on first use (capsmed.api), and any module may read capsmed.__version__
     wrong = [f"{name} (line {line}) imports {target}: {_layer(name)} -> {_layer(target)}"
              for name, targets in _imports().items() for target, line in targets
-             if LAYERS.index(_layer(target)) < LAYERS.index(_layer(name))]
+             if "capsmed" not in (name, target)
+             and LAYERS.index(_layer(target)) < LAYERS.index(_layer(name))]
     assert not wrong, "\n".join(wrong)
 
 

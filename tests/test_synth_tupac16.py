@@ -1,4 +1,4 @@
-"""Tests for the synthetic TUPAC16 generator (capsmed.data.synth.tupac16)."""
+"""Tests for the synthetic TUPAC16 generator (capsmed.data.sources.tupac16.synth)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import pytest
 import tifffile
 from skimage.color import rgb2hed
 
-from capsmed.data.synth import tupac16 as synth
-from capsmed.data.synth.histology import BORDER
-from capsmed.data.synth.tupac16 import (
+from capsmed.data.sources.tupac16 import synth
+from capsmed.data.sources.tupac16.synth import (
     E_STAIN,
     H_STAIN,
     SynthImage,
@@ -21,6 +20,7 @@ from capsmed.data.synth.tupac16 import (
     render_tupac16_image,
     write_tupac16,
 )
+from capsmed.data.synth.histology import BORDER
 from capsmed.errors import CapsmedError
 
 LN_1E6 = -math.log(1e-6)  # rgb2hed divides optical density by this

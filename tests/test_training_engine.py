@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from capsmed.cli import app
+from capsmed.data.challenges import cv_partition, limit_per_class_over_folds
 from capsmed.data.contract import DatasetWriter, load_split
-from capsmed.data.protocols import cv_partition, limit_per_class_over_folds
 from capsmed.errors import CapsmedError
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import resume, train
@@ -150,7 +150,8 @@ def _folds_file(tiny_h5, path, k=3):
     groups = np.concatenate([p.groups for p in parts])
     cases = sorted(set(groups))
     folds = np.array([cases.index(g) % k for g in groups])
-    with DatasetWriter(path, dataset="toy-cv", class_names=["non-mitosis", "mitosis"],
+    with DatasetWriter(path, dataset="toy-cv", kind="folder", domain="generic",
+                       class_names=["non-mitosis", "mitosis"],
                        image_shape=images.shape[1:], preprocessing={}, source={}) as w:
         w.append("all", images, labels, groups, folds=folds)
     return path, labels, folds

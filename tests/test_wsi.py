@@ -19,9 +19,9 @@ except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machi
 
 from capsmed.cli import app
 from capsmed.data.contract import groups_by_split, load_split, read_info
-from capsmed.data.sources import annotations as ann
-from capsmed.data.sources import tile_labels
-from capsmed.data.sources.wsi import (
+from capsmed.data.sources.wsi import annotations as ann
+from capsmed.data.sources.wsi import tile_labels
+from capsmed.data.sources.wsi.reader import (
     WsiConfig,
     choose_resolution,
     describe_slide,
@@ -31,9 +31,9 @@ from capsmed.data.sources.wsi import (
     tissue_fractions,
     tissue_mask,
 )
+from capsmed.data.sources.wsi.synth import render_slide, write_pyramid
 from capsmed.data.splits import split_groups
 from capsmed.data.stains import hematoxylin_channel
-from capsmed.data.synth.wsi import render_slide, write_pyramid
 from capsmed.errors import CapsmedError
 from tests.helpers import assert_clean_failure
 
@@ -73,7 +73,7 @@ def _all(path):
 
 
 def _coords(split):
-    return {(int(x), int(y)) for x, y in zip(split.meta["x"], split.meta["y"], strict=True)}
+    return {(int(x), int(y)) for x, y in zip(split.meta["left"], split.meta["top"], strict=True)}
 
 
 def test_synthetic_slides_are_pyramids_openslide_reads(tmp_path):
@@ -114,7 +114,7 @@ def test_synthetic_slides_are_pyramids_openslide_reads(tmp_path):
     assert info.source["slides"]["slide_002"]["level_downsamples"] == [1.0, 2.0, 4.0]
     tumour_tiles = 0
     for split in _all(out).values():
-        for s, x, y, label in zip(split.groups, split.meta["x"], split.meta["y"],
+        for s, x, y, label in zip(split.groups, split.meta["left"], split.meta["top"],
                                   split.labels, strict=True):
             if label == 0:
                 assert s == "slide_001" and truth.tumour[y + 32, x + 32]
@@ -141,7 +141,7 @@ def test_tiles_are_the_tissue_tiles(tmp_path, min_tissue, extra):
     assert set(split.meta["level"]) == {0}
     np.testing.assert_allclose(split.meta["tissue"][:6], 1.0, atol=0.02)
     # stored pixels are exactly the slide's pixels at that position
-    x, y = int(split.meta["x"][0]), int(split.meta["y"][0])
+    x, y = int(split.meta["left"][0]), int(split.meta["top"][0])
     region = np.asarray(openslide.OpenSlide(path).read_region((x, y), 0, (128, 128)))
     np.testing.assert_array_equal(split.images[0], region[..., :3].transpose(2, 0, 1))
 
@@ -182,7 +182,7 @@ def test_mask_cleanup_removes_specks_and_fills_holes_but_not_the_surroundings():
 
 
 def _info_like(mpp):
-    from capsmed.data.sources.wsi import SlideInfo
+    from capsmed.data.sources.wsi.reader import SlideInfo
 
     return SlideInfo(path="s.svs", slide_id="s", reader="OpenSlide", vendor="aperio",
                      dimensions=(1024, 1024), level_dimensions=((1024, 1024), (512, 512),
@@ -215,7 +215,7 @@ def test_level_1_and_mpp_give_level_0_coordinates_scaled_by_the_downsample(tmp_p
         level=1, tile_size=64, slide_labels_csv=labels)))["train"]
     assert _coords(by_level) == TILES_A  # 64 px at level 1 = 128 px at level 0
     assert set(by_level.meta["level"]) == {1} and by_level.images.shape[1:] == (3, 64, 64)
-    x, y = int(by_level.meta["x"][0]), int(by_level.meta["y"][0])
+    x, y = int(by_level.meta["left"][0]), int(by_level.meta["top"][0])
     region = np.asarray(openslide.OpenSlide(path).read_region((x, y), 1, (64, 64)))
     np.testing.assert_array_equal(by_level.images[0], region[..., :3].transpose(2, 0, 1))
 
@@ -226,7 +226,7 @@ def test_level_1_and_mpp_give_level_0_coordinates_scaled_by_the_downsample(tmp_p
         mpp=1.5, tile_size=64, output_size=32, slide_labels_csv=labels, min_tissue=0.6))
     split = _all(resampled)["train"]
     assert split.images.shape[1:] == (3, 32, 32) and set(split.meta["level"]) == {1}
-    assert (split.meta["x"] % 192 == 0).all() and (split.meta["y"] % 192 == 0).all()
+    assert (split.meta["left"] % 192 == 0).all() and (split.meta["top"] % 192 == 0).all()
     # 192-px cells: (384, 192) and (384, 384) are 2/3 block A; (192, *) only 4/9
     assert _coords(split) == {(384, 192), (384, 384)}
     stats = read_info(resampled).preprocessing["per_slide"]["a"]
@@ -245,7 +245,7 @@ def test_point_labels_land_on_the_tiles_that_hold_them(tmp_path, caplog):
     assert "1 of 5 point annotation(s) fall on no kept tile" in caplog.text
     info, split = read_info(out), _all(out)["train"]
     assert info.class_names == ("background", "stroma", "tumor")
-    got = {(int(x), int(y)): int(k) for x, y, k in zip(split.meta["x"], split.meta["y"],
+    got = {(int(x), int(y)): int(k) for x, y, k in zip(split.meta["left"], split.meta["top"],
                                                        split.labels, strict=True)}
     assert got == {(256, 256): 2, (384, 256): 1, (512, 384): 2,
                    (512, 256): 0, (256, 384): 0, (384, 384): 0}
@@ -288,7 +288,7 @@ def test_polygon_labels_follow_centres_nesting_holes_and_skip_non_annotations(tm
     info, split = read_info(out), _all(out)["train"]
     assert info.class_names == ("Necrosis", "Stroma", "Tumor", "background")
     got = {(int(x), int(y)): info.class_names[k] for x, y, k in
-           zip(split.meta["x"], split.meta["y"], split.labels, strict=True)}
+           zip(split.meta["left"], split.meta["top"], split.labels, strict=True)}
     assert got == {(256, 256): "Tumor", (384, 256): "Necrosis", (512, 256): "background",
                    (256, 384): "Stroma", (384, 384): "background", (512, 384): "Stroma"}
     # the plain-array export (no FeatureCollection) reads the same polygons
@@ -334,7 +334,7 @@ def test_slide_labels_split_by_slide_and_workers_give_identical_files(tmp_path):
         other = load_split(two, split, with_meta=True)
         np.testing.assert_array_equal(other.images, data.images)
         np.testing.assert_array_equal(other.labels, data.labels)
-        np.testing.assert_array_equal(other.meta["x"], data.meta["x"])
+        np.testing.assert_array_equal(other.meta["left"], data.meta["left"])
 
 
 def test_split_files_assign_slides_and_must_name_known_slides(tmp_path):
@@ -366,7 +366,7 @@ def test_plain_images_go_through_imageslide(tmp_path, suffix):
                                                          stain="hematoxylin"))
     split = _all(out)["train"]
     assert _coords(split) == TILES_A and split.images.shape[1:] == (1, 128, 128)
-    x, y = int(split.meta["x"][0]), int(split.meta["y"][0])
+    x, y = int(split.meta["left"][0]), int(split.meta["top"][0])
     np.testing.assert_array_equal(split.images[0, 0],
                                   hematoxylin_channel(rgb[y:y + 128, x:x + 128]))
     info = read_info(out).source["slides"]["a"]

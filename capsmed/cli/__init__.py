@@ -16,6 +16,7 @@ from capsmed.cli import (
     data,
     demo,
     evaluate,
+    export,
     fetch,
     models,
     predict,
@@ -72,6 +73,7 @@ app.command("models")(models.models)
 app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
 app.command("predict", epilog=predict.EPILOG)(predict.predict)
+app.command("export", epilog=export.EPILOG)(export.export)
 app.command("report")(report.report)
 app.add_typer(analyze.app, name="analyze")
 app.add_typer(runs.app, name="runs")

@@ -14,18 +14,10 @@ app = typer.Typer(help="Analyses of trained runs: affine robustness, MultiMNIST 
                   no_args_is_help=True)
 
 
-def _print_table(title: str, header: list[str], rows: list[list[str]],
-                 caption: str | None = None) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+def _show(*tables) -> None:
+    from capsmed.tables.terminal import print_tables
 
-    table = Table(title=escape(title), caption=escape(caption) if caption else None)
-    for i, name in enumerate(header):
-        table.add_column(escape(name), justify="left" if i == 0 else "right", overflow="fold")
-    for row in rows:
-        table.add_row(*(escape(str(cell)) for cell in row))
-    Console().print(table)
+    print_tables(tables)
 
 
 def _done(out: Path) -> None:
@@ -63,19 +55,9 @@ def affine(
                                   max_samples=max_samples, seed=seed, batch_size=batch_size))
     result, out = analyze_affine(run_dir, data=data, affnist=affnist, config=cfg,
                                  device=device)
-    rows = [["untransformed", f"{result.clean_accuracy:.4f}", str(result.samples)],
-            ["random affine", f"{result.affine_accuracy:.4f}",
-             str(result.samples * cfg.repeats)]]
-    rows += [[f"{name} (unchanged {v['unchanged']:.3f})", f"{v['accuracy']:.4f}",
-              str(result.samples)] for name, v in result.flips.items()]
-    if result.affnist is not None:
-        rows.append(["affNIST file", f"{result.affnist['accuracy']:.4f}",
-                     str(result.affnist["samples"])])
-    worst = min(range(len(result.sweep_angles)), key=result.sweep_accuracy.__getitem__)
-    _print_table(f"Affine robustness: {run_dir}", ["condition", "accuracy", "images"], rows,
-                 caption=f"rotation sweep: worst {result.sweep_accuracy[worst]:.3f} at "
-                 f"{result.sweep_angles[worst]:+.0f} deg; mean applied shift "
-                 f"{result.mean_abs_translation_px:.2f} px")
+    from capsmed.evaluate.analyses.summaries import affine_table
+
+    _show(affine_table(result, cfg.repeats, run_dir))
     _done(out)
 
 
@@ -94,11 +76,9 @@ def multimnist(
     from capsmed.evaluate.analyses.multimnist import analyze_multimnist
 
     r, out = analyze_multimnist(run_dir, device, data, split, batch_size)
-    rows = [["two-digit accuracy", f"{r.two_digit_accuracy:.4f}"],
-            ["first digit in top 2", f"{r.first_found:.4f}"],
-            ["second digit in top 2", f"{r.second_found:.4f}"]]
-    rows += [[f"  class {name} found", f"{v:.4f}"] for name, v in r.per_class_found.items()]
-    _print_table(f"MultiMNIST on {split} ({r.samples} images)", ["measure", "value"], rows)
+    from capsmed.evaluate.analyses.summaries import multimnist_table
+
+    _show(multimnist_table(r, split))
     _done(out)
 
 
@@ -118,18 +98,9 @@ def routing(
 
     results, folder = analyze_routing(run_dirs, out, device, split,
                                       **only_set(batch_size=batch_size))
-    rows = []
-    for r in results:
-        ends = [f"{p['routing_entropy']:.4f}" for p in (r.curve[:1] + r.curve[-1:])]
-        rows.append([r.run_dir, r.arch, f"{r.layer} ({r.lower_capsules}->{r.upper_capsules})",
-                     *(ends or ["-", "-"]), f"{r.test_entropy:.4f}",
-                     f"{r.test_normalised:.4f}"])
-        for name, v in r.per_class.items():
-            rows.append([f"  class {name}", "", "", "", "", f"{v['entropy']:.4f}",
-                         f"{v['normalised']:.4f}"])
-    _print_table("Routing coupling entropy (nats)",
-                 ["run", "arch", "layer (I->J)", "first epoch", "last epoch", split,
-                  "/ log J"], rows, caption="epochs: validation split, as logged")
+    from capsmed.evaluate.analyses.summaries import routing_tables
+
+    _show(*routing_tables(results, split))
     _done(folder)
 
 
@@ -162,12 +133,9 @@ def compactness(
         factors=expand_factors(factor) if factor else None, steps=steps, split=split,
         padding=padding, max_samples=max_samples, seed=seed, batch_size=batch_size))
     record, out = analyze_compactness(run_dir, cfg, data, device)
-    rows = [[f, f"{r['score']:.4f}", f"{r['std']:.4f}", str(r["samples"]),
-             str(r["undefined"])] for f, r in record["factors"].items()]
-    top = next(iter(record["factors"].values()))["max_score"]
-    _print_table(f"Semantic compactness: {run_dir}",
-                 ["factor", "score", "std", "samples", "undefined"], rows,
-                 caption=f"{record['representation']}; maximum log D = {top:.3f}")
+    from capsmed.evaluate.analyses.summaries import compactness_table
+
+    _show(compactness_table(record, run_dir))
     _done(out)
 
 
@@ -196,14 +164,9 @@ def manifold(
                                     perplexity=perplexity, layer=layer, centre=centre,
                                     split=split, seed=seed))
     record, out = analyze_manifold(run_dir, cfg, data, device)
-    rows = [[f"{r['fixed_class']} + moving {r['moving_class']}", f"{r['chamfer']:.4f}",
-             f"{r['aligned_error']:.4f}"] for r in record["pairs"]]
-    rows.append(["mean", f"{record['chamfer_mean']:.4f}",
-                 f"{record['aligned_error_mean']:.4f}"])
-    _print_table(f"Manifold (t-SNE, {record['grid_points']} images per pair): {run_dir}",
-                 ["fixed + moving", "Chamfer", "aligned error"], rows,
-                 caption=f"{record['representation']}; Chamfer variance "
-                 f"{record['chamfer_variance']:.4f}")
+    from capsmed.evaluate.analyses.summaries import manifold_table
+
+    _show(manifold_table(record, run_dir))
     _done(out)
 
 
@@ -251,9 +214,7 @@ def transfer(
                          base_a=str(base_a) if base_a else None,
                          base_b=str(base_b) if base_b else None, train_options=options)
     record, folder = run_transfer(cfg)
-    rows = [[r["scheme"], str(r["k"]), r["layers"] or "-", f"{r['accuracy']:.4f}"]
-            for r in record["results"]]
-    _print_table(f"Layer transfer ({record['arch']}), accuracy on B's test split",
-                 ["scheme", "k", "frozen layers", "accuracy"], rows,
-                 caption=f"base A on A's test split: {record['base_a_accuracy_on_a']:.4f}")
+    from capsmed.evaluate.analyses.summaries import transfer_table
+
+    _show(transfer_table(record))
     _done(folder)

@@ -50,20 +50,13 @@ def train(
     results: Path = typer.Option(None, help=RESULTS_HELP),
 ) -> None:
     """Training and evaluation images/s, step time and peak memory per architecture."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
+    from capsmed.tables import Column, Table, text_column
+    from capsmed.tables.terminal import print_tables
     from capsmed.train.bench import append_result, bench_train
 
-    # light rules and collapsed padding: seven columns in 80, none cut
-    table = Table(title=f"capsmed bench train (batch {batch_size}, {steps} timed steps)",
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1),
-                  collapse_padding=True)
-    for column in ("arch", "input", "precision", "train img/s", "step ms", "eval img/s",
-                   "peak MiB"):
-        table.add_column(column, justify="left" if column in ("arch", "input", "precision")
-                         else "right", overflow="fold")
+    table = Table(f"capsmed bench train (batch {batch_size}, {steps} timed steps)",
+                  [text_column("arch"), text_column("input"), text_column("precision"),
+                   *map(Column, ("train img/s", "step ms", "eval img/s", "peak MiB"))], [])
     kwargs = parse_key_values(model_arg, "--model-arg")
     results = results or DEFAULT_RESULTS
     for name in arch:
@@ -73,12 +66,12 @@ def train(
                         input_size=input_size,
                         channels=channels, num_classes=num_classes, model_kwargs=kwargs)
         append_result(r, results)
-        table.caption = f"device: {r.device}; peak: " + (
+        table.notes = [f"device: {r.device}; peak: " + (
             "GPU memory allocated" if "cpu" not in r.device else
-            "process RSS so far (one --arch per command for per-model figures)")
-        table.add_row(r.arch, r.input.replace(", ", "/").replace(" classes", ""),
-                      r.precision, f"{r.train_images_per_s:,.0f}",
-                      f"{r.train_step_ms:.1f}", f"{r.eval_images_per_s:,.0f}",
-                      f"{r.peak_memory_mib:,.0f}")
-    Console().print(table)
+            "process RSS so far (one --arch per command for per-model figures)")]
+        table.rows.append([r.arch, r.input.replace(", ", "/").replace(" classes", ""),
+                           r.precision, f"{r.train_images_per_s:,.0f}",
+                           f"{r.train_step_ms:.1f}", f"{r.eval_images_per_s:,.0f}",
+                           f"{r.peak_memory_mib:,.0f}"])
+    print_tables([table])
     typer.echo(f"appended to {results}")

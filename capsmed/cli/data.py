@@ -37,6 +37,5 @@ def preview(
     from capsmed.cli.common import only_set
     from capsmed.data.preview import preview_dataset
 
-    path = preview_dataset(file, output, **only_set(split=split, per_class=per_class,
-                                                    seed=seed))
-    typer.echo(f"wrote {path}")
+    # the library logs 'wrote PATH (size; split)': not said a second time here
+    preview_dataset(file, output, **only_set(split=split, per_class=per_class, seed=seed))

@@ -18,20 +18,17 @@ def models(
 ) -> None:
     """List architectures with their parameter count at the given input setting."""
     import torch
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
     from capsmed.errors import CapsmedError
     from capsmed.models import count_parameters, create_model, list_models
+    from capsmed.tables import Column, Table
+    from capsmed.tables.terminal import print_tables
 
     for name, value, least in (("--input-size", input_size, 1), ("--channels", channels, 1),
                                ("--num-classes", num_classes, 2)):
         if value < least:
             raise CapsmedError(f"{name} must be >= {least}, got {value}")
 
-    table = Table(title=f"Architectures at {channels}x{input_size}x{input_size}, "
-                        f"{num_classes} classes")
     rows = []
     for entry in list_models():
         note = ""
@@ -46,19 +43,16 @@ def models(
             params, note = "n/a", f" Not at this input: {exc}"
         options = " ".join(f"{k}={_as_typed(v)}" for k, v in entry.defaults().items()
                            if k not in UNIFORM_ARGUMENTS)
-        rows.append((f"{entry.name}\n{params}", f"{entry.description}{note}\n"
-                     f"[{entry.paper}]", options))
-    # three columns fit 80: name over its count, description over its reference, and
-    # the options, whose key=value words are never split
-    for i, column in enumerate(("name\nparameters", "description\n[reference]",
-                                "options (--model-arg key=value)")):
-        longest = max(len(word) for row in rows for word in row[i].split())
-        table.add_column(escape(column), justify="left", overflow="fold",
-                         min_width=longest if i != 1 else None,
-                         max_width=longest if i == 0 else None)
-    for row in rows:
-        table.add_row(*(escape(cell) for cell in row), end_section=True)
-    Console().print(table)
+        rows.append([f"{entry.name}\n{params}", f"{entry.description}{note}\n"
+                     f"[{entry.paper}]", options])
+    # name over its count, description over its reference, and the options, whose
+    # key=value words are never split: the prose columns share what the first leaves
+    print_tables([Table(f"Architectures at {channels}x{input_size}x{input_size}, "
+                        f"{num_classes} classes",
+                        [Column("name\nparameters", align="left"),
+                         Column("description\n[reference]", align="left", wrap=True),
+                         Column("options (--model-arg key=value)", align="left", wrap=True)],
+                        rows, row_rules=True)])
 
 
 def _as_typed(value: object) -> str:

@@ -118,7 +118,7 @@ def split_fractions(config: type, train: float | None, val: float | None,
                     test: float | None) -> dict[str, float] | None:
     """The fractions given on the command line, the others filled in from the config's
     default; None when none was given. The config checks that they sum to 1
-    (:func:`capsmed.data.configs.common.check_fractions`), for every source."""
+    (:func:`capsmed.data.sources.common.check_fractions`), for every source."""
     given = {k: v for k, v in (("train", train), ("val", val), ("test", test))
              if v is not None}
     return {**field_default(config, "fractions"), **given} if given else None
@@ -145,6 +145,16 @@ def allow_no_annotations_option(config: type, looked_for: str) -> Any:
     """``--allow-no-annotations``: write a set whose annotations are all absent."""
     return flag(config, "allow_no_annotations", f"Write even if no {looked_for} is found "
                 "(without this, that is an error naming where they were looked for)")
+
+
+def domain_option(config: type) -> Any:
+    """``--domain``: what the images show; training's defaults follow it."""
+    from capsmed.data.domains import DOMAINS
+
+    names = ", ".join(DOMAINS)
+    return option(config, "domain", f"What the images show ({names}), recorded in the "
+                  "file: training's default lr and --augment recipe follow it (digits are "
+                  "never flipped, generic sets only rotated; docs/sources.md)")
 
 
 def synth_seed_option() -> Any:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.options import option
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides, PredictOptions
@@ -67,7 +67,7 @@ def predict(
                                         batch_size=batch_size, device=device))
     result = run_predict(run_dir, inputs, out, options)
     Console().print(summary_table(result))
-    typer.echo(f"predictions written to {result.out_dir}/")
+    echo_wrapped(f"predictions written to {result.out_dir}/")
     if result.failed:
         raise CapsmedError(f"{len(result.failed)} of {len(result.failed) + len(result.results)}"
                            f" input(s) failed (listed in {result.out_dir}/summary.json); "

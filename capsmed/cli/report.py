@@ -32,18 +32,14 @@ def report(
     digits: int = typer.Option(None, help="Decimals in the tables. Default: 3."),
 ) -> None:
     """Aggregate evaluated runs: tables in the papers' layouts, tests, plots, summary.json."""
-    from rich.console import Console
-
     from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
-    from capsmed.evaluate.tables import rich_table
+    from capsmed.tables.terminal import print_tables
 
     config = ReportConfig(**only_set(metric=metric, test=test, alpha=alpha,
                                      archs=tuple(arch) if arch else None,
                                      per_class=per_class, digits=digits))
     result = report_runs(runs, out, config)
-    console = Console()
-    for table in result.printed:
-        console.print(rich_table(table))
+    print_tables(result.printed)
     skipped = f", {len(result.skipped)} skipped" if result.skipped else ""
     echo_wrapped(f"{result.runs} run(s) in {result.groups} group(s){skipped}; report written "
                f"to {result.out_dir}/ ({', '.join(result.files)})")

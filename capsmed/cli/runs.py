@@ -15,13 +15,9 @@ app = typer.Typer(help="List and inspect training runs.", no_args_is_help=True)
 @handles_errors
 def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs.")) -> None:
     """Runs below ROOT: architecture, dataset, protocol, best epoch, validation metrics."""
-    from rich import box
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     from capsmed.errors import CapsmedError
-    from capsmed.train.run_index import find_runs
+    from capsmed.runs.index import find_runs
+    from capsmed.tables.terminal import print_tables
 
     if not root.is_dir():
         raise CapsmedError(f"{root}: no such folder")
@@ -29,25 +25,25 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
     if not runs:
         typer.echo(f"no runs under {root} (train one with: capsmed train ...)")
         return
-    # light rules, no outer edge: 80 columns hold the numbers and wide enough labels
-    table = Table(title=escape(f"Runs under {root}"), box=box.SIMPLE_HEAD, show_edge=False,
-                  pad_edge=False, padding=(0, 1), collapse_padding=True)
-    table.caption = ("ep: epochs run (2/10: unfinished; capsmed train --resume "
-                     "continues it); best: kept epoch; loss/acc: validation at the kept "
-                     "epoch; rep: evaluated (stale: the run trained on after it)")
-    arch = max(len(r.arch) for r in runs)
-    for column, width, most in (("run", 12, 16), ("arch", arch, arch), ("data", 7, 9),
-                                ("protocol", 10, 12)):
-        table.add_column(column, overflow="fold", min_width=width, max_width=most)
-    for column in ("ep", "best", "loss", "acc", "rep"):
-        table.add_column(column, no_wrap=True, justify="right")
-    for r in runs:
-        table.add_row(escape(str(r.path.relative_to(root)) or "."), r.arch, escape(r.dataset),
-                      escape(r.protocol),
-                      str(r.epochs_run) + (f"/{r.epochs_planned}" if r.epochs_planned
-                                           else ""),
-                      str(r.best_epoch or "-"),
-                      f"{r.val_loss:.4f}" if r.val_loss is not None else "-",
-                      f"{r.val_acc:.3f}" if r.val_acc is not None else "-",
-                      "stale" if r.report_stale else "yes" if r.evaluated else "no")
-    Console().print(table)
+    print_tables([_runs_table(runs, root)])
+
+
+def _runs_table(runs: list, root: Path):
+    """One row per run; in 80 columns the dataset, then the protocol, then the kept
+    epoch and loss are left out before a run's name is shortened below 30 characters."""
+    from capsmed.tables import Column, Table, text_column
+
+    rows = [[str(r.path.relative_to(root)) or ".", r.arch, r.dataset, r.protocol,
+             str(r.epochs_run) + (f"/{r.epochs_planned}" if r.epochs_planned else ""),
+             str(r.best_epoch or "-"),
+             f"{r.val_loss:.4f}" if r.val_loss is not None else "-",
+             f"{r.val_acc:.3f}" if r.val_acc is not None else "-",
+             "stale" if r.report_stale else "yes" if r.evaluated else "no"] for r in runs]
+    columns = [text_column("run"), text_column("arch"), text_column("data", priority=3),
+               text_column("protocol", priority=2), Column("ep"),
+               Column("best", priority=1), Column("loss", priority=1), Column("acc"),
+               Column("rep")]
+    return Table(f"Runs under {root}", columns, rows, notes=[
+        "ep: epochs run (2/10: unfinished; capsmed train --resume continues it); best: "
+        "kept epoch; loss/acc: validation at the kept epoch; rep: evaluated (stale: the "
+        "run trained on after it)"])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_key_values
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_key_values
 from capsmed.errors import CapsmedError
 
 
@@ -72,7 +72,7 @@ def train(
     config: Path = typer.Option(None, help="YAML file of these options; flags override it."),
 ) -> None:
     """Train a model; keeps the checkpoint at minimum validation loss."""
-    from capsmed.data.protocols import parse_imbalance
+    from capsmed.data.challenges import parse_imbalance
     from capsmed.train.config import TrainConfig, read_options_yaml
     from capsmed.train.engine import resume as resume_training
     from capsmed.train.engine import train as run_training
@@ -101,7 +101,7 @@ def train(
             raise CapsmedError("--resume continues a run with its own options (its "
                                "config.yaml); give no other training options")
         run_dir = resume_training(resume)
-        typer.echo(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")
+        echo_wrapped(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")
         return
     merged = {**base, **overrides}
     given = parse_key_values(model_arg, "--model-arg")
@@ -111,4 +111,4 @@ def train(
     merged["model_kwargs"] = {**base.get("model_kwargs", {}), **given,
                               **only_set(branches=branches)}
     run_dir = run_training(TrainConfig.from_dict(merged, origin="capsmed train"))
-    typer.echo(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")
+    echo_wrapped(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")

@@ -36,10 +36,13 @@ from capsmed.data.schema import (
 from capsmed.data.writer import CHUNK_BYTES, DatasetWriter, find_leaks
 from capsmed.errors import CapsmedError
 
-__all__ = ["CHUNK_BYTES", "FORMAT_VERSION", "DatasetInfo", "DatasetWriter", "SplitData",
-           "class_counts", "find_leaks", "fold_class_counts", "groups_by_split",
-           "load_split", "meta_names", "read_images", "read_info", "read_labels",
-           "read_meta"]
+__all__ = ["CHUNK_BYTES", "FORMAT_VERSION", "SECOND_LABEL", "DatasetInfo", "DatasetWriter",
+           "SplitData", "class_counts", "find_leaks", "fold_class_counts", "groups_by_split",
+           "is_two_label", "load_split", "meta_names", "read_images", "read_info",
+           "read_labels", "read_meta"]
+
+# The meta array holding the second object's label in two-object sets (MultiMNIST).
+SECOND_LABEL = "label2"
 
 
 def load_split(path: Path, split: str, *, with_meta: bool = False) -> SplitData:
@@ -78,6 +81,11 @@ def meta_names(path: Path, split: str) -> list[str]:
     with reading(path) as f:
         grp = f[split]
         return sorted(grp["meta"].keys()) if "meta" in grp else []
+
+
+def is_two_label(path: Path, split: str) -> bool:
+    """Whether ``split`` of ``path`` holds two-object samples (a second label per image)."""
+    return SECOND_LABEL in meta_names(path, split)
 
 
 def read_meta(path: Path, split: str, name: str, rows: np.ndarray | None = None

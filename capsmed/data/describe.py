@@ -24,8 +24,12 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
     groups = groups_by_split(path)
     leaks = find_leaks(groups)
 
+    domain = info.image_domain()
+    kind = (f"{info.data_source().name}, domain {domain.name}"
+            + ("" if info.domain else " (not recorded: an older file)"))
     header = Table.grid(padding=(0, 2))
     for key, value in (("file", str(info.path)), ("dataset", info.dataset),
+                       ("source", kind),
                        ("images", f"{info.channels} x {info.image_size[0]} x "
                                   f"{info.image_size[1]} uint8"),
                        ("classes", ", ".join(info.class_names)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from capsmed.data.configs.common import DEFAULT_CLIP_LIMIT, DEFAULT_TILE_GRID
+from capsmed.data.sources.common import DEFAULT_CLIP_LIMIT, DEFAULT_TILE_GRID
 
 
 def clahe_lab(rgb: np.ndarray, clip_limit: float = DEFAULT_CLIP_LIMIT,

@@ -241,3 +241,16 @@ def resize_image(image: np.ndarray, size: int, keep_aspect: bool) -> np.ndarray:
     top, left = (size - th) // 2, (size - tw) // 2
     out[top:top + th, left:left + tw] = image
     return out
+
+
+def read_rgb_tiff(path: Path) -> np.ndarray:
+    """Read an RGB(A) TIFF as (H, W, 3) uint8, or fail naming the file."""
+    image, _ = read_tiff(path)
+    if image.ndim != 3 or image.shape[-1] not in (3, 4):
+        raise CapsmedError(f"{path}: expected an RGB image, got shape {image.shape}")
+    if image.dtype != np.uint8:
+        if image.dtype == np.uint16:
+            image = (image >> 8).astype(np.uint8)
+        else:
+            raise CapsmedError(f"{path}: expected 8-bit RGB, got {image.dtype}")
+    return np.ascontiguousarray(image[..., :3])

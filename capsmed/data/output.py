@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import inspect
 import logging
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from capsmed.errors import CapsmedError
-from capsmed.io import ensure_writable_dir
+from capsmed.io import ensure_writable_dir, output_lock
 
 log = logging.getLogger(__name__)
 
@@ -61,30 +60,6 @@ def stale_temporaries(output: Path) -> list[Path]:
     ``.<name>.`` + 8 characters + ``.tmp``), and of nothing else."""
     pattern = re.compile(rf"\.{re.escape(output.name)}\.[A-Za-z0-9_]{{8}}\.tmp")
     return sorted(p for p in output.parent.iterdir() if pattern.fullmatch(p.name))
-
-
-@contextlib.contextmanager
-def _lock(output: Path) -> Iterator[None]:
-    lock = output.parent / f".{output.name}.lock"
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CapsmedError(f"{output}: another capsmed process is writing this file "
-                               f"(it holds {lock.name}); wait for it to finish or choose "
-                               "another -o") from None
-        # the previous owner may have removed the file between our open and flock
-        if os.path.exists(lock) and os.stat(lock).st_ino == os.fstat(fd).st_ino:
-            break
-        os.close(fd)
-    try:
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.unlink(lock)  # while still holding it: a waiting run then makes a new one
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -141,7 +116,7 @@ def claim_output(output: Path, overwrite: bool = False) -> Iterator[Path]:
             written, or another process is writing it.
     """
     output = check_output(output, overwrite)
-    with _lock(output), _recording_interrupts():
+    with output_lock(output), _recording_interrupts():
         for stale in stale_temporaries(output):
             log.info("removing %s, left by a run that was killed", stale)
             stale.unlink(missing_ok=True)

@@ -63,9 +63,16 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _worker_init(parent: int) -> None:
-    """Runs first in every worker: die with the parent, leave Ctrl-C to it."""
+def _worker_init(main: int) -> None:
+    """Runs first in every worker: die with the parent, leave Ctrl-C to it, and compute
+    on one thread (two workers on two cores each running two BLAS or OpenCV threads
+    were slower than one worker).
+
+    A worker whose parent (the main process ``main``) died before the death signal
+    was set up exits at once.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -74,8 +81,28 @@ def _worker_init(parent: int) -> None:
     # the signals were blocked while the parent started us (see _submit); unblocking
     # delivers a pending SIGTERM now, and a pending SIGINT is ignored
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    if os.getppid() == 1 or not _alive(main):  # a parent died before prctl took effect
         os._exit(1)
+    _one_thread()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _one_thread() -> None:
+    """Limit BLAS / OpenMP and OpenCV to one thread in this process."""
+    import cv2
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+    cv2.setNumThreads(1)
 
 
 def _submit(pool: ProcessPoolExecutor, fn: Callable[[J], R], job: J) -> Future[R]:
@@ -122,7 +149,7 @@ def map_in_workers(fn: Callable[[J], R], jobs: Iterable[J], *, workers: int | No
                    result_type: type | None = None,
                    inputs: Callable[[J], Sequence[Any]] | None = None
                    ) -> Iterator[tuple[J, R]]:
-    """Yield ``(job, fn(job))`` in job order, computed in ``workers`` spawned processes.
+    """Yield ``(job, fn(job))`` in job order, computed in ``workers`` processes.
 
     ``fn`` must be a module-level function and jobs picklable. With one worker or one
     job the work runs inline (no process start-up cost). A rich progress bar counts

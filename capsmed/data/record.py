@@ -10,11 +10,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capsmed.data.schema import DatasetInfo, read_info
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
+from capsmed.yamlfile import read_yaml
+
+if TYPE_CHECKING:
+    from capsmed.data.domains import Domain
+    from capsmed.data.sources import Source
 
 RECORD = "preprocessing.json"
 RECORD_FORMAT = 1
@@ -35,7 +40,22 @@ class DatasetRecord:
     source: dict[str, Any] = field(default_factory=dict)
     capsmed_version: str = ""
     created: str = ""
+    source_kind: str | None = None  # the registered source (None: an older record)
+    domain: str | None = None  # its image domain (None: an older record)
     origin: str = ""  # where this record was read from (not stored)
+
+    def data_source(self) -> Source:
+        """The registered source whose preprocessing this is."""
+        from capsmed.data.sources import source_of
+
+        return source_of(self.source_kind, self.dataset, self.preprocessing, self.origin)
+
+    def image_domain(self) -> Domain:
+        """The image domain the dataset recorded."""
+        from capsmed.data.sources import domain_of
+
+        return domain_of(self.source_kind, self.domain, self.dataset, self.preprocessing,
+                         self.origin)
 
     @classmethod
     def from_info(cls, info: DatasetInfo) -> DatasetRecord:
@@ -44,7 +64,7 @@ class DatasetRecord:
                    preprocessing=dict(info.preprocessing),
                    source={k: v for k, v in info.source.items() if k in SOURCE_KEYS},
                    capsmed_version=info.capsmed_version, created=info.created,
-                   origin=str(info.path))
+                   source_kind=info.source_kind, domain=info.domain, origin=str(info.path))
 
 
 def write_record(folder: Path, info: DatasetInfo) -> None:
@@ -74,9 +94,16 @@ def read_record(path: Path) -> DatasetRecord:
                              preprocessing=data["preprocessing"],
                              source=dict(data.get("source") or {}),
                              capsmed_version=str(data.get("capsmed_version", "")),
-                             created=str(data.get("created", "")), origin=str(path))
+                             created=str(data.get("created", "")),
+                             source_kind=_optional(data, "source_kind"),
+                             domain=_optional(data, "domain"), origin=str(path))
     except (KeyError, TypeError, ValueError) as exc:
         raise CapsmedError(f"{path}: not a capsmed preprocessing record ({exc})") from None
+
+
+def _optional(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return None if value is None else str(value)
 
 
 def run_record(run_dir: Path, data: Path | None) -> DatasetRecord:
@@ -100,7 +127,7 @@ def _check_of_run(record: DatasetRecord, run_dir: Path) -> None:
     import yaml
 
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        config = read_yaml(run_dir / "config.yaml")
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return  # no config to compare with
     dataset = (config.get("dataset") or {}) if isinstance(config, dict) else {}

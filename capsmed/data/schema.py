@@ -12,12 +12,16 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 
 from capsmed.errors import CapsmedError, first_line
+
+if TYPE_CHECKING:
+    from capsmed.data.domains import Domain
+    from capsmed.data.sources import Source
 
 FORMAT_VERSION = 1
 # What the readers and the preprocessing make of the same raw files and options. Bumped
@@ -45,10 +49,25 @@ class DatasetInfo:
     created: str
     format_version: int
     folds: dict[str, int] = field(default_factory=dict)  # split -> number of folds
+    source_kind: str | None = None  # the registered source that wrote it (None: older)
+    domain: str | None = None  # its image domain (None: written before domains)
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def data_source(self) -> Source:
+        """The registered source that wrote the file (:mod:`capsmed.data.sources`)."""
+        from capsmed.data.sources import source_of
+
+        return source_of(self.source_kind, self.dataset, self.preprocessing, self.path)
+
+    def image_domain(self) -> Domain:
+        """The file's image domain, from which training takes its defaults."""
+        from capsmed.data.sources import domain_of
+
+        return domain_of(self.source_kind, self.domain, self.dataset, self.preprocessing,
+                         self.path)
 
 
 @dataclass(frozen=True)
@@ -145,6 +164,8 @@ def read_info(path: Path) -> DatasetInfo:
             created=str(f.attrs.get("created", "?")),
             format_version=version,
             folds=folds,
+            source_kind=attrs.optional_text("source_kind"),
+            domain=attrs.optional_text("domain"),
         )
 
 
@@ -159,6 +180,9 @@ class _Attributes:
         shown = value.decode(errors="replace") if isinstance(value, bytes) else value
         return CapsmedError(f"{self.path}: attribute '{name}' must be {expected}, got "
                             f"{str(shown)[:60]!r}")
+
+    def optional_text(self, name: str) -> str | None:
+        return self.text(name) if name in self.attrs else None
 
     def text(self, name: str) -> str:
         value = self.attrs[name]

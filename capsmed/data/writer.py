@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from capsmed import __version__
+from capsmed.data.domains import get_domain
 from capsmed.data.schema import DATA_REVISION, FORMAT_VERSION, STRING_DTYPE
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path
@@ -51,6 +52,8 @@ class DatasetWriter:
     Args:
         path: Final ``.h5`` path.
         dataset: Dataset name, e.g. ``"tupac16"``.
+        kind: The registered source writing it (:mod:`capsmed.data.sources`).
+        domain: Its image domain (:mod:`capsmed.data.domains`): training defaults.
         class_names: Class names, index = label.
         image_shape: ``(C, H, W)`` of every image.
         preprocessing: Every parameter used to produce the images (JSON-serialisable).
@@ -63,6 +66,8 @@ class DatasetWriter:
         path: Path,
         *,
         dataset: str,
+        kind: str,
+        domain: str,
         class_names: Sequence[str],
         image_shape: tuple[int, int, int],
         preprocessing: Mapping[str, Any],
@@ -71,6 +76,7 @@ class DatasetWriter:
     ) -> None:
         self.path = Path(path)
         self.dataset = dataset
+        self.kind, self.domain = kind, get_domain(domain).name
         self.class_names = list(class_names)
         self.image_shape = tuple(int(v) for v in image_shape)
         self.preprocessing = dict(preprocessing)
@@ -223,6 +229,8 @@ class DatasetWriter:
         attrs = self._file.attrs
         attrs["format_version"] = FORMAT_VERSION
         attrs["dataset"] = self.dataset
+        attrs["source_kind"] = self.kind
+        attrs["domain"] = self.domain
         attrs["class_names"] = json.dumps(self.class_names)
         attrs["image_size"] = json.dumps([h, w])
         attrs["channels"] = c

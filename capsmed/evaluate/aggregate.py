@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from capsmed.errors import CapsmedError
+from capsmed.runs.index import find_runs, summarise_run
 from capsmed.train.protocol import (
     PROTOCOL_DEFAULTS,
     REPETITION_KEYS,
@@ -30,14 +31,15 @@ from capsmed.train.protocol import (
     protocol_settings,
     protocol_sort_key,
 )
-from capsmed.train.run_index import find_runs
+from capsmed.train.state import RESUME_FILE
+from capsmed.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)
 
 # Keys of report.json that describe the evaluation rather than measure it.
 CONTEXT_KEYS = frozenset({"run_dir", "arch", "dataset", "data", "split", "checkpoint_epoch",
                           "samples", "class_names", "per_class", "total",
-                          "confusion_matrix", "notes"})
+                          "confusion_matrix", "notes", "predictions_digest"})
 COUNT_KEYS = frozenset({"support", "samples"})
 REVISION = "protocol_revision"  # config.yaml environment key: see PROTOCOL_REVISION
 REQUIRED_KEYS = ("class_names", "per_class", "total", "accuracy", "balanced_accuracy",
@@ -87,6 +89,8 @@ class EvaluatedRun:
     other: dict[str, Any] = field(default_factory=dict)
     data_file: str = ""  # the training file: its content digest (or path, for old runs)
     data_name: str = ""  # and its file name
+    predictions: str | None = None  # digest of the predicted labels (None: older report)
+    unfinished: str | None = None  # e.g. "epoch 1 of 10": training had not finished
 
     @property
     def repetition(self) -> tuple[int, int | None]:
@@ -101,7 +105,8 @@ class EvaluatedRun:
         return {"path": str(self.path), "dataset": self.dataset, "arch": self.arch,
                 "protocol": self.protocol, "settings": self.settings, "seed": self.seed,
                 "fold": self.fold, "metrics": self.metrics, "per_class": self.per_class,
-                "confusion_matrix": self.confusion.tolist()}
+                "confusion_matrix": self.confusion.tolist(),
+                "predictions_digest": self.predictions, "unfinished": self.unfinished}
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ class Collection:
 def _read_structured(path: Path, loader: str) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
-        value = json.loads(text) if loader == "json" else yaml.safe_load(text)
+        value = json.loads(text) if loader == "json" else load_yaml(text, path)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         raise CapsmedError(f"{path}: cannot read {loader.upper()} "
                            f"({str(exc).splitlines()[0]})") from exc
@@ -202,7 +207,19 @@ def load_evaluated_run(run_dir: Path, report_name: str = "report") -> EvaluatedR
                    for name, values in report["per_class"].items()},
         confusion=confusion, other=other,
         data_file=str((config.get("dataset") or {}).get("digest") or train.get("data") or ""),
-        data_name=Path(str(train.get("data") or "")).name)
+        data_name=Path(str(train.get("data") or "")).name,
+        predictions=report.get("predictions_digest"), unfinished=_unfinished(run_dir))
+
+
+def _unfinished(run_dir: Path) -> str | None:
+    """``epoch k of N`` while the run's training has not finished (resume.pt there)."""
+    if not (run_dir / RESUME_FILE).is_file():
+        return None
+    try:
+        summary = summarise_run(run_dir)
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return "training not finished"
+    return f"trained {summary.epochs_run} of {summary.epochs_planned} epochs"
 
 
 def _evaluated_on_own_file(config: dict[str, Any], report: dict[str, Any]) -> bool:
@@ -350,6 +367,13 @@ def group_warnings(groups: Sequence[Group]) -> list[str]:
         if differing:
             notes.append(f"{where}: runs differ in {', '.join(differing)} but are averaged "
                          "together (group key is dataset, arch and protocol only)")
+        late = [r for r in g.runs if r.unfinished]
+        if late:
+            notes.append(f"{where}: {len(late)} run(s) had not finished training ("
+                         + "; ".join(f"{r.path}: {r.unfinished}" for r in late)
+                         + "); their early checkpoints are averaged in and the cells "
+                         "marked †; finish them with capsmed train --resume RUN_DIR, then "
+                         "capsmed evaluate RUN_DIR")
         labels = [r.repetition_label for r in g.runs]
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:

@@ -43,8 +43,8 @@ from capsmed.evaluate.layouts import (
 )
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import TESTS, paired_tests, wilcoxon_min_p
-from capsmed.evaluate.tables import TextTable, csv_text, latex, markdown
 from capsmed.io import ensure_writable_dir, write_text_atomic
+from capsmed.tables import Table, render
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class AggregateReport:
     runs: int
     groups: int
     skipped: list[SkippedRun]
-    printed: list[TextTable]
+    printed: list[Table]
     files: list[str]
     notes: list[str] = field(default_factory=list)
 
@@ -140,12 +140,14 @@ def _is_report_dir(path: Path) -> bool:
     return isinstance(summary, dict) and summary.get("kind") == REPORT_KIND
 
 
-def _write_table_files(out: Path, stem: str, tables: Sequence[TextTable],
+TABLE_FILES = ("md", "csv", "tex")  # capsmed.tables renderers, one file each
+
+
+def _write_table_files(out: Path, stem: str, tables: Sequence[Table],
                        heading: str) -> list[str]:
-    write_text_atomic(out / f"{stem}.md", markdown(tables, heading))
-    write_text_atomic(out / f"{stem}.csv", csv_text(tables))
-    write_text_atomic(out / f"{stem}.tex", latex(tables))
-    return [f"{stem}.md", f"{stem}.csv", f"{stem}.tex"]
+    for suffix in TABLE_FILES:
+        write_text_atomic(out / f"{stem}.{suffix}", render(suffix, tables, heading))
+    return [f"{stem}.{suffix}" for suffix in TABLE_FILES]
 
 
 def _group_summary(g: Group) -> dict[str, Any]:

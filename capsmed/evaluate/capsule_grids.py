@@ -29,6 +29,9 @@ from capsmed.models.capsules import MaskedDecoder
 log = logging.getLogger(__name__)
 
 RECONSTRUCTIONS_PNG = "reconstructions.png"
+# a grid whose largest pixel change is below this is drawn as its autoscaled changes
+VISIBLE_CHANGE = 0.1
+FLAT = 1e-6  # no change at all: said in the title
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,27 @@ def remove_capsule_grids(out_dir: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
+def perturbation_view(grid: PerturbationGrid) -> tuple[np.ndarray, str]:
+    """What to draw of a grid, and a line saying what it shows.
+
+    An undertrained decoder barely reacts to its capsule: its decodes are one grey
+    square repeated, which shows nothing. Below :data:`VISIBLE_CHANGE` the grid is drawn
+    as each image's change from the unshifted decode, scaled so the largest change is
+    full contrast (grey: no change); a grid with no change at all says so.
+    """
+    centre = grid.images[:, int(np.argmin(np.abs(grid.shifts)))]
+    change = grid.images - centre[:, None]
+    spread = float(np.abs(change).max()) if change.size else 0.0
+    if spread >= VISIBLE_CHANGE:
+        return grid.images, "decoded images"
+    if spread <= FLAT:
+        return grid.images, ("flat: no shift changes any pixel (the decoder does not use "
+                             "this capsule yet, e.g. an undertrained run)")
+    return (0.5 + change / (2 * spread),
+            f"change from the unshifted decode, scaled: full contrast = ±{spread:.2g} "
+            "(grey: no change; the decodes alone look alike)")
+
+
 def write_capsule_grids(recon: dict, grids: Sequence[PerturbationGrid],
                         class_names: Sequence[str], out_dir: Path) -> list[Path]:
     """Plot the reconstruction grid and the perturbation grids into ``out_dir``."""
@@ -150,11 +174,12 @@ def write_capsule_grids(recon: dict, grids: Sequence[PerturbationGrid],
     for grid in grids:
         path = out_dir / perturbation_filename(grid.class_index, class_names[grid.class_index])
         dims = [f"dim {d}" for d in range(grid.images.shape[0])]
-        plot_image_grid([list(row) for row in grid.images], dims,
+        images, how = perturbation_view(grid)
+        plot_image_grid([list(row) for row in images], dims,
                         [f"{s:+.2f}" for s in grid.shifts], path,
                         title=f"'{class_names[grid.class_index]}' sample "
                               f"{grid.sample_index}: each dimension of the "
-                              f"'{class_names[grid.predicted]}' capsule shifted")
+                              f"'{class_names[grid.predicted]}' capsule shifted\n{how}")
         paths.append(path)
     log.info("capsule grids: %s", ", ".join(p.name for p in paths))
     return paths

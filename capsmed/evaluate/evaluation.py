@@ -7,27 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from capsmed.data.contract import DatasetInfo, SplitData, groups_by_split, read_info
+from capsmed.data.contract import SplitData, groups_by_split, read_info
 from capsmed.data.digest import file_digest
-from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
 from capsmed.evaluate.capsule_grids import capsule_grids, write_capsule_grids
 from capsmed.evaluate.html import write_html
-from capsmed.evaluate.metrics import (
-    ClassificationReport,
-    class_probabilities,
-    classification_report,
-)
+from capsmed.evaluate.metrics import ClassificationReport, classification_report
 from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.run_report import write_report
 from capsmed.io import replace_dir, writing
-from capsmed.train.checkpoint import load_checkpoint
-from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
-from capsmed.train.run_data import is_run_file, load_run_split
+from capsmed.runs import OpenRun, open_run
+from capsmed.runs.scores import class_probabilities, predict_scores
 from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
@@ -46,26 +37,13 @@ class Evaluation:
     files: tuple[str, ...] = field(default_factory=tuple)  # names written in report_dir
 
 
-@torch.no_grad()
-def predict_scores(model: torch.nn.Module, images: np.ndarray, device: torch.device,
-                   batch_size: int = 512) -> np.ndarray:
-    """Class scores [N, K] for uint8 images [N, C, H, W]."""
-    out = []
-    for start in range(0, len(images), batch_size):
-        # contiguous: a strided view (HWC read as CHW) takes other kernels, other roundings
-        chunk = np.ascontiguousarray(images[start:start + batch_size])
-        x = torch.from_numpy(chunk).to(device).float().div_(255.0)
-        out.append(model(x).scores.float().cpu())
-    return torch.cat(out).numpy() if out else np.empty((0, 0), dtype=np.float32)
-
-
-def _warn_seen_groups(run_dir: Path, trained_on: Path, info: DatasetInfo, split: str,
-                      split_data: SplitData) -> None:
+def _warn_seen_groups(run: OpenRun, split: str, split_data: SplitData) -> None:
     """Warn when another file of the same dataset (a re-preprocessed one, say) puts
     patients the run trained on into the split evaluated: not unseen patients."""
-    if not trained_on.is_file() or not (run_dir / CONFIG).is_file():
+    trained_on, info, run_dir = run.trained_on, run.info, run.run_dir
+    if not trained_on.is_file() or run.config is None or info is None:
         return
-    train_split = (read_run_config(run_dir).get("dataset") or {}).get("train_split")
+    train_split = (run.config.get("dataset") or {}).get("train_split")
     if read_info(trained_on).dataset != info.dataset or not train_split:
         return  # another dataset's group names mean other things
     seen = sorted(set(split_data.groups) & groups_by_split(trained_on).get(train_split, set()))
@@ -75,12 +53,6 @@ def _warn_seen_groups(run_dir: Path, trained_on: Path, info: DatasetInfo, split:
                     "scores on unseen patients", info.path, len(seen),
                     len(set(split_data.groups)), split, trained_on, run_dir,
                     ", ".join(seen[:3]) + (", ..." if len(seen) > 3 else ""))
-
-
-def evaluated_split(run_dir: Path, data_path: Path, split: str) -> SplitData:
-    """The samples an evaluation scores: the one place that chooses them (a
-    cross-validation run's ``test`` is its held-out fold rows)."""
-    return load_run_split(run_dir, data_path, split)
 
 
 def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
@@ -114,38 +86,27 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         raise CapsmedError(f"batch size must be >= 1, got {batch_size}")
     if not report_name or Path(report_name).name != report_name or report_name in (".", ".."):
         raise CapsmedError(f"--report-name must be a plain folder name, got '{report_name}'")
-    run_dir = Path(run_dir)
-    dev = select_device(device)
-    model, meta = load_checkpoint(run_dir, dev)
-    if (run_dir / RESUME_FILE).is_file():
+    run = open_run(run_dir, data, device)
+    run_dir, dev, model, meta, info = run.run_dir, run.device, run.model, run.meta, run.info
+    assert run.data_path is not None and info is not None  # need_data: refused otherwise
+    data_path = run.data_path
+    if run.unfinished:
         log.warning("%s: its training has not finished (%s is there), so this scores the "
                     "epoch %s checkpoint; after capsmed train --resume %s, evaluate again",
                     run_dir, RESUME_FILE, meta["epoch"], run_dir)
-    data_path = Path(data) if data is not None else Path(meta["data"])
-    info = read_info(data_path)
-    if data is None and (run_dir / CONFIG).is_file():  # the run's own data, as it was?
-        check_dataset_unchanged(read_run_config(run_dir), run_dir, data_path)
-    if list(info.class_names) != list(meta["class_names"]):
-        raise CapsmedError(f"{data_path}: classes {list(info.class_names)} do not match the "
-                           f"checkpoint's {meta['class_names']}")
-    kw = meta["model_kwargs"]
-    if (info.channels, *info.image_size) != (kw["in_channels"], *kw["input_size"]):
-        raise CapsmedError(f"{data_path}: images are {info.channels}x"
-                           f"{info.image_size[0]}x{info.image_size[1]}, the model expects "
-                           f"{kw['in_channels']}x{kw['input_size'][0]}x{kw['input_size'][1]}")
     if agreement and info.image_size[0] != info.image_size[1]:
         raise CapsmedError(f"{data_path}: --agreement needs square images (90-degree "
                            f"rotations), got {info.image_size[0]}x{info.image_size[1]}")
-    split_data = evaluated_split(run_dir, data_path, split)
+    split_data = run.samples(split)
     log.debug("%s: checkpoint of epoch %s (%s) on %s, %s split '%s': %d samples", run_dir,
               meta["epoch"], meta["arch"], dev, data_path, split, len(split_data))
     if not len(split_data):
         raise CapsmedError(f"{data_path}: split '{split}' has no samples")
-    if data is not None and not is_run_file(run_dir, data_path):
-        _warn_seen_groups(run_dir, Path(meta["data"]), info, split, split_data)
+    if data is not None and not run.own_data:
+        _warn_seen_groups(run, split, split_data)
 
     scores = predict_scores(model, split_data.images, dev, batch_size)
-    probabilities, score_kind = class_probabilities(scores, model.loss_kind)
+    probabilities, score_kind = class_probabilities(scores, run.loss_kind)
     report = classification_report(split_data.labels, scores.argmax(axis=1),
                                    info.class_names, scores=probabilities)
     agr = (orientation_agreement(model, split_data.images, split_data.labels, dev,

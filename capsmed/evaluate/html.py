@@ -7,15 +7,16 @@ mailed, attached to a lab notebook or opened offline without the run directory.
 from __future__ import annotations
 
 import base64
-import html
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from capsmed.evaluate.agreement import AgreementResult
 from capsmed.evaluate.metrics import ClassificationReport
-from capsmed.evaluate.run_report import HEADERS, summary_rows, table_rows
+from capsmed.evaluate.run_report import report_tables
 from capsmed.io import write_text_atomic
+from capsmed.tables import Table, text_column
+from capsmed.tables.html import esc, html_table
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -29,9 +30,13 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.total td { font-weight: bold; border-top: 2px solid #888; }
 ul.notes li { color: #8a5a00; }
 figure { margin: 1em 0; }
+div.figures { display: grid; grid-template-columns: repeat(auto-fill, minmax(340px, 1fr));
+              gap: 0 1.5em; }
 figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #666; font-size: .9em; }
 footer { margin-top: 3em; color: #999; font-size: .8em; }
+p.lead { color: #444; }
+ul.runs { columns: 2; font-size: .9em; }
 """
 
 
@@ -40,29 +45,39 @@ def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value))
-
-
-def _table(headers: Sequence[str] | None, rows: Sequence[Sequence[Any]],
-           total_last: bool = False, numeric: bool = True) -> str:
-    out = ["<table>"]
-    if headers:
-        out += ["<tr>", *(f"<th>{_esc(h)}</th>" for h in headers), "</tr>"]
-    cell = '<td class="num">{}</td>' if numeric else "<td>{}</td>"
-    for i, row in enumerate(rows):
-        total = total_last and i == len(rows) - 1
-        out.append('<tr class="total">' if total else "<tr>")
-        out += [f"<th>{_esc(c)}</th>" if j == 0 and not headers else
-                f"<td>{_esc(c)}</td>" if j == 0 else cell.format(_esc(c))
-                for j, c in enumerate(row)]
-        out.append("</tr>")
-    return "".join(out) + "</table>"
-
-
 def _figure(caption: str, path: Path) -> str:
-    return (f'<figure><img src="{data_uri(path)}" alt="{_esc(caption)}">'
-            f"<figcaption>{_esc(caption)}</figcaption></figure>")
+    return (f'<figure><img src="{data_uri(path)}" alt="{esc(caption)}">'
+            f"<figcaption>{esc(caption)}</figcaption></figure>")
+
+
+def figure_sections(figures: Sequence[tuple[str, str, Path]]) -> list[str]:
+    """``(section, caption, png path)`` as HTML: figures of one section under its heading
+    in the given order, several side by side; missing files are left out."""
+    sections: dict[str, list[str]] = {}
+    for heading, caption, path in figures:
+        if Path(path).is_file():
+            sections.setdefault(heading, []).append(_figure(caption, path))
+    parts = []
+    for heading, drawn in sections.items():
+        parts += [f"<h2>{esc(heading)}</h2>",
+                  f'<div class="figures">{"".join(drawn)}</div>' if len(drawn) > 1
+                  else drawn[0]]
+    return parts
+
+
+def about_table(facts: dict[str, Any]) -> str:
+    """Key-value facts (what was evaluated, which capsmed) as a table without header."""
+    return html_table(Table("", [text_column("what"), text_column("value")],
+                            [[k, str(v)] for k, v in facts.items()], show_header=False))
+
+
+def page(title: str, parts: Sequence[str], writer: str) -> str:
+    """A self-contained page: ``title``, the HTML ``parts``, a footer naming ``writer``."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n"
+            + "\n".join([f"<h1>{esc(title)}</h1>", *parts,
+                          f"<footer>written by {esc(writer)}</footer>"])
+            + "\n</body></html>\n")
 
 
 def render_html(report: ClassificationReport, title: str, context: dict[str, Any],
@@ -75,35 +90,11 @@ def render_html(report: ClassificationReport, title: str, context: dict[str, Any
         title: Page heading.
         context: What was evaluated (run, data, split, checkpoint ...), shown as a table.
         agreement: Agr and the accuracy by orientation, when computed.
-        figures: ``(section, caption, png path)``; figures of one section are grouped
-            under its heading in the given order; missing files are left out.
+        figures: ``(section, caption, png path)``, see :func:`figure_sections`.
     """
-    parts = [f"<h1>{_esc(title)}</h1>",
-             _table(None, list(context.items()), numeric=False),
-             "<h2>Per-class metrics</h2>",
-             _table(HEADERS, table_rows(report), total_last=True),
-             "<p>Total (macro): the unweighted mean over classes where the value is "
-             "defined. n/a: undefined (see the notes).</p>",
-             "<h2>Summary</h2>", _table(("metric", "value"), summary_rows(report, agreement))]
-    if agreement is not None:
-        parts += ["<h2>Accuracy by orientation</h2>",
-                  _table(("orientation", "accuracy"),
-                         [(k, f"{v:.4f}") for k, v in agreement.accuracy.items()])]
-    if report.notes:
-        parts += ['<h2>Notes</h2><ul class="notes">']
-        parts += [f"<li>{_esc(note)}</li>" for note in report.notes] + ["</ul>"]
-    section = None
-    for heading, caption, path in figures:
-        if not Path(path).is_file():
-            continue
-        if heading != section:
-            parts.append(f"<h2>{_esc(heading)}</h2>")
-            section = heading
-        parts.append(_figure(caption, path))
-    parts.append("<footer>written by capsmed evaluate</footer>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n"
-            + "\n".join(parts) + "\n</body></html>\n")
+    return page(title, [about_table(context),
+                        *(html_table(t) for t in report_tables(report, agreement)),
+                        *figure_sections(figures)], "capsmed evaluate")
 
 
 def write_html(path: Path, report: ClassificationReport, title: str,

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from capsmed.evaluate.aggregate import Group, Stat, order_metrics
+from capsmed.evaluate.caveats import cell_notes, mark
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import TEST_NAMES, PairedTest
-from capsmed.evaluate.tables import PLUS_MINUS, TextTable
+from capsmed.tables import PLUS_MINUS, Column, Table, text_column
 from capsmed.train.protocol import protocol_sort_key
 
 METRIC_TITLES = {"macro_f1": "Macro F1", "accuracy": "Accuracy",
@@ -60,7 +61,7 @@ def _by_setting(groups: Sequence[Group]) -> dict[tuple[str, str], list[Group]]:
     return buckets
 
 
-def metric_table(groups: Sequence[Group], metric: str, digits: int = 3) -> TextTable:
+def metric_table(groups: Sequence[Group], metric: str, digits: int = 3) -> Table:
     """Paper 000 Table 2: datasets x (protocol x architecture), mean +- std of ``metric``."""
     datasets = list(dict.fromkeys(g.dataset for g in groups))
     protocols = sorted({g.protocol: g.settings for g in groups}.items(),
@@ -68,23 +69,26 @@ def metric_table(groups: Sequence[Group], metric: str, digits: int = 3) -> TextT
     columns = [(p, a) for p, _ in protocols
                for a in dict.fromkeys(g.arch for g in groups if g.protocol == p)]
     cell = {(g.dataset, g.protocol, g.arch): g.stat(metric) for g in groups}
+    runs = {(g.dataset, g.protocol, g.arch): g.runs for g in groups}
     stats = [s for s in cell.values() if s is not None]
     show_n, n_note = _n_note([s.n for s in stats])
     rows, csv_rows = [], []
     for d in datasets:
         found = [cell.get((d, p, a)) for p, a in columns]
-        rows.append([d, *(format_stat(s, digits, show_n) for s in found)])
+        rows.append([d, *(mark(format_stat(cell.get((d, p, a)), digits, show_n),
+                               runs.get((d, p, a), ())) for p, a in columns)])
         csv_rows.append([d, *(v for s in found for v in
                               ((s.mean, s.std, s.n) if s else (None, None, None)))])
-    spans = [("", 1)] + [(p, sum(1 for q, _ in columns if q == p)) for p, _ in protocols]
     csv_columns = ["dataset"] + [f"{p} / {a} {k}" for p, a in columns
                                  for k in ("mean", "std", "n")]
-    return TextTable(
+    return Table(
         title=f"{metric_title(metric)}: mean {PLUS_MINUS} std over repetitions "
               "(paper 000 Table 2 layout)",
-        columns=["Dataset", *(a for _, a in columns)], rows=rows, spans=spans,
+        columns=[text_column("Dataset"), *(Column(a, span=p) for p, a in columns)],
+        rows=rows,
         notes=[n_note, f"'{MISSING}': no evaluated run for that dataset, protocol and "
-               "architecture"],
+               "architecture", *cell_notes({f"{d}, {p} / {a}": rs
+                                            for (d, p, a), rs in runs.items()})],
         csv_columns=csv_columns, csv_rows=csv_rows, label=f"metric-{metric}")
 
 
@@ -115,7 +119,7 @@ def _images_column(members: Sequence[Group],
 
 
 def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
-                     digits: int = 3) -> list[TextTable]:
+                     digits: int = 3) -> list[Table]:
     """Paper 001 Table 2 per (dataset, protocol): per-class PRE and SEN per architecture.
 
     Args:
@@ -130,7 +134,7 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
     tables = []
     for (dataset, protocol), members in _by_setting(groups).items():
         names = members[0].class_names
-        columns, spans = ["Class", "Images"], [("", 2)]
+        columns = [text_column("Class"), Column("Images")]
         notes = []
         if mode == "pooled":
             results = [pooled_per_class(g.runs) for g in members]
@@ -149,9 +153,10 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
         images, image_notes = _images_column(members, supports)
         notes += image_notes
         notes += [f"{g.arch}: {len(g.runs)} run(s) ({_repetitions(g)})" for g in members]
+        notes += cell_notes({g.arch: g.runs for g in members})
         for g in members:
-            columns += ["Precision", "Sensitivity"]
-            spans.append((g.arch, 2))
+            columns += [Column("Precision", span=mark(g.arch, g.runs), short="PRE"),
+                        Column("Sensitivity", span=mark(g.arch, g.runs), short="SEN")]
         rows, csv_rows = [], []
         for k, name in enumerate([*names, "Total"]):
             is_total = name == "Total"
@@ -178,10 +183,10 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
                         "precision_mean", "precision_std", "sensitivity_mean",
                         "sensitivity_std", "runs"])
         how = "pooled over runs" if mode == "pooled" else f"mean {PLUS_MINUS} std over runs"
-        tables.append(TextTable(
+        tables.append(Table(
             title=f"{dataset} / {protocol}: precision and sensitivity per class, {how} "
                   "(paper 001 Table 2 layout)",
-            columns=columns, rows=rows, spans=spans, total_rows=1, notes=notes,
+            columns=columns, rows=rows, total_rows=1, notes=notes,
             csv_columns=csv_columns, csv_rows=csv_rows,
             label=f"per-class-{mode}-{len(tables) + 1}"))
     return tables
@@ -194,7 +199,7 @@ def _p_text(p: float | None) -> str:
 
 
 def significance_table(tests: Sequence[PairedTest], notes: Sequence[str], test: str,
-                       alpha: float, digits: int = 3) -> TextTable | None:
+                       alpha: float, digits: int = 3) -> Table | None:
     """Pairwise paired tests, ``*`` where p < alpha; None when nothing was compared."""
     if not tests:
         return None
@@ -212,12 +217,14 @@ def significance_table(tests: Sequence[PairedTest], notes: Sequence[str], test: 
                          t.mean_a, t.mean_b, t.mean_difference, t.statistic, t.p_value,
                          t.significant, t.note])
     na = sorted({t.note for t in tests if t.p_value is None})
-    return TextTable(
+    return Table(
         title=f"{TEST_NAMES[test]} on {metric_title(metric)}, pairs matched by seed and "
               f"fold (* p < {alpha:g})",
-        columns=["Dataset", "Protocol", "A", "B", "n", "mean A", "mean B", "A - B", "p",
-                 f"p<{alpha:g}"],
-        rows=rows, stub_columns=4,
+        columns=[text_column("Dataset"), text_column("Protocol"), text_column("A"),
+                 text_column("B"), Column("n"), Column("mean A", priority=1),
+                 Column("mean B", priority=1), Column("A - B"), Column("p"),
+                 Column(f"p<{alpha:g}")],
+        rows=rows,
         notes=["two-sided; p-values are not corrected for multiple comparisons; mean A and "
                "mean B are over the matched pairs only",
                *na, *notes],
@@ -227,13 +234,13 @@ def significance_table(tests: Sequence[PairedTest], notes: Sequence[str], test: 
         csv_rows=csv_rows, label=f"significance-{metric}")
 
 
-def groups_table(groups: Sequence[Group], digits: int = 3) -> TextTable:
+def groups_table(groups: Sequence[Group], digits: int = 3) -> Table:
     """Every group with every overall metric (mean +- std); CSV adds per-class metrics."""
     metrics = order_metrics({m for g in groups for m in g.metric_names()})
     rows, csv_rows = [], []
     for g in groups:
         stats = {m: g.stat(m) for m in metrics}
-        rows.append([g.dataset, g.protocol, g.arch, str(len(g.runs)),
+        rows.append([g.dataset, g.protocol, mark(g.arch, g.runs), str(len(g.runs)),
                      *(format_stat(stats[m], digits) for m in metrics)])
         csv_rows += [[g.dataset, g.protocol, g.arch, "", m, s.mean, s.std, s.n]
                      for m, s in stats.items() if s is not None]
@@ -241,9 +248,11 @@ def groups_table(groups: Sequence[Group], digits: int = 3) -> TextTable:
         csv_rows += [[g.dataset, g.protocol, g.arch, name, m, s.mean, s.std, s.n]
                      for name, values in per_class.items() for m, s in values.items()
                      if s is not None]
-    return TextTable(
+    return Table(
         title=f"Every group: mean {PLUS_MINUS} sample std over its runs",
-        columns=["Dataset", "Protocol", "Arch", "n", *(metric_title(m) for m in metrics)],
-        rows=rows, stub_columns=3,
+        columns=[text_column("Dataset"), text_column("Protocol"), text_column("Arch"),
+                 Column("n"), *(Column(metric_title(m)) for m in metrics)],
+        rows=rows, notes=cell_notes({f"{g.dataset}, {g.protocol} / {g.arch}": g.runs
+                                     for g in groups}),
         csv_columns=["dataset", "protocol", "arch", "class", "metric", "mean", "std", "n"],
         csv_rows=csv_rows, label="groups")

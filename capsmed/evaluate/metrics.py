@@ -24,11 +24,11 @@ A macro mean (the Total row) is taken over the classes where the value is define
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import softmax
 from sklearn.metrics import confusion_matrix, roc_auc_score
 
 # The per-class table: ratio columns (may be None) then the sample count.
@@ -54,6 +54,8 @@ class ClassificationReport:
         auc_method: How ``auc`` was computed, in words.
         confusion: Counts [true, predicted].
         notes: Why a value is undefined or conventional, one sentence each.
+        predictions_digest: SHA-256 (first 16 hex digits) of the predicted labels as
+            int64: two evaluations with the same digest predicted the same labels.
     """
 
     class_names: tuple[str, ...]
@@ -67,6 +69,7 @@ class ClassificationReport:
     weighted_f1: float | None = None
     auc: float | None = None
     auc_method: str | None = None
+    predictions_digest: str | None = None
 
     def summary(self) -> dict[str, float | None]:
         """The overall numbers, by name."""
@@ -76,7 +79,8 @@ class ClassificationReport:
     def to_dict(self) -> dict:
         return {"class_names": list(self.class_names), "per_class": self.per_class,
                 "total": self.total, **self.summary(), "auc_method": self.auc_method,
-                "confusion_matrix": self.confusion.tolist(), "notes": self.notes}
+                "confusion_matrix": self.confusion.tolist(), "notes": self.notes,
+                "predictions_digest": self.predictions_digest}
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -86,22 +90,6 @@ def _ratio(num: float, den: float) -> float | None:
 def _mean(values: Sequence[float | None]) -> float | None:
     defined = [v for v in values if v is not None]
     return float(np.mean(defined)) if defined else None
-
-
-def class_probabilities(scores: np.ndarray, loss_kind: str) -> tuple[np.ndarray, str]:
-    """Per-class scores to rank samples by for AUC, and how they were obtained.
-
-    ConvNets trained with cross-entropy output logits: their probabilities are the
-    softmax. Capsule networks (margin loss) output capsule lengths and the EM networks
-    (spread loss) class activations: each is already the model's own probability of
-    its class, trained independently of the others, so it is used as is. One-vs-rest
-    AUC ranks the samples by one class's score, so renormalising the lengths to sum to
-    one would mix the other classes' evidence into that ranking.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    if loss_kind == "ce":
-        return softmax(scores, axis=1), "softmax of the logits"
-    return scores, "class capsule lengths / activations, unnormalised"
 
 
 def _per_class_auc(y_true: np.ndarray, scores: np.ndarray, class_names: Sequence[str],
@@ -134,7 +122,8 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray,
         y_true: True labels [N] in ``0..K-1``.
         y_pred: Predicted labels [N].
         class_names: The K class names.
-        scores: Optional per-class scores [N, K] for AUC (see :func:`class_probabilities`).
+        scores: Optional per-class scores [N, K] for AUC (see
+            :func:`capsmed.runs.scores.class_probabilities`).
 
     Returns:
         The report; undefined values are None and explained in ``notes``.
@@ -194,4 +183,10 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray,
         class_names=tuple(class_names), per_class=per_class, total=total,
         accuracy=_ratio(float(tp.sum()), n), balanced_accuracy=total["sensitivity"],
         confusion=cm, notes=notes, macro_f1=total["f1"], weighted_f1=weighted_f1,
-        auc=auc, auc_method=auc_method)
+        auc=auc, auc_method=auc_method, predictions_digest=predictions_digest(y_pred))
+
+
+def predictions_digest(y_pred: np.ndarray) -> str:
+    """Which labels were predicted, in 16 hex digits (order and values)."""
+    data = np.ascontiguousarray(np.asarray(y_pred, dtype=np.int64)).tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]

@@ -16,17 +16,25 @@ plt = pyplot()
 _save = save_figure
 
 
+def row_normalised(cm: np.ndarray) -> np.ma.MaskedArray:
+    """Each row over its total (sensitivity on the diagonal); a class without samples
+    has no rates: its row is masked, drawn ``n/a`` as in the tables, not 0.00."""
+    rows = cm.sum(axis=1, keepdims=True)
+    norm = np.divide(cm, rows, out=np.zeros_like(cm, dtype=float), where=rows > 0)
+    return np.ma.masked_array(norm, mask=np.broadcast_to(rows == 0, cm.shape))
+
+
 def plot_confusion_matrix(cm: np.ndarray, class_names: Sequence[str], path: Path,
                           title: str = "") -> None:
     """Counts and row-normalised (sensitivity on the diagonal) side by side."""
-    rows = cm.sum(axis=1, keepdims=True)
-    norm = np.divide(cm, rows, out=np.zeros_like(cm, dtype=float), where=rows > 0)
+    norm = row_normalised(cm)
     k = len(class_names)
     size = max(3.5, 0.55 * k + 2)
     fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.5, size), layout="constrained")
-    for ax, data, name, fmt in ((axes[0], cm, "counts", "d"),
+    cmap = plt.get_cmap("Blues").with_extremes(bad="#e0e0e0")  # no samples: grey
+    for ax, data, name, fmt in ((axes[0], np.ma.masked_array(cm), "counts", "d"),
                                 (axes[1], norm, "row-normalised", ".2f")):
-        im = ax.imshow(data, cmap="Blues", vmin=0)
+        im = ax.imshow(data, cmap=cmap, vmin=0)
         ax.set_xticks(range(k), class_names, rotation=45, ha="right")
         ax.set_xlabel("predicted")
         if ax is axes[0]:  # the right panel shares the rows; repeating labels collides
@@ -35,11 +43,13 @@ def plot_confusion_matrix(cm: np.ndarray, class_names: Sequence[str], path: Path
         else:
             ax.set_yticks(range(k), [""] * k)
         ax.set_title(f"{title} ({name})" if title else name)
-        peak = data.max() if data.size else 0
+        peak = data.max() if data.count() else 0
         for i in range(k):
             for j in range(k):
-                ax.text(j, i, format(data[i, j], fmt), ha="center", va="center",
-                        color="white" if peak and data[i, j] > 0.5 * peak else "black")
+                value = data[i, j]
+                ax.text(j, i, "n/a" if value is np.ma.masked else format(value, fmt),
+                        ha="center", va="center", color="white" if peak and value
+                        is not np.ma.masked and value > 0.5 * peak else "black")
         fig.colorbar(im, ax=ax, shrink=0.8)
     _save(fig, path)
 

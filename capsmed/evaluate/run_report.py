@@ -1,4 +1,6 @@
-"""Report writers: JSON (everything), CSV (the table), Markdown, and a rich table.
+"""A run's report: the per-class table, the overall metrics and the accuracy by
+orientation as :class:`capsmed.tables.Table` models, written as report.json (everything),
+report.csv (the per-class table's raw numbers) and report.md, and shown in the terminal.
 
 Undefined values (None) are ``null`` in JSON, empty cells in CSV and ``n/a`` in the
 tables; the report's notes say why each one is undefined.
@@ -6,20 +8,23 @@ tables; the report's notes say why each one is undefined.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.table import Table
+from rich.console import Console, Group, RenderableType
+from rich.text import Text
 
 from capsmed.evaluate.agreement import AgreementResult
 from capsmed.evaluate.metrics import COLUMNS, RATIOS, ClassificationReport
 from capsmed.io import write_text_atomic
+from capsmed.tables import Column, Table, render, text_column
+from capsmed.tables.terminal import to_rich
 
 HEADERS = ("class", "precision", "sensitivity", "specificity", "F1", "AUC", "support")
+SHORT = {"precision": "prec.", "sensitivity": "sens.", "specificity": "spec."}
+TOTAL_NOTE = ("Total (macro): the unweighted mean over classes where the value is "
+              "defined. n/a: undefined (see the notes).")
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -33,6 +38,19 @@ def table_rows(report: ClassificationReport) -> list[list[str]]:
     for name, values in [*report.per_class.items(), ("Total (macro)", report.total)]:
         rows.append([name, *(fmt(values[k]) for k in RATIOS), str(values["support"])])
     return rows
+
+
+def per_class_table(report: ClassificationReport, title: str = "Per-class metrics",
+                    notes: bool = True) -> Table:
+    """The per-class table; its CSV form holds the raw numbers and a ``total`` row."""
+    csv_rows = [[name, *("" if values[k] is None else values[k] for k in COLUMNS)]
+                for name, values in [*report.per_class.items(), ("total", report.total)]]
+    return Table(title=title,
+                 columns=[text_column(HEADERS[0]),
+                          *(Column(h, short=SHORT.get(h, "")) for h in HEADERS[1:])],
+                 rows=table_rows(report), total_rows=1,
+                 notes=[TOTAL_NOTE, *report.notes] if notes else [],
+                 csv_columns=list(HEADERS), csv_rows=csv_rows)
 
 
 def summary_rows(report: ClassificationReport,
@@ -51,15 +69,31 @@ def summary_rows(report: ClassificationReport,
     return rows
 
 
-def rich_table(report: ClassificationReport, title: str,
-               agreement: AgreementResult | None = None) -> Table:
-    """The per-class table as a rich Table, with the overall metrics in the caption.
+def summary_table(report: ClassificationReport,
+                  agreement: AgreementResult | None = None) -> Table:
+    return Table(title="Summary", columns=[text_column("metric"), Column("value")],
+                 rows=[list(r) for r in summary_rows(report, agreement)])
 
-    Laid out for 80 columns (CI logs, pipes, ``| tee``), where rich's boxed table cut
-    'sensitivity' and 'specificity' to 'sensitiv…': no vertical rules or outer
-    padding, numeric columns never narrower than their header, and long class names
-    wrapped rather than the headers cut. The metrics run over short caption lines.
-    """
+
+def orientation_table(agreement: AgreementResult) -> Table:
+    return Table(title="Accuracy by orientation",
+                 columns=[text_column("orientation"), Column("accuracy")],
+                 rows=[[k, f"{v:.4f}"] for k, v in agreement.accuracy.items()])
+
+
+def report_tables(report: ClassificationReport,
+                  agreement: AgreementResult | None = None) -> list[Table]:
+    """What report.md and report.html show, in order."""
+    tables = [per_class_table(report), summary_table(report, agreement)]
+    return tables + ([orientation_table(agreement)] if agreement is not None else [])
+
+
+def rich_table(report: ClassificationReport, title: str,
+               agreement: AgreementResult | None = None,
+               width: int | None = None) -> RenderableType:
+    """The per-class table for the terminal (``width``: the console's), the overall
+    metrics on two short lines under it. The notes are not repeated: evaluation logs
+    them."""
     first = [f"accuracy {fmt(report.accuracy)}",
              f"balanced accuracy {fmt(report.balanced_accuracy)}"]
     second = [f"macro F1 {fmt(report.macro_f1)}", f"weighted F1 {fmt(report.weighted_f1)}"]
@@ -67,32 +101,15 @@ def rich_table(report: ClassificationReport, title: str,
         first.append(f"AUC {fmt(report.auc)}")
     if agreement is not None:
         second.append(f"Agr {fmt(agreement.agreement)}")
-    table = Table(title=title, caption="\n".join(" | ".join(line) for line in (first, second)),
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    # the widest layout: 13 ("Total (macro)") + the headers + 2 per gap = 79 columns
-    table.add_column(HEADERS[0], overflow="fold", min_width=len("Total (macro)"))
-    for header in HEADERS[1:]:
-        table.add_column(header, justify="right", no_wrap=True, min_width=len(header))
-    rows = table_rows(report)
-    for i, row in enumerate(rows):
-        table.add_row(*row, style="bold" if i == len(rows) - 1 else None,
-                      end_section=i == len(rows) - 2)
-    return table
+    width = width or Console().width
+    return Group(to_rich(per_class_table(report, title, notes=False), width),
+                 *(Text(" | ".join(line)) for line in (first, second)))
 
 
 def markdown(report: ClassificationReport, title: str,
              agreement: AgreementResult | None = None) -> str:
-    """The report as Markdown: table, overall metrics, agreement by orientation, notes."""
-    lines = [f"# {title}", "", "| " + " | ".join(HEADERS) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(HEADERS) - 1)) + "|"]
-    for row in table_rows(report):
-        lines.append("| " + " | ".join(row) + " |")
-    lines += [""] + [f"- {label}: {value}" for label, value in summary_rows(report, agreement)]
-    if agreement is not None:
-        lines += ["", "| orientation | accuracy |", "|---|---:|"]
-        lines += [f"| {name} | {acc:.4f} |" for name, acc in agreement.accuracy.items()]
-    lines += [""] + [f"- Note: {note}" for note in report.notes]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    """The report as Markdown: table, overall metrics, accuracy by orientation, notes."""
+    return render("md", report_tables(report, agreement), title)
 
 
 def report_dict(report: ClassificationReport, context: dict[str, Any],
@@ -112,10 +129,5 @@ def write_report(report: ClassificationReport, out_dir: Path, title: str,
     write_text_atomic(out_dir / "report.json",
                       json.dumps(report_dict(report, context, agreement), indent=2,
                                  allow_nan=False))
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(HEADERS)
-    for name, values in [*report.per_class.items(), ("total", report.total)]:
-        writer.writerow([name, *("" if values[k] is None else values[k] for k in COLUMNS)])
-    write_text_atomic(out_dir / "report.csv", buf.getvalue())
+    write_text_atomic(out_dir / "report.csv", render("csv", [per_class_table(report)]))
     write_text_atomic(out_dir / "report.md", markdown(report, title, agreement))

@@ -7,10 +7,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Table
+from rich.table import Table as RichTable
 from rich.text import Text
+
+from capsmed.tables import Column, Table, text_column
+from capsmed.tables.terminal import to_rich
 
 SHOWN_RUNNING = 8
 SHOWN_FAILED = 10
@@ -49,7 +52,7 @@ class RunBoard:
         head = Text(f"{self.name}: {len(self.done)} done, {len(self.running)} running, "
                     f"{max(0, pending)} pending, {len(self.failed)} failed "
                     f"(of {self.total})")
-        table = Table(box=None, show_header=bool(self.running), pad_edge=False)
+        table = RichTable(box=None, show_header=bool(self.running), pad_edge=False)
         table.add_column("running", no_wrap=True, max_width=60)
         table.add_column("for", justify="right", no_wrap=True)
         now = time.monotonic()
@@ -106,23 +109,21 @@ class RunBoard:
                            "skipped).")
 
 
-def summary_table(title: str, groups: Mapping[str, Sequence[Any]], header: str,
-                  extra: Mapping[str, Mapping[str, str]] | None = None) -> Table:
+def summary_table(groups: Mapping[str, Sequence[Any]], header: str,
+                  extra: Mapping[str, Mapping[str, str]] | None = None,
+                  width: int | None = None) -> RenderableType:
     """One row per group of runs: how many, where they stand, and (``extra``: column
-    name -> group -> text) what they ask for and how long they should take."""
+    name -> group -> text) what they ask for and how long they should take; fitted to
+    ``width`` columns (the terminal's by default)."""
     from capsmed.pipeline.status import counts, describe_counts
 
-    table = Table(title=title or None, title_justify="left", box=None, pad_edge=False)
-    table.add_column(header, overflow="fold", max_width=26)
-    table.add_column("runs", justify="right", no_wrap=True)
-    table.add_column("status", overflow="fold")
-    for name in extra or {}:
-        table.add_column(name, overflow="fold", justify="right" if name == "est." else "left")
-    for key, rows in groups.items():
-        cells = [key, str(len(rows)), describe_counts(counts(rows))]
-        cells += [(extra or {})[name].get(key, "-") for name in extra or {}]
-        table.add_row(*cells)
-    return table
+    columns = [text_column(header), Column("runs"), Column("status", align="left", wrap=True)]
+    columns += [Column(n) if n == "est." else Column(n, align="left", wrap=True)
+                for n in extra or {}]
+    cells = [[key, str(len(rows)), describe_counts(counts(rows)),
+              *((extra or {})[n].get(key, "-") for n in extra or {})]
+             for key, rows in groups.items()]
+    return to_rich(Table("", columns, cells), width or Console().width)
 
 
 def run_lines(rows: Sequence[Any], estimates: Mapping[str, str] | None = None) -> str:
@@ -159,8 +160,8 @@ def print_overview(view: Any, console: Console, list_all: bool, dry_run: bool) -
             extra["est."] = {key: _group_estimate(members, view.estimates, human)
                              for key, members in view.groups.items()
                              if any(r.label in view.estimates for r in members)}
-        console.print(summary_table("", view.groups, " ".join(view.fields) or "runs",
-                                    extra))
+        console.print(summary_table(view.groups, " ".join(view.fields) or "runs", extra,
+                                    console.width))
     failed = [r for r in rows if r.status == FAILED]
     for row in failed[:SHOWN_FAILED] if not list_all else []:
         console.print(Text(f"  failed {row.label}: {row.detail}"), soft_wrap=False)

@@ -23,19 +23,24 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.aggregate import EvaluatedRun, describe, load_evaluated_run
+from capsmed.evaluate.caveats import cell_notes, mark, unfinished
 from capsmed.evaluate.per_class import pooled_per_class
+from capsmed.evaluate.verdicts import WORDS, Verdict, summary, verdict
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.checks import matches_selection
 from capsmed.pipeline.execute import analysed_run_dirs, current_identity, remade_outputs
 from capsmed.pipeline.spec import Pipeline, RunSpec
 from capsmed.pipeline.state import PipelineState
+from capsmed.tables import Column, Table, render, text_column
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +118,33 @@ def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineSta
             if metric in e.metrics]
 
 
-def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
-                 ) -> tuple[list[str], dict[str, Any]]:
-    """Markdown lines and the JSON form of one ``metric`` table."""
-    scale = float(spec.get("scale", 1))
+def _metric_cell(values: Sequence[float], paper: Any, scale: float,
+                 runs: Sequence[EvaluatedRun]) -> tuple[str, dict[str, Any], Verdict | None]:
+    """A cell's text (mean ± std (n) [paper X: verdict], † when a run is unfinished),
+    its JSON and its verdict (None without a paper number)."""
     digits = 1 if scale == 100 else 3
+    stat = describe(values)
+    text = _number(stat.mean, scale, digits)
+    if stat.std is not None:
+        text += f" ± {_number(stat.std, scale, digits)}"
+    text += f" (n={stat.n})" if stat.n > 1 else ""
+    judged = (verdict(values, paper, scale) if isinstance(paper, int | float)
+              and not isinstance(paper, bool) else None)
+    if paper is not None:
+        text += f" [paper {paper}" + (f": {judged.word}]" if judged else "]")
+    data = {**stat.to_dict(), "paper": paper, "unfinished": len(unfinished(runs)),
+            **(judged.to_dict() if judged else {})}
+    return mark(text, runs), data, judged
+
+
+def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]],
+                 evaluated: Sequence[tuple[RunSpec, EvaluatedRun]] = ()
+                 ) -> tuple[Table, dict[str, Any]]:
+    """One ``metric`` table and its JSON form, a verdict on every paper number
+    (:mod:`capsmed.evaluate.verdicts`); ``evaluated`` (the runs' reports, when the
+    numbers come from them) marks cells with unfinished runs and adds the notes of
+    :mod:`capsmed.evaluate.caveats`."""
+    scale = float(spec.get("scale", 1))
     rows_by, cols_by = spec["rows"], spec["columns"]
     rows = list(dict.fromkeys(str(r.fields.get(rows_by)) for r, _ in found))
     cols = list(dict.fromkeys(str(r.fields.get(cols_by)) for r, _ in found))
@@ -125,10 +152,14 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
         if str(key) in rows:
             rows.remove(str(key))
             rows.append(str(key))
-    lines = [f"| {rows_by} | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    table = Table(str(spec.get("title", "")), [text_column(rows_by), *map(Column, cols)], [])
     cells: dict[str, Any] = {}
+    reports: dict[str, list[EvaluatedRun]] = {}
+    for r, e in evaluated:
+        reports.setdefault(f"{r.fields.get(rows_by)} / {r.fields.get(cols_by)}", []).append(e)
+    verdicts = []
     for row in rows:
-        out = []
+        out = [row]
         for col in cols:
             values = [v for r, v in found if str(r.fields.get(rows_by)) == row
                       and str(r.fields.get(cols_by)) == col]
@@ -136,26 +167,25 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
             if not values:
                 out.append("-" if paper is None else f"- (paper {paper})")
                 continue
-            stat = describe(values)
-            text = _number(stat.mean, scale, digits)
-            if stat.std is not None:
-                text += f" ± {_number(stat.std, scale, digits)}"
-            text += f" (n={stat.n})" if stat.n > 1 else ""
-            if paper is not None:
-                text += f" [paper {paper}]"
+            text, cells[f"{row}|{col}"], judged = _metric_cell(
+                values, paper, scale, reports.get(f"{row} / {col}", []))
             out.append(text)
-            cells[f"{row}|{col}"] = {**stat.to_dict(), "paper": paper}
-        lines.append(f"| {row} | " + " | ".join(out) + " |")
-    return lines, {"cells": cells}
+            verdicts += [judged] if judged else []
+        table.rows.append(out)
+    table.notes += ([summary(verdicts)] if verdicts else []) + cell_notes(reports)
+    counts = {w: sum(v.word == w for v in verdicts) for w in WORDS}
+    return table, {"cells": cells, **({"verdicts": counts} if verdicts else {})}
 
 
 def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, EvaluatedRun]]
-                    ) -> tuple[list[str], dict[str, Any]]:
+                    ) -> tuple[Table, dict[str, Any]]:
     """Pooled per-class precision and sensitivity beside the paper's."""
     scale = float(spec.get("scale", 1))
     digits = 1 if scale == 100 else 3
     pooled = pooled_per_class([e for _, e in found])
-    lines = ["| class | precision | sensitivity | support |", "|---|---|---|---|"]
+    table = Table(str(spec.get("title", "")), [text_column("class"), Column("precision"),
+                                                Column("sensitivity"), Column("support")], [])
+    table.notes += cell_notes({"its runs": [e for _, e in found]})
     for name, values in pooled["per_class"].items():
         paper = _paper(spec, name) or {}
         cells = []
@@ -164,41 +194,50 @@ def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, Eval
             if isinstance(paper, Mapping) and paper.get(key) is not None:
                 text += f" [paper {paper[key]}]"
             cells.append(text)
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {values['support']} |")
-    return lines, {"per_class": pooled["per_class"], "runs": len(found)}
+        table.rows.append([name, *cells, str(values["support"])])
+    return table, {"per_class": pooled["per_class"], "runs": len(found)}
 
 
-def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
-                       ) -> Path | None:
-    """Write ``OUT/report/study.md`` (+ json) and ``capsmed report``'s tables; returns
-    the Markdown path, or None when no run is evaluated yet."""
-    report = pipeline.report
-    default_metric = report.get("metric", "macro_f1")
-    out_dir = state.out / "report"
-    sections, data = [f"# {pipeline.name}\n", pipeline.description + "\n"], []
+def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
+                 ) -> tuple[list[Table], list[dict[str, Any]]]:
+    """The tables of ``report.tables`` (one without runs says why) and their JSON."""
+    default_metric = pipeline.report.get("metric", "macro_f1")
+    tables, data = [], []
     analysed = analysed_run_dirs(pipeline, state)
-    for i, spec in enumerate(report.get("tables") or []):
+    for i, spec in enumerate(pipeline.report.get("tables") or []):
+        spec = {"title": f"table {i + 1}", **spec}
         chosen = [r for r in runs if matches_selection(spec.get("where") or {}, r.fields)]
         kind = spec.get("kind", "metric")
         found: Sequence[Any] = (
             _evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
             if kind == "per_class" else
             table_values(spec, pipeline, state, chosen, default_metric, analysed))
-        title = spec.get("title", f"table {i + 1}")
         if not found:
-            sections.append(f"## {title}\n\n{_why_empty(spec, pipeline, state, chosen)}\n")
+            tables.append(Table(spec["title"], [], [],
+                                notes=[_why_empty(spec, pipeline, state, chosen)]))
             continue
-        lines, numbers = (per_class_table(spec, found) if kind == "per_class"
-                          else metric_table(spec, found))
+        reports = (_evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
+                   if kind == "metric" and not spec.get("file") else [])
+        table, numbers = (per_class_table(spec, found) if kind == "per_class"
+                          else metric_table(spec, found, reports))
         if kind != "per_class":
             numbers["metric"] = (f"{spec['file']}:{spec.get('key', default_metric)}"
                                  if spec.get("file") else spec.get("metric", default_metric))
-        note = f"{spec['note']}\n\n" if spec.get("note") else ""
-        sections.append(f"## {title}\n\n{note}" + "\n".join(lines) + "\n")
-        data.append({"title": title, "kind": kind, "runs": len(found), **numbers})
+        table.notes[:0] = [spec["note"]] if spec.get("note") else []
+        tables.append(table)
+        data.append({"title": spec["title"], "kind": kind, "runs": len(found), **numbers})
+    return tables, data
+
+
+def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
+                       ) -> Path | None:
+    """Write ``OUT/report/study.md`` (+ json) and ``capsmed report``'s tables; returns
+    the Markdown path, or None when no run is evaluated yet."""
+    out_dir = state.out / "report"
+    tables, data = study_tables(pipeline, state, runs)
     if not data and not _any_evaluated(pipeline, state, runs):
         # nothing of this pipeline to show: an older study.md must not pass for its report
-        for stale in ("study.md", "study.json"):
+        for stale in ("study.md", "study.json", "study.html"):
             (out_dir / stale).unlink(missing_ok=True)
         shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
         log.warning("%s: no study report written: no run of it is evaluated yet",
@@ -207,18 +246,46 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     out_dir.mkdir(parents=True, exist_ok=True)
     done = _evaluated(pipeline, state, runs, "report")
     if done:
-        _aggregate([e.path for _, e in done], out_dir / "aggregate", default_metric)
+        _aggregate([e.path for _, e in done], out_dir / "aggregate",
+                   pipeline.report.get("metric", "macro_f1"))
     else:  # capsmed report reads each run's report/ folder
         shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
         log.warning("%s: no aggregate/ tables: capsmed report reads each run's evaluation "
                     "named 'report', and no run has one yet", pipeline.path)
-    sections.append("Cells: mean ± sample std over the repetitions (n), [the paper's "
-                    "number]. " + ("All runs grouped by dataset, architecture and protocol: "
-                                   "aggregate/.\n" if done else "\n"))
+    ending = ("Cells: mean ± sample std over the repetitions (n), [the paper's number: "
+              "verdict]. "
+              + ("All runs grouped by dataset, architecture and protocol: aggregate/."
+                 if done else ""))
     path = out_dir / "study.md"
-    write_text_atomic(path, "\n".join(sections))
+    write_text_atomic(path, f"# {pipeline.name}\n\n{pipeline.description.strip()}\n\n"
+                      + render("md", tables) + f"\n{ending.strip()}\n")
+    write_text_atomic(out_dir / "study.html",
+                      study_page(pipeline, tables, [e for _, e in done], out_dir, ending))
     write_text_atomic(out_dir / "study.json", json.dumps(data, indent=1, default=str))
     return path
+
+
+def study_page(pipeline: Pipeline, tables: Sequence[Table], done: Sequence[EvaluatedRun],
+               out_dir: Path, ending: str) -> str:
+    """``study.html``: self-contained like report.html, with what made it (pipeline file,
+    capsmed version), every table with its verdicts and notes, capsmed report's fraction
+    plots, and a link to each evaluated run's report.html."""
+    from capsmed import __version__
+    from capsmed.evaluate.html import about_table, esc, figure_sections, page
+    from capsmed.tables.html import html_table
+
+    facts = {"pipeline file": pipeline.path, "capsmed version": __version__,
+             "written (UTC)": datetime.now(UTC).isoformat(timespec="seconds"),
+             "evaluated runs": len(done)}
+    plots = [("capsmed report: the metric against the training fraction", p.name, p)
+             for p in sorted((out_dir / "aggregate").glob("fraction_*.png"))]
+    links = [f'<li><a href="{esc(os.path.relpath(e.path / "report" / "report.html", out_dir))}'
+             f'">{esc(e.path.name)}</a></li>' for e in sorted(done, key=lambda e: e.path)]
+    return page(pipeline.name, [
+        f'<p class="lead">{esc(pipeline.description.strip())}</p>', about_table(facts),
+        *(html_table(t) for t in tables), *figure_sections(plots),
+        f"<p>{esc(ending.strip())}</p>", "<h2>Runs (their report.html)</h2>",
+        f'<ul class="runs">{"".join(links)}</ul>'], "capsmed run")
 
 
 def _any_evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]

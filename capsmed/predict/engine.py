@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+import shutil
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,12 +21,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsmed.data.record import RECORD, DatasetRecord, run_record
+from capsmed.data.record import DatasetRecord
+from capsmed.data.replay import make_recipe
+from capsmed.data.replay.windows import Prepared
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
-from capsmed.evaluate.evaluation import predict_scores
-from capsmed.evaluate.metrics import class_probabilities
-from capsmed.io import atomic_dir, replace_dir, write_text_atomic, writing
+from capsmed.io import (
+    atomic_dir,
+    ensure_writable_dir,
+    output_lock,
+    replace_dir,
+    stale_partial_dirs,
+    write_text_atomic,
+    writing,
+)
 from capsmed.predict.config import SHAPES, PredictOptions
 from capsmed.predict.inputs import (
     InputFile,
@@ -43,11 +51,9 @@ from capsmed.predict.outputs import (
     write_heatmap,
     write_predictions_csv,
 )
-from capsmed.predict.recipes import make_recipe
-from capsmed.predict.windows import Prepared
-from capsmed.progress import make_progress
-from capsmed.train.checkpoint import load_checkpoint
-from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
+from capsmed.progress import make_progress, restart_task
+from capsmed.runs import open_run
+from capsmed.runs.scores import class_probabilities, predict_scores
 
 log = logging.getLogger(__name__)
 
@@ -121,22 +127,11 @@ def _class_index(record: DatasetRecord, name: str | None) -> int:
 def _check_options(options: PredictOptions) -> None:
     if options.batch_size < 1:
         raise CapsmedError(f"--batch-size must be >= 1, got {options.batch_size}")
-    if not math.isfinite(options.threshold):
-        raise CapsmedError(f"--threshold must be a number, got {options.threshold}")
+    if not 0.0 <= options.threshold <= 1.0:  # NaN too: scores are probabilities
+        raise CapsmedError(f"--threshold must be within [0, 1] (class scores are "
+                           f"probabilities or capsule lengths), got {options.threshold}")
     if options.shape not in SHAPES:
         raise CapsmedError(f"--shape must be one of {', '.join(SHAPES)}, got {options.shape!r}")
-
-
-def _check_model(record: DatasetRecord, meta: dict[str, Any], run_dir: Path) -> None:
-    if list(record.class_names) != list(meta["class_names"]):
-        raise CapsmedError(f"{record.origin}: classes {list(record.class_names)} do not match "
-                           f"the checkpoint's {meta['class_names']} in {run_dir}")
-    kw = meta["model_kwargs"]
-    expected = (kw.get("in_channels"), *kw.get("input_size", ()))
-    if (record.channels, *record.image_size) != expected:
-        raise CapsmedError(f"{record.origin}: images are {record.channels}x"
-                           f"{record.image_size[0]}x{record.image_size[1]}, the model in "
-                           f"{run_dir} expects {'x'.join(map(str, expected))}")
 
 
 def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
@@ -157,13 +152,9 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     opts = options or PredictOptions()
     _check_options(opts)
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    device = select_device(opts.device)
-    model, meta = load_checkpoint(run_dir, device)
-    record = run_record(run_dir, opts.data or Path(meta["data"]))
-    if Path(record.origin).name != RECORD and (run_dir / CONFIG).is_file():
-        # the record comes from a dataset file: only the one the run was trained on
-        check_dataset_unchanged(read_run_config(run_dir), run_dir, Path(record.origin))
-    _check_model(record, meta, run_dir)
+    run = open_run(run_dir, opts.data, select_device(opts.device), need_data=False)
+    model, meta, device = run.model, run.meta, run.device
+    record = run.record()
     recipe = make_recipe(record, opts.overrides)
     log.debug("run %s (%s, epoch %s) on %s: recipe %s, preprocessing from %s", run_dir,
               meta["arch"], meta["epoch"], device, type(recipe).__name__, record.origin)
@@ -180,13 +171,19 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     check_out_dir(out_dir, inputs, items, [run_dir, *(p for p in (
         opts.centres, opts.data, opts.overrides.fov_mask) if p is not None)], opts.overwrite)
     staging_of = replace_dir if opts.overwrite else atomic_dir
-    with staging_of(out_dir) as staging, writing(out_dir):
-        done = _predict_all(model, meta, record, recipe, items, centres, class_index, opts,
-                            device, staging)
-        write_predictions_csv(staging / "predictions.csv", done.results, record.class_names)
-        write_text_atomic(staging / "summary.json", json.dumps(
-            _summary(run_dir, meta, record, done, opts, class_index), indent=2,
-            default=str) + "\n")
+    ensure_writable_dir(out_dir.parent)
+    with output_lock(out_dir):
+        for stale in stale_partial_dirs(out_dir):  # a predict killed before it finished
+            log.info("removing %s, left by a predict that was killed", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        with staging_of(out_dir) as staging, writing(out_dir):
+            done = _predict_all(model, meta, record, recipe, items, centres, class_index,
+                                opts, device, staging)
+            write_predictions_csv(staging / "predictions.csv", done.results,
+                                  record.class_names)
+            write_text_atomic(staging / "summary.json", json.dumps(
+                _summary(run_dir, meta, record, done, opts, class_index), indent=2,
+                default=str) + "\n")
     done.out_dir = out_dir
     return done
 
@@ -223,8 +220,8 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
             queue.append(entry)
             try:
                 entry.prepared = recipe.prepare(item.path, centres.get(item.name))
-                progress.reset(windows, total=entry.prepared.expected,
-                               description=item.path.name[:30])
+                windows = restart_task(progress, windows, item.path.name[:30],
+                                       entry.prepared.expected)
                 for chunk, xy in entry.prepared.chunks:
                     entry.centres.append(xy)
                     entry.pushed += len(chunk)
@@ -256,7 +253,8 @@ def _finish(entry: _Open, meta: dict[str, Any], record: DatasetRecord, class_ind
     xy = np.concatenate(entry.centres) if entry.centres else np.empty((0, 2), np.int64)
     result = InputResult(name=entry.item.name, size=p.size, x=xy[:, 0],
                          y=xy[:, 1], footprint=p.footprint, scores=probabilities,
-                         thumbnail=p.thumbnail, windowed=p.windowed)
+                         thumbnail=p.thumbnail, windowed=p.windowed,
+                         class_index=class_index, threshold=opts.threshold)
     for k in result.predicted.tolist():
         done.counts[record.class_names[k]] += 1
     extra: dict[str, Any] = {"input": entry.item.name, "windows": len(raw), **p.notes}
@@ -291,6 +289,9 @@ def _summary(run_dir: Path, meta: dict[str, Any], record: DatasetRecord, done: P
         "overrides": {k: v for k, v in asdict(opts.overrides).items() if v is not None},
         "scores": score_kind, "class": done.class_name, "class_index": class_index,
         "threshold": opts.threshold, "geojson_shape": opts.shape,
+        "decision": f"a window is '{done.class_name}' when its {done.class_name} score is "
+                    f">= {opts.threshold}, else its highest-scoring other class; an "
+                    "image-level prediction is its highest-scoring class",
         "inputs": len(done.results), "windows": sum(len(r.x) for r in done.results),
         "predicted_counts": done.counts, "positives": done.positives,
         "per_input": done.per_input, "failed": done.failed,

@@ -18,7 +18,8 @@ from capsmed.errors import CapsmedError
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
-CENTRE_COLUMNS = ("input", "x", "y")
+# --centres columns: the window centre as x, y, or as predictions.csv names it
+CENTRE_COLUMNS = (("input", "x", "y"), ("input", "centre_x", "centre_y"))
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,9 @@ def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
 
 
 def read_centres(path: Path) -> dict[str, np.ndarray]:
-    """``input,x,y`` rows (window centres, level-0 px) -> ``{input: int64 (K, 2)}``;
-    a row repeating an earlier one is refused. :func:`match_centres` matches ``input``
-    to the inputs."""
+    """``input,x,y`` rows (window centres, level-0 px; or ``centre_x,centre_y``, so a
+    predictions.csv can be given back) -> ``{input: int64 (K, 2)}``; a row repeating
+    an earlier one is refused. :func:`match_centres` matches ``input`` to the inputs."""
     check_file(path, "centres CSV")
     try:
         with open(path, newline="", encoding="utf-8") as fh:
@@ -86,18 +87,21 @@ def read_centres(path: Path) -> dict[str, np.ndarray]:
             header = [] if not rows else list(rows[0])
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise CapsmedError(f"{path}: cannot read centres CSV ({exc})") from None
-    missing = [c for c in CENTRE_COLUMNS if c not in header]
-    if not rows or missing:
-        raise CapsmedError(f"{path}: expected a header with columns input,x,y and one row "
-                           "per window" + (f" (missing: {', '.join(missing)})" if rows else ""))
+    names = next((c for c in CENTRE_COLUMNS if set(c) <= set(header)), None)
+    if not rows or names is None:
+        missing = [c for c in CENTRE_COLUMNS[0] if c not in header]
+        raise CapsmedError(f"{path}: expected a header with columns input,x,y (or "
+                           "input,centre_x,centre_y) and one row per window"
+                           + (f" (missing: {', '.join(missing)})" if rows else ""))
+    _, cx, cy = names
     by_input: dict[str, list[tuple[int, int]]] = {}
     lines: dict[tuple[str, int, int], int] = {}
     for number, row in enumerate(rows, start=2):
         try:
-            xy = (int(row["x"]), int(row["y"]))
+            xy = (int(row[cx]), int(row[cy]))
         except (TypeError, ValueError):
-            raise CapsmedError(f"{path}: line {number}: x and y must be integers (pixels), "
-                               f"got {row['x']!r}, {row['y']!r}") from None
+            raise CapsmedError(f"{path}: line {number}: {cx} and {cy} must be integers "
+                               f"(pixels), got {row[cx]!r}, {row[cy]!r}") from None
         if (row["input"], *xy) in lines:
             raise CapsmedError(f"{path}: line {number}: the same window as line "
                                f"{lines[row['input'], *xy]} ({row['input']}, x={xy[0]}, "

@@ -42,11 +42,27 @@ class InputResult:
     scores: np.ndarray  # float [N, K]: per-class probability (softmax) or capsule length
     thumbnail: np.ndarray | None = None  # RGB uint8 (h, w, 3), any downscale of the input
     windowed: bool = True  # False: one prediction for the whole image (no heatmap/GeoJSON)
+    class_index: int | None = None  # the --class a windowed run calls at ``threshold``
+    threshold: float = 0.5
 
     @property
     def predicted(self) -> np.ndarray:
-        """The index of the highest-scoring class per window, int64 [N]."""
-        return np.argmax(self.scores, axis=1).astype(np.int64)
+        """The class of each window, int64 [N], by one rule that the CSV, the GeoJSON,
+        the heatmap and the counts share: a window of a windowed run is its
+        ``class_index`` exactly when that class's score reaches ``threshold``
+        (:func:`positives`), else the highest-scoring other class. Capsule lengths are
+        independent, so two classes can both exceed 0.5: the threshold decides, not the
+        longer capsule. An image-level prediction is the highest-scoring class."""
+        scores = np.asarray(self.scores, dtype=np.float64)
+        best = np.argmax(scores, axis=1).astype(np.int64) if scores.size else \
+            np.zeros(len(scores), np.int64)
+        c = self.class_index
+        if not self.windowed or c is None or scores.shape[1] < 2:
+            return best
+        others = scores.copy()
+        others[:, c] = -np.inf
+        return np.where(scores[:, c] >= self.threshold, c,
+                        np.argmax(others, axis=1)).astype(np.int64)
 
 
 def _score_columns(class_names: Sequence[str]) -> list[str]:
@@ -70,13 +86,16 @@ def write_predictions_csv(path: Path, results: Sequence[InputResult],
                           class_names: Sequence[str]) -> None:
     """Write one row per window of every input to ``path`` atomically.
 
-    Columns: ``input, x, y, size, score_<class>..., predicted``; ``size`` is the
+    Columns: ``input, centre_x, centre_y, size, score_<class>..., predicted``: the
+    window's centre in the input's level-0 pixels (a slide-set dataset records its
+    tiles' top-left corners as ``left``, ``top``: ``centre = left + size / 2``); ``size`` is the
     footprint rounded to whole pixels, scores have 6 significant digits and
     ``predicted`` is the class name. The csv module quotes names with commas or quotes.
     """
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["input", "x", "y", "size", *_score_columns(class_names), "predicted"])
+    writer.writerow(["input", "centre_x", "centre_y", "size", *_score_columns(class_names),
+                     "predicted"])
     names = np.asarray([str(c) for c in class_names], dtype=object)
     for result in results:
         scores = np.asarray(result.scores, dtype=np.float64)

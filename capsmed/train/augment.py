@@ -42,10 +42,10 @@ RECIPES = {
     "paper000-mnist": AugmentSpec(rotation=10),
     "paper000-fashion": AugmentSpec(rotation=10, hflip=True),
     "paper001": AugmentSpec(rotation=180, hflip=True, vflip=True),
+    # paper 000's rotations alone: for images a flip may turn into another class (or
+    # into no valid image), the default of the generic domain
+    "paper000-rotation": AugmentSpec(rotation=10),
 }
-DEFAULT_RECIPE = {"tupac16": "paper000-medical", "diaretdb1": "paper000-medical",
-                  "mnist": "paper000-mnist", "fashion-mnist": "paper000-fashion",
-                  "aml": "paper001"}
 
 
 def get_recipe(name: str) -> AugmentSpec:

@@ -15,18 +15,16 @@ from typing import Any
 
 import yaml
 
+from capsmed.data.challenges import DataChallenge
+from capsmed.data.domains import Domain
 from capsmed.data.loader import LOADINGS
-from capsmed.data.protocols import Protocol
 from capsmed.errors import CapsmedError
-from capsmed.train.augment import DEFAULT_RECIPE, get_recipe
+from capsmed.train.augment import get_recipe
 from capsmed.train.model_options import FROM_DATA
 from capsmed.train.optim import OPTIMIZERS, SCHEDULES
 from capsmed.train.sampling import SAMPLERS
+from capsmed.yamlfile import read_yaml
 
-# Paper 000: Sabour et al.'s lr and reconstruction weight for MNIST-family data,
-# both divided by 10 for the medical sets.
-MEDICAL_DATASETS = frozenset({"tupac16", "diaretdb1"})
-PAPER_LR, PAPER_RECON_WEIGHT = 1e-3, 5e-4
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -39,8 +37,9 @@ class TrainConfig:
         arch: Registered architecture name.
         epochs: Passes over the training split.
         batch_size: Training batch size (paper: 128).
-        lr: Adam learning rate; None = paper 000 default for the dataset.
-        recon_weight: Reconstruction loss weight; None = paper 000 default.
+        lr: Adam learning rate; None = the default of the data's image domain (paper
+            000: 1e-3 for digits, 1e-4 for the medical sets).
+        recon_weight: Reconstruction loss weight; None = the domain's default.
         seed: Seed for initialisation and batch order.
         device: ``auto`` (CUDA, then MPS, then CPU) or a torch device string.
         out: Run directory; None = ``runs/<dataset>-<arch>-s<seed>-<UTC time>``.
@@ -64,9 +63,9 @@ class TrainConfig:
             class in the training samples used; None = unweighted.
         augment: Augment training batches on the device.
         augment_recipe: A recipe of :mod:`capsmed.train.augment` or a spec such as
-            ``rotation=15,translation=0.1,hflip``; None = the papers' recipe for the
-            dataset (paper 000 medical / MNIST / Fashion-MNIST, paper 001). A recipe
-            implies ``augment``.
+            ``rotation=15,translation=0.1,hflip``; None = the recipe of the data's image
+            domain (paper 000 medical / MNIST / Fashion-MNIST, paper 001; digits are
+            never flipped, generic sets only rotated). A recipe implies ``augment``.
         fold: Cross-validation: test on this fold of a file written with folds, train
             on the others (paper 001).
         folds: Expected number of folds (checked against the file).
@@ -135,7 +134,7 @@ class TrainConfig:
                                "file (its channels, classes and image size); drop them")
         if self.augment_recipe and not self.augment:  # as --augment-recipe: a recipe
             object.__setattr__(self, "augment", True)  # in a YAML alone was ignored
-        self.protocol  # noqa: B018 -- validates fraction / imbalance / per-class limit
+        self.challenge  # noqa: B018 -- validates fraction / imbalance / per-class limit
         if self.folds is not None and (self.folds < 2 or (self.fold or 0) >= self.folds):
             raise CapsmedError(f"folds must be >= 2 and above fold, got fold {self.fold} "
                                f"of {self.folds}")
@@ -144,19 +143,19 @@ class TrainConfig:
                                "which parameter-name prefixes)")
 
     @property
-    def protocol(self) -> Protocol:
-        return Protocol(self.fraction, dict(self.imbalance), self.per_class_limit)
+    def challenge(self) -> DataChallenge:
+        return DataChallenge(self.fraction, dict(self.imbalance), self.per_class_limit)
 
-    def resolved(self, dataset: str) -> TrainConfig:
-        """Fill the paper defaults that depend on the dataset (lr, reconstruction weight)."""
-        scale = 0.1 if dataset in MEDICAL_DATASETS else 1.0
+    def resolved(self, domain: Domain) -> TrainConfig:
+        """Fill the defaults that follow the data's recorded image domain (learning rate,
+        reconstruction weight, augmentation recipe: :mod:`capsmed.data.domains`)."""
         return dataclasses.replace(
             self,
-            lr=self.lr if self.lr is not None else PAPER_LR * scale,
+            lr=self.lr if self.lr is not None else domain.lr,
             recon_weight=(self.recon_weight if self.recon_weight is not None
-                          else PAPER_RECON_WEIGHT * scale),
+                          else domain.recon_weight),
             augment_recipe=(self.augment_recipe if self.augment_recipe or not self.augment
-                            else DEFAULT_RECIPE.get(dataset, "paper000-medical")),
+                            else domain.augment_recipe),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,7 +191,7 @@ class TrainConfig:
 def read_options_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping of training options (possibly partial), keys checked."""
     try:
-        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        values = read_yaml(Path(path)) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise CapsmedError(f"{path}: cannot read YAML config ({exc})") from exc
     if not isinstance(values, dict):

@@ -42,7 +42,7 @@ def train(config: TrainConfig, disable_progress: bool | None = None,
             the state is saved and ``capsmed train --resume RUN_DIR`` continues it.
     """
     info = read_info(Path(config.data))
-    cfg = config.resolved(info.dataset)
+    cfg = config.resolved(info.image_domain())
     ctx, dev = distributed.setup(cfg.device)
     try:
         run = Run(cfg, info, ctx, select_device(dev), None, None, disable_progress)

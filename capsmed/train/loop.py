@@ -25,7 +25,7 @@ from capsmed.progress import make_progress
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.curves import plot_training_curves
 from capsmed.train.run import Run
-from capsmed.train.run_index import metric_records
+from capsmed.train.run_config import METRICS, SUMMARY, metric_records
 from capsmed.train.state import RESUME_FILE, Progress, StopRequest, restore_rng
 from capsmed.train.step import coupling_entropy, forward, loss_and_correct
 
@@ -81,7 +81,7 @@ def _start(run: Run, state: dict[str, Any] | None) -> Progress:
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise CapsmedError(f"{run.run_dir / RESUME_FILE}: does not fit this run's model "
                            f"and options ({first_line(exc)})") from None
-    _truncate_metrics(run.run_dir / "metrics.jsonl", progress.epoch)
+    _truncate_metrics(run.run_dir / METRICS, progress.epoch)
     return progress
 
 
@@ -127,7 +127,7 @@ def _train_epochs(run: Run, state: dict[str, Any] | None, stop_after_steps: int 
     stopped_early = False
     tensorboard = _tensorboard(run)
     status = TextColumn("{task.fields[status]}")
-    metrics_path = run.run_dir / "metrics.jsonl"
+    metrics_path = run.run_dir / METRICS
     with contextlib.ExitStack() as stack:
         stop = stack.enter_context(StopRequest(stop_after_steps))
         bars = stack.enter_context(make_progress(status, disable=run.disable_progress))
@@ -257,10 +257,10 @@ def _finish_run(run: Run, p: Progress, stopped_early: bool) -> None:
     """Curves, then ``summary.json``, then no ``resume.pt``: a failure before the end
     leaves a run that ``--resume`` finishes."""
     epochs_run = p.epoch - 1
-    lines = (run.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = (run.run_dir / METRICS).read_text(encoding="utf-8").splitlines()
     with writing(run.run_dir / "curves.png"):
         plot_training_curves(metric_records(lines), run.run_dir / "curves.png")
-    write_text_atomic(run.run_dir / "summary.json", json.dumps({
+    write_text_atomic(run.run_dir / SUMMARY, json.dumps({
         "best_epoch": p.best_epoch, "best_selection_loss": p.best, "epochs_run": epochs_run,
         "stopped_early": stopped_early, "train_samples": len(run.train_data),
         "train_samples_full": run.rows.full_train_size,

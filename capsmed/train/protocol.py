@@ -32,7 +32,10 @@ from capsmed.train.config import TrainConfig
 #     rotating non-square images no longer shears them; augment_recipe implies
 #     augment; fold runs keep and report their last epoch; torchrun ranks draw
 #     per-sample augmentation shares; layer transfer copies batch-norm statistics.
-PROTOCOL_REVISION = 1
+#   2 (2026-11-24): defaults follow the image domain a file records, not its name: a
+#     class-folder or slide set (generic unless --domain) trains at lr 1e-4 and
+#     reconstruction weight 5e-5, and --augment only rotates it (it was flipped).
+PROTOCOL_REVISION = 2
 
 PROTOCOL_FIELDS = ("fraction", "imbalance", "augment", "augment_recipe", "sampler",
                    "class_weights", "folds", "per_class_limit", "transfer_layers",

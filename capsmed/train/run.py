@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from capsmed import __version__
-from capsmed.data.contract import DatasetInfo
+from capsmed.data.contract import DatasetInfo, is_two_label
 from capsmed.data.digest import file_digest
 from capsmed.data.record import write_record
 from capsmed.device import device_name, seed_everything
@@ -42,9 +42,10 @@ from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer, build_schedule
 from capsmed.train.protocol import PROTOCOL_REVISION
 from capsmed.train.run_data import (
+    TEST_ROWS,
+    TRAIN_ROWS,
     RunRows,
     channel_statistics,
-    is_two_label,
     make_loader,
     sample_for_statistics,
     select_rows,
@@ -119,8 +120,7 @@ def hold_run_lock(run_dir: Path) -> int | None:
 def _check_saved_rows(run_dir: Path, rows: RunRows) -> None:
     """On resume: the options in config.yaml still select the rows the run trained on
     (an edited fraction, seed or fold would train the rest of the run on others)."""
-    for name, values in (("train_indices.npy", rows.train_rows),
-                         ("test_indices.npy", rows.test_rows)):
+    for name, values in ((TRAIN_ROWS, rows.train_rows), (TEST_ROWS, rows.test_rows)):
         path = run_dir / name
         if values is None or not path.is_file():
             continue
@@ -137,8 +137,7 @@ def _check_saved_rows(run_dir: Path, rows: RunRows) -> None:
 
 
 def _save_rows(run_dir: Path, rows: RunRows) -> None:
-    for name, values in (("train_indices.npy", rows.train_rows),
-                         ("test_indices.npy", rows.test_rows)):
+    for name, values in ((TRAIN_ROWS, rows.train_rows), (TEST_ROWS, rows.test_rows)):
         if values is not None:
             with atomic_path(run_dir / name) as tmp, writing(run_dir / name), \
                     tmp.open("wb") as fh:
@@ -201,7 +200,7 @@ class Run:
         # what config.yaml records and --resume / evaluate compare (one digest for all)
         self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
-        self.two_labels = is_two_label(info, self.rows.train_split)
+        self.two_labels = is_two_label(info.path, self.rows.train_split)
         if self.two_labels:
             clash = [name for name, on in (("--class-weights", cfg.class_weights),
                                            ("--augment", cfg.augment),
@@ -267,7 +266,7 @@ class Run:
         if cfg.compile:
             module = torch.compile(module)
         steps = cfg.steps_per_epoch
-        if steps is None and not cfg.protocol.is_full:  # same iterations as the full set
+        if steps is None and not cfg.challenge.is_full:  # same iterations as the full set
             steps = math.ceil(self.rows.full_train_size / cfg.batch_size)
         self.sampler = BatchSampler(self.train_data.labels, cfg.batch_size, cfg.sampler,
                                     steps, torch.Generator().manual_seed(cfg.seed))
@@ -334,7 +333,9 @@ class Run:
         write_text_atomic(folder / "config.yaml", yaml.safe_dump(
             {"train": resolved, "model_kwargs": self.model_kwargs,
              "environment": self.environment,
-             "dataset": {"name": info.dataset, "class_names": list(info.class_names),
+             "dataset": {"name": info.dataset, "source_kind": info.data_source().name,
+                         "domain": info.image_domain().name,
+                         "class_names": list(info.class_names),
                          "splits": info.split_sizes, "created": info.created,
                          "digest": self.data_digest,
                          "train_split": self.rows.train_split,

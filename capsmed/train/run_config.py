@@ -1,4 +1,5 @@
-"""A run's ``config.yaml``: read and checked, and the dataset digest it records.
+"""A run's ``config.yaml`` (read and checked, and the dataset digest it records) and
+its ``metrics.jsonl`` (one record per finished epoch), as training reads them back.
 
 ``capsmed train`` records the content digest of its dataset file
 (:func:`capsmed.data.digest.file_digest`, the one digest every command uses) in the
@@ -9,6 +10,7 @@ one the run was trained on.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,11 @@ import yaml
 
 from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError, first_line
+from capsmed.yamlfile import read_yaml
 
 CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"  # written when training finishes
 SECTIONS = ("train", "model_kwargs", "dataset")
 
 
@@ -32,7 +37,7 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CapsmedError(f"{run_dir}: not a run directory (no {CONFIG})")
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        values = read_yaml(path)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise CapsmedError(f"{path}: cannot read the run's options ({first_line(exc)})"
                            ) from None
@@ -66,3 +71,17 @@ def check_dataset_unchanged(config: dict[str, Any], run_dir: Path, data: Path) -
 def _short(digest: str) -> str:
     kind, _, hexdigest = str(digest).partition(":")
     return f"{kind}:{hexdigest[:12]}"
+
+
+def metric_records(lines: list[str]) -> list[dict[str, Any]]:
+    """The epoch records of ``metrics.jsonl`` lines; a partial line (a full disk, a
+    killed writer) or a line of another shape is skipped."""
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int):
+            records.append(record)
+    return records

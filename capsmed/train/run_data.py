@@ -2,14 +2,15 @@
 
 Two kinds of file:
 
-* train / val / test splits: train on (a protocol's subset of) ``train``, select the
+* train / val / test splits: train on (a data challenge's subset of) ``train``, select the
   checkpoint on ``val``, test on ``test``;
 * cross-validation (split ``all`` with ``folds``, e.g. AML): ``--fold K`` trains on
   the other folds and tests on fold K (paper 001: no validation set, the last epoch is
   kept).
 
 The rows are saved in the run directory (``train_indices.npy``, ``test_indices.npy``
-for a fold) so ``capsmed evaluate RUN_DIR`` tests on exactly the held-out rows.
+for a fold) so ``capsmed evaluate RUN_DIR`` tests on exactly the held-out rows
+(:mod:`capsmed.runs.rows` reads them back).
 """
 
 from __future__ import annotations
@@ -17,31 +18,27 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from capsmed.data.challenges import cv_partition, select_training_indices
 from capsmed.data.contract import (
+    SECOND_LABEL,
     DatasetInfo,
-    SplitData,
-    load_split,
     meta_names,
     read_images,
     read_labels,
     read_meta,
 )
-from capsmed.data.digest import file_digest
 from capsmed.data.loader import DeviceSplit, StreamingSplit, should_stream, split_nbytes
-from capsmed.data.protocols import cv_partition, select_training_indices
-from capsmed.errors import CapsmedError, first_line
+from capsmed.errors import CapsmedError
 from capsmed.train.config import TrainConfig
-from capsmed.train.run_config import read_run_config
 
 log = logging.getLogger(__name__)
 
 CV_SPLIT = "all"
-SECOND_LABEL = "label2"  # meta of two-object sets (MultiMNIST)
+TRAIN_ROWS, TEST_ROWS = "train_indices.npy", "test_indices.npy"  # in the run folder
 
 
 @dataclass(frozen=True)
@@ -50,7 +47,7 @@ class RunRows:
 
     Attributes:
         train_split: Split the training rows index (``train``, or ``all`` under CV).
-        train_rows: Training rows after every protocol (sorted).
+        train_rows: Training rows after every data challenge (sorted).
         full_train_size: Training rows before fraction / imbalance / limit (for the
             paper-000 rule "same iterations as the full set").
         val_split: Split used for checkpoint selection, or None.
@@ -67,8 +64,8 @@ class RunRows:
 
 
 def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
-    """Apply the run's protocol to the file (labels only; no images are read)."""
-    protocol = cfg.protocol
+    """Apply the run's data challenges to the file (labels only; no images are read)."""
+    challenge = cfg.challenge
     if cfg.fold is None:
         if cfg.folds is not None:
             raise CapsmedError("--folds needs --fold K (which fold to test on)")
@@ -76,7 +73,7 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
             hint = (" (it has cross-validation folds: pass --fold K)" if info.folds else "")
             raise CapsmedError(f"{info.path}: has no 'train' split{hint}")
         labels, _ = read_labels(info.path, "train")
-        rows = select_training_indices(labels, info.class_names, protocol, cfg.seed)
+        rows = select_training_indices(labels, info.class_names, challenge, cfg.seed)
         _check_not_empty(info, "train", len(labels), rows)
         return RunRows("train", rows, len(labels),
                        "val" if info.split_sizes.get("val") else None, "test", None)
@@ -93,7 +90,7 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
                                              cfg.seed)
     except CapsmedError as exc:  # the fold is out of the file's range: name the file
         raise CapsmedError(f"{info.path}: {exc}") from None
-    rest = dataclasses.replace(protocol, per_class_limit=None)  # already applied
+    rest = dataclasses.replace(challenge, per_class_limit=None)  # already applied
     chosen = select_training_indices(labels[train_rows], info.class_names, rest, cfg.seed)
     _check_not_empty(info, f"{CV_SPLIT}' without fold {cfg.fold} '", len(train_rows), chosen)
     return RunRows(CV_SPLIT, train_rows[chosen], len(train_rows), None, CV_SPLIT, test_rows)
@@ -104,7 +101,7 @@ def _check_not_empty(info: DatasetInfo, split: str, available: int, chosen: np.n
     if not available:
         raise CapsmedError(f"{info.path}: the training split '{split}' is empty")
     if not len(chosen):
-        raise CapsmedError(f"{info.path}: the protocol (--fraction, --imbalance, "
+        raise CapsmedError(f"{info.path}: the data challenges (--fraction, --imbalance, "
                            f"--per-class-limit) leaves none of the {available} training "
                            f"samples of '{split}'")
 
@@ -159,11 +156,6 @@ def _two_label_loader(info: DatasetInfo, split: str, rows: np.ndarray | None,
     return DeviceSplit(images, labels, device, second=second, sources=sources)
 
 
-def is_two_label(info: DatasetInfo, split: str) -> bool:
-    """Whether ``split`` holds two-object samples (a second label in its meta)."""
-    return SECOND_LABEL in meta_names(info.path, split)
-
-
 def channel_statistics(images: np.ndarray) -> dict[str, list[float]]:
     """Per-channel mean and std of uint8 images [N, C, H, W], on the [0, 1] scale."""
     if len(images) == 0:
@@ -187,74 +179,3 @@ def sample_for_statistics(info: DatasetInfo, rows: RunRows, limit: int = 20000
     if len(chosen) > limit:
         chosen = np.sort(np.random.default_rng(0).choice(chosen, limit, replace=False))
     return read_images(info.path, rows.train_split, chosen)
-
-
-def load_run_split(run_dir: Path, data: Path, split: str) -> SplitData:
-    """The samples ``capsmed evaluate`` uses for ``split`` of a run.
-
-    For a cross-validation run on its own file, ``test`` means the run's held-out fold
-    rows (saved in ``test_indices.npy``); anything else, and any other file, is the
-    file's split as is (the fold's row numbers mean nothing in another file).
-    """
-    test_rows = Path(run_dir) / "test_indices.npy"
-    if split == "test" and not test_rows.is_file() and _is_fold_run(run_dir) \
-            and is_run_file(run_dir, data):
-        raise CapsmedError(f"{test_rows}: missing; this cross-validation run's held-out "
-                           "rows are kept there (train the fold again to restore them)")
-    if split == "test" and test_rows.is_file() and is_run_file(run_dir, data):
-        whole = load_split(data, CV_SPLIT)
-        rows = read_rows(test_rows, len(whole), f"{data}'s split '{CV_SPLIT}'")
-        trained = Path(run_dir) / "train_indices.npy"
-        if trained.is_file():
-            seen = np.intersect1d(rows, read_rows(trained, len(whole), f"{data}'s split "
-                                                  f"'{CV_SPLIT}'"))
-            if len(seen):
-                raise CapsmedError(f"{test_rows}: {len(seen)} of its {len(rows)} test rows "
-                                   f"are training rows of the run ({trained}); the files "
-                                   "are not from one run")
-        return SplitData(whole.images[rows], whole.labels[rows], whole.groups[rows])
-    return load_split(data, split)
-
-
-def _is_fold_run(run_dir: Path) -> bool:
-    if not (Path(run_dir) / "config.yaml").is_file():
-        return False
-    return (read_run_config(run_dir).get("train") or {}).get("fold") is not None
-
-
-def is_run_file(run_dir: Path, data: Path) -> bool:
-    """Whether ``data`` is the file the run was trained on: the content digest its
-    ``config.yaml`` recorded (the path, for runs from before digests)."""
-    config_path = Path(run_dir) / "config.yaml"
-    if not config_path.is_file():
-        return True  # no record to tell otherwise: the run's own rows, as always
-    config = read_run_config(run_dir)
-    saved = config.get("dataset", {}).get("digest")
-    if saved is not None:
-        return file_digest(Path(data)) == saved
-    return Path(data).resolve() == Path(config["train"]["data"]).resolve()
-
-
-def read_rows(path: Path, size: int, of: str) -> np.ndarray:
-    """Row numbers saved by a run (``test_indices.npy``), checked to be what training
-    wrote: a 1-D array of distinct integers within ``0..size-1``.
-
-    Raises:
-        CapsmedError: naming the file, if it is unreadable, pickled or out of range.
-    """
-    try:
-        rows = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise CapsmedError(f"{path}: cannot read the saved rows ({first_line(exc)})"
-                           ) from None
-    if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu":
-        shape = getattr(rows, "shape", "?")
-        raise CapsmedError(f"{path}: expected a 1-D array of row numbers, got "
-                           f"{getattr(rows, 'dtype', type(rows).__name__)} {shape}")
-    if len(rows) == 0 or rows.min() < 0 or rows.max() >= size \
-            or len(np.unique(rows)) != len(rows):
-        raise CapsmedError(f"{path}: expected distinct row numbers within 0..{size - 1} "
-                           f"of {of}; it holds {len(rows)} rows within "
-                           f"{rows.min() if len(rows) else '-'}.."
-                           f"{rows.max() if len(rows) else '-'}")
-    return rows.astype(np.int64)

@@ -22,6 +22,7 @@ import torch
 
 from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, write_failure
+from capsmed.train.run_config import SUMMARY
 
 RESUME_FILE = "resume.pt"
 STATE_VERSION = 1
@@ -72,7 +73,7 @@ def load_state(run_dir: Path) -> dict[str, Any]:
     """Read ``resume.pt`` (weights-only unpickler)."""
     path = Path(run_dir) / RESUME_FILE
     if not path.is_file():
-        finished = (Path(run_dir) / "summary.json").is_file()
+        finished = (Path(run_dir) / SUMMARY).is_file()
         raise CapsmedError(f"{path}: no resumable state; " + (
             "the run finished (nothing to resume)" if finished else
             "it was removed (a run keeps one from its start until it finishes)"))

@@ -15,7 +15,8 @@ from tests.faults.common import TINY_LENET
 def write_toy(path: Path, seed: int = 0, sizes: dict[str, int] | None = None) -> Path:
     """A two-class 1x28x28 set whose classes differ in brightness (learnable at once)."""
     rng = np.random.default_rng(seed)
-    with DatasetWriter(path, dataset="toy", class_names=["dark", "bright"],
+    with DatasetWriter(path, dataset="toy", kind="folder", domain="generic",
+                       class_names=["dark", "bright"],
                        image_shape=(1, 28, 28), preprocessing={"seed": seed},
                        source={}) as writer:
         for split, n in (sizes or {"train": 48, "val": 16, "test": 16}).items():

@@ -131,7 +131,8 @@ def test_a_second_label_outside_the_classes_is_refused(tmp_path):
 
     data = tmp_path / "two.h5"
     rng = np.random.default_rng(0)
-    with DatasetWriter(data, dataset="toy-two", class_names=["a", "b", "c"],
+    with DatasetWriter(data, dataset="toy-two", kind="folder", domain="generic",
+                       class_names=["a", "b", "c"],
                        image_shape=(1, 28, 28), preprocessing={}, source={}) as writer:
         for split, n in (("train", 24), ("val", 8)):
             labels = np.arange(n) % 3

@@ -21,15 +21,15 @@ runner = CliRunner()
 
 # command -> (library module, function, arguments a valid baseline needs)
 COMMANDS = {
-    "tupac16": ("capsmed.data.sources.tupac16", "preprocess_tupac16", []),
-    "diaretdb1": ("capsmed.data.sources.diaretdb1", "preprocess_diaretdb1", []),
-    "aml": ("capsmed.data.sources.aml", "preprocess_aml", []),
-    "folder": ("capsmed.data.sources.folder", "preprocess_folder", []),
-    "wsi": ("capsmed.data.sources.wsi", "preprocess_wsi", ["--slide-labels", "labels.csv"]),
-    "mnist": ("capsmed.data.sources.mnist", "preprocess_mnist", []),
-    "fashion-mnist": ("capsmed.data.sources.mnist", "preprocess_mnist", []),
-    "multimnist": ("capsmed.data.sources.multimnist", "preprocess_multimnist", []),
-    "affnist": ("capsmed.data.sources.affnist", "preprocess_affnist", []),
+    "tupac16": ("capsmed.data.sources.tupac16.reader", "preprocess_tupac16", []),
+    "diaretdb1": ("capsmed.data.sources.diaretdb1.reader", "preprocess_diaretdb1", []),
+    "aml": ("capsmed.data.sources.aml.reader", "preprocess_aml", []),
+    "folder": ("capsmed.data.sources.folder.reader", "preprocess_folder", []),
+    "wsi": ("capsmed.data.sources.wsi.reader", "preprocess_wsi", ["--slide-labels", "labels.csv"]),
+    "mnist": ("capsmed.data.sources.mnist.reader", "preprocess_mnist", []),
+    "fashion-mnist": ("capsmed.data.sources.mnist.reader", "preprocess_mnist", []),
+    "multimnist": ("capsmed.data.sources.mnist.multimnist", "preprocess_multimnist", []),
+    "affnist": ("capsmed.data.sources.mnist.affnist", "preprocess_affnist", []),
 }
 _BRACKET = re.compile(r"\[([^\[\]]*)\]\.$")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import h5py
 import pytest
@@ -87,6 +88,9 @@ def test_a_run_without_its_preprocessing_record_is_refused(lenet_run, images, tm
     (["--stride", "0"], "--stride", ">= 1"),
     (["--min-tissue", "1.5"], "--min-tissue", "[0, 1]"),
     (["--fov-mask", "m.tif"], "--fov-mask", "diaretdb1 runs"),
+    (["--threshold", "2"], "--threshold", "[0, 1]"),
+    (["--threshold", "-0.1"], "--threshold", "[0, 1]"),
+    (["--threshold", "nan"], "--threshold", "[0, 1]"),
 ])
 def test_bad_options_are_refused(lenet_run, images, tmp_path, extra, names, text):
     out = tmp_path / "out"
@@ -170,3 +174,34 @@ def test_a_preprocessing_record_of_another_dataset_is_refused(lenet_run, images,
     assert_refused(invoke(predict_args(run, images / "img0.tif", out=out)), record_path,
                    text="its dataset created '2000-01-01T00:00:00+00:00' is not the",
                    absent=[out])
+
+
+@pytest.mark.parametrize("suffix", [".png", ".tif", ".jpg"])
+def test_a_greyscale_image_is_refused_by_a_colour_run_in_every_format(lenet_run, tmp_path,
+                                                                      suffix):
+    """An H&E run needs colour: a greyscale PNG or JPEG was read as grey copied to RGB and
+    every window called mitosis, while a greyscale TIFF was refused."""
+    import cv2
+    import numpy as np
+
+    grey = tmp_path / f"grey{suffix}"
+    cv2.imwrite(str(grey), np.random.default_rng(0).integers(0, 255, (300, 300), np.uint8))
+    out = tmp_path / "out"
+    assert_refused(invoke(predict_args(lenet_run, grey, out=out)), grey,
+                   text="expected an RGB image", absent=[out])
+
+
+def test_a_rerun_removes_what_a_killed_predict_left(lenet_run, images, tmp_path):
+    """kill -9 during predict leaves its staging folder (.<out>.XXXXXXXX.partial) beside
+    the output; the next predict to the same -o removes it, and nothing else."""
+    import tempfile
+
+    out = tmp_path / "out"
+    left = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=tmp_path))
+    (left / "predictions.csv").write_text("input,x\n")
+    keep = tmp_path / ".out.notours.partial"
+    keep.mkdir()
+    result = invoke(predict_args(lenet_run, images / "img0.tif", out=out))
+    assert result.exit_code == 0, result.output
+    assert not left.exists() and keep.is_dir() and (out / "summary.json").is_file()
+    assert not (tmp_path / ".out.lock").exists()

@@ -34,10 +34,10 @@ FAST = {"tupac16": ["--positives-per-mitosis", "2", "--workers", "1"],
 @pytest.fixture(scope="session")
 def synth_raw(tmp_path_factory) -> dict[str, Path]:
     """Small synthetic raw data of each source, written once per session."""
-    from capsmed.data.synth.aml import write_aml
-    from capsmed.data.synth.diaretdb1 import write_diaretdb1
-    from capsmed.data.synth.folder import write_class_folders
-    from capsmed.data.synth.tupac16 import write_tupac16
+    from capsmed.data.sources.aml.synth import write_aml
+    from capsmed.data.sources.diaretdb1.synth import write_diaretdb1
+    from capsmed.data.sources.folder.synth import write_class_folders
+    from capsmed.data.sources.tupac16.synth import write_tupac16
 
     root = tmp_path_factory.mktemp("synth")
     write_tupac16(root / "tupac16", cases=4, images_per_case=2, size=256, seed=3)

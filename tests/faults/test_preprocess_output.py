@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import capsmed.data.sources.folder as folder
+import capsmed.data.sources.folder.reader as folder
 from capsmed.data.contract import read_info
 from capsmed.data.output import claim_output
 from tests.faults.common import assert_refused, invoke
@@ -22,7 +22,7 @@ from tests.faults.common import assert_refused, invoke
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
-    from capsmed.data.synth.folder import write_class_folders
+    from capsmed.data.sources.folder.synth import write_class_folders
 
     root = tmp_path_factory.mktemp("shapes") / "shapes"
     write_class_folders(root, classes=2, images_per_class=6, patients=3, size=32)
@@ -131,7 +131,7 @@ def _wait_gone(session: int, limit: float) -> float:
 
 @pytest.fixture(scope="module")
 def tupac_raw(tmp_path_factory) -> Path:
-    from capsmed.data.synth.tupac16 import write_tupac16
+    from capsmed.data.sources.tupac16.synth import write_tupac16
 
     root = tmp_path_factory.mktemp("tupac") / "raw"
     write_tupac16(root, cases=8, images_per_case=4, size=512, seed=1)

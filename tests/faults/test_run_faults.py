@@ -140,7 +140,8 @@ def fold_run(tmp_path_factory):
     images = (np.random.default_rng(0).random((60, 1, 28, 28)) * 60
               + labels[:, None, None, None] * 150).astype(np.uint8)
     groups = [f"p{i // 2}" for i in range(60)]
-    with DatasetWriter(root / "cv.h5", dataset="toy-cv", class_names=["dark", "bright"],
+    with DatasetWriter(root / "cv.h5", dataset="toy-cv", kind="folder", domain="generic",
+                       class_names=["dark", "bright"],
                        image_shape=(1, 28, 28), preprocessing={}, source={}) as writer:
         writer.append("all", images, labels, groups,
                       folds=np.array([(i // 2) % 3 for i in range(60)]))

@@ -10,7 +10,7 @@ import numpy as np
 
 from capsmed.cli import app
 from capsmed.data.contract import read_info
-from capsmed.data.sources.wsi import preprocess_wsi
+from capsmed.data.sources.wsi.reader import preprocess_wsi
 from tests.helpers import assert_clean_failure
 from tests.test_wsi import _cfg, _labels_csv, _slide, runner  # skips without OpenSlide
 
@@ -90,3 +90,24 @@ def test_data_info_names_the_slide_folder_and_files(tmp_path):
     assert source["files"]["a.svs"] == (tmp_path / "a.svs").stat().st_size
     result = runner.invoke(app, ["data", "info", str(out)])
     assert f"source: {tmp_path.resolve()} (2 files" in " ".join(result.output.split())
+
+
+def test_a_split_whose_only_slide_was_skipped_is_warned_about(tmp_path, caplog):
+    """Issue 23 item 7: the only test slide was too small; the file was written with an
+    empty test split and no warning."""
+    _slide(tmp_path / "a.svs")
+    tiny = tmp_path / "tiny.png"
+    cv2.imwrite(str(tiny), np.full((1, 1, 3), 200, np.uint8))
+    csv = _labels_csv(tmp_path / "l.csv", ["a,x", "tiny,y"])
+    train = _labels_csv(tmp_path / "train.txt", ["a"])
+    test = _labels_csv(tmp_path / "test.txt", ["tiny"])
+    logger = _captured(caplog)
+    try:
+        out = preprocess_wsi([tmp_path], tmp_path / "s.h5", _cfg(
+            slide_labels_csv=str(csv), split_files={"train": str(train), "test": str(test)}))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "test" not in read_info(out).split_sizes
+    assert "split 'test' holds no tile: its slide(s)" in caplog.text
+    assert "tiny.png" in caplog.text.split("holds no tile")[1]
+    assert "split 'train' holds no tile" not in caplog.text

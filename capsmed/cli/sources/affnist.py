@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.options import OUTPUT, option, overwrite_option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.digits import AffnistConfig
+from capsmed.data.sources.mnist.config import AffnistConfig
 from capsmed.errors import CapsmedError
 
 
@@ -25,14 +25,11 @@ def synth_affnist(
                                     "(HDF5-based)."),
 ) -> None:
     """affNIST-style test.mat and test_batches/<k>.mat: digits under random affine maps."""
-    from capsmed.data.synth.digits import write_affnist
+    from capsmed.data.sources.mnist.synth import write_affnist
 
     if mat_version not in ("5", "7.3"):
         raise CapsmedError(f"--mat-version must be 5 or 7.3, got {mat_version!r}")
-    summary = write_affnist(out_dir, count=count, batches=batches, seed=seed,
-                            version=mat_version)
-    typer.echo(f"wrote {count} synthetic affNIST images to {summary.root}/test.mat and "
-               f"{batches} batches in {summary.root}/test_batches/")
+    write_affnist(out_dir, count=count, batches=batches, seed=seed, version=mat_version)
 
 
 @preprocess_app.command("affnist")
@@ -48,8 +45,8 @@ def preprocess_affnist(
 ) -> None:
     """affNIST (40x40 affine-transformed MNIST) -> HDF5, a test set for models trained
     on `preprocess mnist --placement random40`."""
-    from capsmed.data.sources.affnist import preprocess_affnist as run
+    from capsmed.data.sources.mnist.affnist import preprocess_affnist as run
 
     out = run(path, output, AffnistConfig(**only_set(split=split, max_images=max_images)),
               overwrite=overwrite)
-    typer.echo(f"wrote {out}; inspect it with: capsmed data info {out}")
+    echo_wrapped(f"inspect it with: capsmed data info {out}")

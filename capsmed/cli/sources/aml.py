@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.options import (
     OUTPUT,
     flag,
@@ -18,7 +18,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.aml import AmlConfig
+from capsmed.data.sources.aml.config import AmlConfig
 
 
 @synth_app.command("aml")
@@ -34,11 +34,10 @@ def synth_aml(
     seed: int = synth_seed_option(),
 ) -> None:
     """Single leukocytes of the 15 classes (RGBA TIFF) plus annotations.dat."""
-    from capsmed.data.synth.aml import write_aml
+    from capsmed.data.sources.aml.synth import write_aml
 
-    summary = write_aml(out_dir, per_class_scale=per_class_scale, size=size, seed=seed,
-                        min_per_class=min_per_class, reannotated_fraction=reannotated)
-    typer.echo(f"wrote {summary.images} images of 15 classes to {summary.root}")
+    write_aml(out_dir, per_class_scale=per_class_scale, size=size, seed=seed,
+              min_per_class=min_per_class, reannotated_fraction=reannotated)
 
 
 @preprocess_app.command("aml")
@@ -60,10 +59,10 @@ def preprocess_aml(
     workers: int = workers_option(AmlConfig),
 ) -> None:
     """AML-Cytomorphology_LMU: 15 leukocyte classes, RGB(A) -> resized, stratified k folds."""
-    from capsmed.data.sources.aml import preprocess_aml
+    from capsmed.data.sources.aml.reader import preprocess_aml
 
     config = AmlConfig(**only_set(size=size, grey=grey, labels=labels, folds=folds, seed=seed,
                                   workers=workers))
     path = preprocess_aml(raw_dir, output, config, annotations=annotations,
                           overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")

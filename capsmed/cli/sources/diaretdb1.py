@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
@@ -21,7 +21,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.diaretdb1 import Diaretdb1Config
+from capsmed.data.sources.diaretdb1.config import Diaretdb1Config
 from capsmed.errors import CapsmedError
 
 
@@ -46,12 +46,9 @@ def synth_diaretdb1(
     seed: int = synth_seed_option(),
 ) -> None:
     """Fundus photographs with lesions, fused confidence maps, fmask.tif and split lists."""
-    from capsmed.data.synth.diaretdb1 import write_diaretdb1
+    from capsmed.data.sources.diaretdb1.synth import write_diaretdb1
 
-    summary = write_diaretdb1(out_dir, images=images, size=_pair(size, "--size"), seed=seed)
-    lesions = ", ".join(f"{v} {k}" for k, v in summary.lesions.items())
-    typer.echo(f"wrote {summary.images} images ({summary.train} train, {summary.test} test; "
-               f"{lesions}) to {summary.root}")
+    write_diaretdb1(out_dir, images=images, size=_pair(size, "--size"), seed=seed)
 
 
 @preprocess_app.command("diaretdb1")
@@ -93,7 +90,7 @@ def preprocess_diaretdb1(
     allow_group_leak: bool = allow_group_leak_option(Diaretdb1Config, "image"),
 ) -> None:
     """DIARETDB1 fundus: CLAHE green channel, lesion vs healthy patches, official split."""
-    from capsmed.data.sources.diaretdb1 import preprocess_diaretdb1
+    from capsmed.data.sources.diaretdb1.reader import preprocess_diaretdb1
 
     chosen = tuple(t.strip() for t in lesions.split(",") if t.strip()) if lesions else None
     config = Diaretdb1Config(**only_set(
@@ -104,4 +101,4 @@ def preprocess_diaretdb1(
         val_fraction=val_fraction, seed=seed, workers=workers,
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak))
     path = preprocess_diaretdb1(raw_dir, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")

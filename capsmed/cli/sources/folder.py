@@ -6,10 +6,11 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
+    domain_option,
     flag,
     fraction_option,
     option,
@@ -22,7 +23,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.folder import FolderConfig
+from capsmed.data.sources.folder.config import FolderConfig
 from capsmed.errors import CapsmedError
 
 
@@ -38,12 +39,10 @@ def synth_folder(
     seed: int = synth_seed_option(),
 ) -> None:
     """Shapes on noise as OUT_DIR/<class>/P<pp>_<nnnn>.png (a class-folder dataset)."""
-    from capsmed.data.synth.folder import write_class_folders
+    from capsmed.data.sources.folder.synth import write_class_folders
 
-    summary = write_class_folders(out_dir, classes=classes, images_per_class=images_per_class,
-                                  patients=patients, size=size, seed=seed)
-    typer.echo(f"wrote {summary.images} images ({', '.join(summary.classes)}; "
-               f"{summary.patients} patients) to {summary.root}")
+    write_class_folders(out_dir, classes=classes, images_per_class=images_per_class,
+                        patients=patients, size=size, seed=seed)
 
 
 @preprocess_app.command("folder")
@@ -77,11 +76,12 @@ def preprocess_folder(
     seed: int = seed_option(FolderConfig, "the split or folds"),
     name: str = option(FolderConfig, "name", "Dataset name recorded in the file",
                        meaning="ROOT's name"),
+    domain: str = domain_option(FolderConfig),
     workers: int = workers_option(FolderConfig),
     allow_group_leak: bool = allow_group_leak_option(FolderConfig, "group"),
 ) -> None:
     """Any class-folder dataset: 8-bit grey/RGB images, patient-level split or folds."""
-    from capsmed.data.sources.folder import preprocess_folder
+    from capsmed.data.sources.folder.reader import preprocess_folder
 
     files = parse_split_files(split_file)
     fractions = split_fractions(FolderConfig, train, val, test)
@@ -93,7 +93,7 @@ def preprocess_folder(
         channels=channels, size=size, keep_aspect=keep_aspect, scale16=scale16,
         group_pattern=group_pattern, groups_csv=str(groups_csv) if groups_csv else None,
         fractions=fractions, split_files=files, folds=folds, seed=seed, name=name,
-        workers=workers, allow_group_leak=allow_group_leak))
+        domain=domain, workers=workers, allow_group_leak=allow_group_leak))
     path = preprocess_folder(root, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path} "
-               f"(or: capsmed data preview {path} -o preview.png)")
+    echo_wrapped(f"inspect it with: capsmed data info {path} (or: capsmed data preview "
+                 f"{path} -o preview.png)")

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.fetch import app as fetch_app
 from capsmed.cli.options import OUTPUT, option, overwrite_option, seed_option, synth_seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.digits import MnistConfig
+from capsmed.data.sources.mnist.config import MnistConfig
 
 _TITLES = {"mnist": "MNIST handwritten digits", "fashion-mnist": "Fashion-MNIST clothing"}
 
@@ -31,11 +31,11 @@ def _register(dataset: str) -> None:
         timeout: float = typer.Option(30.0, help="Seconds to wait for a server."),
     ) -> None:
         from capsmed.data.fetch import fetch_dataset
-        from capsmed.data.sources.mnist import REMOTE
+        from capsmed.data.sources.mnist.reader import REMOTE
 
         paths = fetch_dataset(REMOTE[dataset], out_dir, mirror=mirror, timeout=timeout)
-        typer.echo(f"{len(paths)} files verified in {out_dir}; next: capsmed preprocess "
-                   f"{dataset} {out_dir} -o {dataset}.h5")
+        echo_wrapped(f"{len(paths)} files verified in {out_dir}; next: capsmed preprocess "
+                     f"{dataset} {out_dir} -o {dataset}.h5")
 
     @synth_app.command(dataset, help=f"Synthetic {title} in the official IDX files "
                        "(train-*/t10k-* images and labels), for trying the pipeline offline.")
@@ -49,12 +49,9 @@ def _register(dataset: str) -> None:
         gzip: bool = typer.Option(True, help="Write .gz files as distributed (--no-gzip: "
                                   "plain IDX)."),
     ) -> None:
-        from capsmed.data.synth.digits import write_mnist_like
+        from capsmed.data.sources.mnist.synth import write_mnist_like
 
-        summary = write_mnist_like(out_dir, dataset, train=train, test=test, seed=seed,
-                                   compress=gzip)
-        typer.echo(f"wrote {train} train and {test} test synthetic {dataset} images to "
-                   f"{summary.root}")
+        write_mnist_like(out_dir, dataset, train=train, test=test, seed=seed, compress=gzip)
 
     @preprocess_app.command(dataset, help=f"{title}: IDX files -> HDF5 (train / seeded val / "
                             "test from t10k), optionally placed on a 40x40 canvas.")
@@ -71,12 +68,12 @@ def _register(dataset: str) -> None:
                                 "40x40) or random40 (random position on 40x40, paper 004)"),
         seed: int = seed_option(MnistConfig, "the validation sample and random positions"),
     ) -> None:
-        from capsmed.data.sources.mnist import preprocess_mnist
+        from capsmed.data.sources.mnist.reader import preprocess_mnist
 
         config = MnistConfig(dataset=dataset,
                              **only_set(val=val, placement=placement, seed=seed))
         path = preprocess_mnist(raw_dir, output, config, overwrite=overwrite)
-        typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+        echo_wrapped(f"inspect it with: capsmed data info {path}")
 
 
 for _name in _TITLES:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.options import OUTPUT, flag, option, overwrite_option, seed_option
 from capsmed.cli.preprocess import app as preprocess_app
-from capsmed.data.configs.digits import MultiMnistConfig
+from capsmed.data.sources.mnist.config import MultiMnistConfig
 
 
 @preprocess_app.command("multimnist")
@@ -32,9 +32,9 @@ def preprocess_multimnist(
     seed: int = seed_option(MultiMnistConfig, "val sample, partners and shifts"),
 ) -> None:
     """Two overlapping digits of different classes (Sabour et al.), pairs within a split."""
-    from capsmed.data.sources.multimnist import preprocess_multimnist as run
+    from capsmed.data.sources.mnist.multimnist import preprocess_multimnist as run
 
     config = MultiMnistConfig(**only_set(pairs=pairs, eval_pairs=eval_pairs, shift=shift,
                                          val=val, store_sources=store_sources, seed=seed))
     out = run(mnist_dir, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {out}; inspect it with: capsmed data info {out}")
+    echo_wrapped(f"inspect it with: capsmed data info {out}")

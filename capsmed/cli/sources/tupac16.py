@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
@@ -22,7 +22,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.tupac16 import Tupac16Config
+from capsmed.data.sources.tupac16.config import Tupac16Config
 
 
 @synth_app.command("tupac16")
@@ -37,12 +37,10 @@ def synth_tupac16(
                                "mitoses_ground_truth) or flat (CSV beside each TIF)."),
 ) -> None:
     """H&E mitosis images (Beer-Lambert stain model) with row,col ground-truth CSVs."""
-    from capsmed.data.synth.tupac16 import write_tupac16
+    from capsmed.data.sources.tupac16.synth import write_tupac16
 
-    summary = write_tupac16(out_dir, cases=cases, images_per_case=images_per_case, size=size,
-                            seed=seed, layout=layout)
-    typer.echo(f"wrote {summary.images} images ({summary.mitoses} mitoses, "
-               f"{summary.cases} cases) to {summary.root}")
+    write_tupac16(out_dir, cases=cases, images_per_case=images_per_case, size=size,
+                  seed=seed, layout=layout)
 
 
 @preprocess_app.command("tupac16")
@@ -76,7 +74,7 @@ def preprocess_tupac16(
                                                              "mitosis annotation"),
 ) -> None:
     """TUPAC16 mitosis: hematoxylin channel, mitosis vs tissue patches, case-level split."""
-    from capsmed.data.sources.tupac16 import preprocess_tupac16
+    from capsmed.data.sources.tupac16.reader import preprocess_tupac16
 
     config = Tupac16Config(**only_set(
         patch_size=patch_size, output_size=output_size, jitter=jitter,
@@ -86,4 +84,4 @@ def preprocess_tupac16(
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
     path = preprocess_tupac16(raw_dir, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")

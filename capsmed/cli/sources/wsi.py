@@ -6,11 +6,12 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set, parse_split_files
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set, parse_split_files
 from capsmed.cli.options import (
     OUTPUT,
     allow_group_leak_option,
     allow_no_annotations_option,
+    domain_option,
     fraction_option,
     option,
     overwrite_option,
@@ -22,7 +23,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
-from capsmed.data.configs.wsi import WsiConfig
+from capsmed.data.sources.wsi.config import WsiConfig
 
 
 @synth_app.command("wsi")
@@ -42,13 +43,13 @@ def synth_wsi(
     points_per_slide: int = typer.Option(24, help="Point annotations per slide."),
 ) -> None:
     """Pyramidal H&E slides OpenSlide opens, with points, GeoJSON and slide labels."""
-    from capsmed.data.synth.wsi import write_wsi
+    from capsmed.data.sources.wsi.synth import write_wsi
 
     paths = write_wsi(out_dir, slides=slides, size=size, seed=seed, levels=levels, tile=tile,
                       mpp=None if no_mpp else mpp, fmt=format,
                       points_per_slide=points_per_slide)
-    typer.echo(f"wrote {len(paths)} slides to {out_dir}/slides with annotations/*.geojson, "
-               "points.csv and slide_labels.csv")
+    echo_wrapped(f"annotations of the {len(paths)} slides: {out_dir}/annotations/*.geojson, "
+                 "points.csv and slide_labels.csv")
 
 
 @preprocess_app.command("wsi")
@@ -94,6 +95,7 @@ def preprocess_wsi(
     test: float = fraction_option(WsiConfig, "test", "slide"),
     split_file: list[str] = split_file_option("slide"),  # noqa: B008
     seed: int = seed_option(WsiConfig, "the slide split"),
+    domain: str = domain_option(WsiConfig),
     workers: int = workers_option(WsiConfig),
     tiles_per_job: int = option(WsiConfig, "tiles_per_job", "Tiles per worker job"),
     allow_group_leak: bool = allow_group_leak_option(WsiConfig, "slide"),
@@ -101,7 +103,7 @@ def preprocess_wsi(
                                                              "classified polygon"),
 ) -> None:
     """Whole-slide images: tissue mask, grid tiles at a level or mpp, labels, slide split."""
-    from capsmed.data.sources.wsi import preprocess_wsi as run
+    from capsmed.data.sources.wsi.reader import preprocess_wsi as run
 
     config = WsiConfig(**only_set(
         level=level, mpp=mpp, tile_size=tile_size, stride=stride, output_size=output_size,
@@ -110,9 +112,10 @@ def preprocess_wsi(
         geojson=tuple(str(g) for g in geojson) if geojson else None,
         slide_labels_csv=None if slide_labels is None else str(slide_labels),
         min_overlap=min_overlap, unlabelled=unlabelled, background_class=background_class,
-        stain=stain, h_max=h_max, seed=seed, workers=workers, tiles_per_job=tiles_per_job,
+        stain=stain, h_max=h_max, seed=seed, domain=domain, workers=workers,
+        tiles_per_job=tiles_per_job,
         fractions=split_fractions(WsiConfig, train, val, test),
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
     path = run(slides, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")

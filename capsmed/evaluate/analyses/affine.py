@@ -47,6 +47,7 @@ from capsmed.data.contract import load_split, read_info
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import pyplot, save_figure
+from capsmed.runs import OpenRun, open_run
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +261,7 @@ def affine_robustness(model: nn.Module, images: np.ndarray, labels: np.ndarray,
         settings={**asdict(cfg), "scale": list(cfg.scale)})
 
 
-def check_affnist(run: common.LoadedRun, path: Path) -> None:
+def check_affnist(run: OpenRun, path: Path) -> None:
     """Refuse an affNIST file whose classes or image size differ from the run's."""
     info = read_info(path)
     if list(info.class_names) != list(run.class_names):
@@ -273,7 +274,7 @@ def check_affnist(run: common.LoadedRun, path: Path) -> None:
                            "40x40 digits: capsmed preprocess mnist --placement random40)")
 
 
-def affnist_accuracy(run: common.LoadedRun, path: Path, batch_size: int) -> dict[str, Any]:
+def affnist_accuracy(run: OpenRun, path: Path, batch_size: int) -> dict[str, Any]:
     """Accuracy on a real affNIST contract file's ``test`` split (classes and image size
     must match the run's)."""
     check_affnist(run, path)
@@ -347,7 +348,7 @@ def analyze_affine(run_dir: Path, data: Path | None = None, affnist: Path | None
         The result and the folder written.
     """
     cfg = config or AffineConfig()
-    run = common.load_run(run_dir, device, data)
+    run = open_run(run_dir, data, device)
     if affnist is not None:  # fail before the long part
         check_affnist(run, Path(affnist))
     common.refuse_two_label(run.data_path, cfg.split, "affine")

@@ -1,4 +1,4 @@
-"""What every analysis shares: load a run with its data, batched forward passes, and
+"""What every analysis shares: open a run with its data, batched forward passes, and
 atomic output files under ``RUN_DIR/analysis/<name>/``.
 
 Every analysis computes all its numbers and figures first and writes afterwards, each
@@ -12,7 +12,6 @@ import io
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsmed.data.contract import DatasetInfo, SplitData, load_split, meta_names, read_info
+from capsmed.data.contract import SECOND_LABEL, SplitData, is_two_label, load_split
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.models.common import ModelOutput
-from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
-from capsmed.train.run_data import SECOND_LABEL
+from capsmed.runs import OpenRun
+from capsmed.train.run_data import TEST_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -35,84 +34,15 @@ ANALYSIS_DIR = "analysis"
 BatchTransform = Callable[[torch.Tensor, int], torch.Tensor]
 
 
-@dataclass(frozen=True)
-class LoadedRun:
-    """A trained run ready to analyse: its model (eval mode, on ``device``) and data file.
-
-    Attributes:
-        run_dir: The run directory.
-        model: The checkpoint's model.
-        meta: ``checkpoint.json`` (arch, model_kwargs, class_names, data, epoch...).
-        device: Where the model lives.
-        data_path: The dataset file analysed (the run's own unless another was given).
-        info: That file's attributes.
-    """
-
-    run_dir: Path
-    model: nn.Module
-    meta: dict[str, Any]
-    device: torch.device
-    data_path: Path
-    info: DatasetInfo
-
-    @property
-    def arch(self) -> str:
-        return str(self.meta["arch"])
-
-    @property
-    def class_names(self) -> tuple[str, ...]:
-        return tuple(self.meta["class_names"])
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        kw = self.meta["model_kwargs"]
-        return (int(kw["in_channels"]), *(int(s) for s in kw["input_size"]))
-
-
-def check_compatible(meta: dict[str, Any], data_path: Path, info: DatasetInfo) -> None:
-    """Refuse a dataset whose classes or image shape differ from the checkpoint's."""
-    if list(info.class_names) != list(meta["class_names"]):
-        raise CapsmedError(f"{data_path}: classes {list(info.class_names)} do not match the "
-                           f"checkpoint's {list(meta['class_names'])}")
-    kw = meta["model_kwargs"]
-    expected = (int(kw["in_channels"]), *(int(s) for s in kw["input_size"]))
-    if (info.channels, *info.image_size) != expected:
-        raise CapsmedError(f"{data_path}: images are {info.channels}x{info.image_size[0]}x"
-                           f"{info.image_size[1]}, the model expects "
-                           f"{expected[0]}x{expected[1]}x{expected[2]}")
-
-
-def load_run(run_dir: Path, device: str = "auto", data: Path | None = None) -> LoadedRun:
-    """Load ``run_dir``'s checkpoint and check ``data`` (default: the run's dataset)."""
-    from capsmed.device import select_device
-    from capsmed.train.checkpoint import load_checkpoint
-
-    run_dir = Path(run_dir)
-    dev = select_device(device)
-    model, meta = load_checkpoint(run_dir, dev)
-    data_path = Path(data) if data is not None else Path(meta["data"])
-    if data is None and not data_path.exists():
-        raise CapsmedError(f"{data_path}: the run's dataset file is gone; pass --data with "
-                           "a file of the same classes and image size")
-    if data is None and (run_dir / CONFIG).is_file():  # the run's own data, as it was?
-        check_dataset_unchanged(read_run_config(run_dir), run_dir, data_path)
-    info = read_info(data_path)
-    check_compatible(meta, data_path, info)
-    return LoadedRun(run_dir, model, meta, dev, data_path, info)
-
-
-def load_samples(run: LoadedRun, split: str = "test", with_meta: bool = False,
+def load_samples(run: OpenRun, split: str = "test", with_meta: bool = False,
                  max_samples: int | None = None, seed: int = 0) -> SplitData:
     """The samples of ``split`` the run is analysed on.
 
     For the run's own cross-validation file, ``test`` is its held-out fold (as in
     ``capsmed evaluate``). ``max_samples`` keeps a seeded random subset, in file order.
     """
-    from capsmed.train.run_data import is_run_file, load_run_split
-
-    if (split == "test" and (run.run_dir / "test_indices.npy").is_file()
-            and is_run_file(run.run_dir, run.data_path)):
-        samples = load_run_split(run.run_dir, run.data_path, split)
+    if split == "test" and (run.run_dir / TEST_ROWS).is_file() and run.own_data:
+        samples = run.samples(split)
     else:
         samples = load_split(run.data_path, split, with_meta=with_meta)
     if not len(samples):
@@ -174,11 +104,6 @@ def two_digit_hits(scores: np.ndarray, first: np.ndarray, second: np.ndarray
     a = (top2 == first[:, None]).any(1)
     b = (top2 == second[:, None]).any(1)
     return a & b, a, b
-
-
-def is_two_label(path: Path, split: str) -> bool:
-    """Whether ``split`` of ``path`` has a second label per image (MultiMNIST)."""
-    return SECOND_LABEL in meta_names(path, split)
 
 
 def refuse_two_label(path: Path, split: str, analysis: str) -> None:

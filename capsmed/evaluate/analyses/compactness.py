@@ -45,6 +45,7 @@ from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.evaluate.analyses.affine import AFFNIST_CANVAS, PADDINGS, affine_linear, warp
 from capsmed.figures import pyplot, save_figure
+from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ def analyze_compactness(run_dir: Path, config: CompactnessConfig | None = None,
     """Compactness scores of ``run_dir``'s checkpoint; writes
     ``RUN_DIR/analysis/compactness/``. Returns the record and the folder."""
     cfg = config or CompactnessConfig()
-    run = common.load_run(run_dir, device, data)
+    run = open_run(run_dir, data, device)
     samples = common.load_samples(run, cfg.split, max_samples=cfg.max_samples, seed=cfg.seed)
     describe, results = semantic_compactness(run.model, samples.images, samples.labels,
                                              run.device, cfg)

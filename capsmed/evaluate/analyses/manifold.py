@@ -49,6 +49,7 @@ from capsmed.data.contract import SplitData
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import pyplot, save_figure
+from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +300,7 @@ def analyze_manifold(run_dir: Path, config: ManifoldConfig | None = None,
     """Paper 003's manifold test of ``run_dir``; writes ``RUN_DIR/analysis/manifold/``.
     Returns the record and the folder."""
     cfg = config or ManifoldConfig()
-    run = common.load_run(run_dir, device, data)
+    run = open_run(run_dir, data, device)
     samples = common.load_samples(run, cfg.split, with_meta=True)
     digits = single_digits(samples)
     rows, panels, first_grid = [], [], None

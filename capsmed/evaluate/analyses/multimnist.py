@@ -14,17 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
+from capsmed.data.contract import SECOND_LABEL
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses.common import (
     analysis_dir,
     class_scores,
-    load_run,
     load_samples,
     two_digit_hits,
     write_csv,
     write_json,
 )
-from capsmed.train.run_data import SECOND_LABEL
+from capsmed.runs import open_run
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def analyze_multimnist(run_dir: Path, device: str = "auto", data: Path | None = 
                        split: str = "test", batch_size: int = 256) -> tuple[MultiMnistResult,
                                                                              Path]:
     """Two-digit accuracy of ``run_dir`` on a two-label (MultiMNIST) split."""
-    run = load_run(run_dir, device, data)
+    run = open_run(run_dir, data, device)
     samples = load_samples(run, split, with_meta=True)
     if SECOND_LABEL not in samples.meta:
         raise CapsmedError(f"{run.data_path}: split '{split}' has no second label (meta "

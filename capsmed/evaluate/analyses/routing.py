@@ -37,6 +37,7 @@ from torch import nn
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import pyplot, save_figure
+from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def checkpoint_entropy(model: nn.Module, images: np.ndarray, device: torch.devic
 def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
                     batch_size: int = 256) -> RoutingResult:
     """The routing entropy of one run over training and at its kept checkpoint."""
-    run = common.load_run(run_dir, device)
+    run = open_run(run_dir, device=device)
     require_couplings(run.model, run.run_dir, run.arch)
     curve = read_entropy_curve(run.run_dir)
     samples = common.load_samples(run, split)

@@ -30,7 +30,6 @@ resumed, so a long protocol can be restarted.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +39,12 @@ import numpy as np
 import yaml
 from torch import nn
 
-from capsmed.data.contract import read_info, read_meta
+from capsmed.data.contract import SECOND_LABEL, is_two_label, read_info, read_meta
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import pyplot, save_figure
-from capsmed.train.run_data import SECOND_LABEL
+from capsmed.train.run_data import TEST_ROWS
+from capsmed.yamlfile import read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +103,9 @@ def transferable_layers(model: nn.Module) -> list[tuple[str, ...]]:
 
 
 def _meta(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "checkpoint.json"
-    if not path.is_file():
-        raise CapsmedError(f"{run_dir}: no checkpoint (checkpoint.json); is it a finished "
-                           "run of capsmed train?")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CapsmedError(f"{path}: malformed checkpoint metadata ({exc.msg})") from None
+    from capsmed.runs.checkpoint import checkpoint_meta
+
+    return checkpoint_meta(run_dir)
 
 
 def _model_options(meta: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +123,7 @@ def _check_trained_on(run_dir: Path, data: Path, what: str) -> None:
     from capsmed.data.digest import file_digest
 
     config_path = Path(run_dir) / "config.yaml"
-    config = (yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    config = (read_yaml(config_path)
               if config_path.is_file() else {}) or {}
     saved = (config.get("dataset") or {}).get("digest")
     trained = (config.get("train") or {}).get("data") or _meta(run_dir).get("data")
@@ -148,8 +143,8 @@ def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
     out = Path(cfg.out)
     config_path = out / "config.yaml"
     if config_path.is_file():
-        saved = yaml.safe_load(config_path.read_text(encoding="utf-8"))["train"]
-        ours = _normalised(cfg.resolved(read_info(Path(cfg.data)).dataset).to_dict())
+        saved = read_yaml(config_path)["train"]
+        ours = _normalised(cfg.resolved(read_info(Path(cfg.data)).image_domain()).to_dict())
         same = (Path(saved["data"]).resolve() == Path(cfg.data).resolve()
                 and all(saved.get(k) == v for k, v in ours.items()
                         if k not in ("data", "out")))
@@ -180,18 +175,15 @@ def _check_layers(model: nn.Module, layers: list[tuple[str, ...]]) -> None:
 
 
 def _accuracy(run_dir: Path, data: Path, batch_size: int, device: str) -> float:
-    from capsmed.device import select_device
-    from capsmed.train.checkpoint import load_checkpoint
-    from capsmed.train.run_data import load_run_split
+    from capsmed.runs import open_run
 
-    dev = select_device(device)
-    model, _ = load_checkpoint(run_dir, dev)
-    samples = load_run_split(run_dir, data, "test")
-    if not common.is_two_label(data, "test"):
+    run = open_run(run_dir, data, device)
+    model, dev, samples = run.model, run.device, run.samples("test")
+    if not is_two_label(data, "test"):
         return common.accuracy(common.predict(model, samples.images, dev, batch_size),
                                samples.labels)
     # two digits per image (paper 003 s3.3's multi-MNIST tasks): both in the top two
-    if (run_dir / "test_indices.npy").is_file():
+    if (run_dir / TEST_ROWS).is_file():
         raise CapsmedError(f"{data}: a two-label file with cross-validation folds is not "
                            "supported by analyze transfer")
     second = read_meta(data, "test", SECOND_LABEL).astype(np.int64)

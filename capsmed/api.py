@@ -1,0 +1,94 @@
+"""capsmed as a Python library: the functions behind the commands, one call each.
+
+    import capsmed
+
+    data = capsmed.preprocess("folder", "images/", "shapes.h5", size=28, channels=1,
+                              group_pattern=r"^(P\\d+)_")
+    run_dir = capsmed.train_run(data, "capsnet", epochs=10)
+    report = capsmed.evaluate_run(run_dir).report      # per-class precision, ...
+    run = capsmed.load_run(run_dir)                    # the model, its classes, ...
+    scores = run.predict(images)                       # uint8 [N, C, H, W] -> [N, K]
+    capsmed.export_run(run_dir, "model.onnx")
+
+(``capsmed.train``, ``capsmed.evaluate`` and ``capsmed.predict`` are the packages; the
+functions end in ``_run`` / ``_inputs``.)
+
+Options are the fields of each step's config dataclass (the same names as the command
+line's flags, with underscores); see ``capsmed <command> --help``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["evaluate_run", "export_run", "load_run", "predict_inputs", "preprocess", "train_run"]
+
+
+def preprocess(source: str, inputs: Path | str | list[Path], output: Path | str,
+               overwrite: bool = False, **options: Any) -> Path:
+    """``capsmed preprocess <source>``: raw files -> one dataset file.
+
+    Args:
+        source: A registered source (``tupac16``, ``folder``, ``wsi``, ...).
+        inputs: Its raw folder (a list of slides and folders for ``wsi``).
+        output: The ``.h5`` file to write.
+        overwrite: Replace ``output`` if it exists.
+        **options: Fields of the source's config (``capsmed preprocess <source>
+            --help``), e.g. ``size=28``, ``domain="digits"``.
+    """
+    from capsmed.data.sources import get_source
+
+    entry = get_source(source)
+    config = entry.config(**options) if entry.config is not None else None
+    given = [Path(p) for p in inputs] if isinstance(inputs, list) else Path(inputs)
+    return Path(entry.hook("preprocess")(given, Path(output), config, overwrite=overwrite))
+
+
+def train_run(data: Path | str, arch: str, **options: Any) -> Path:
+    """``capsmed train``: one run; returns its directory. ``options`` are the fields of
+    :class:`capsmed.train.config.TrainConfig` (``epochs``, ``fraction``, ``out``, ...)."""
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train as run_training
+
+    config = TrainConfig.from_dict({"data": str(data), "arch": arch, **options},
+                                   origin="capsmed.train")
+    return run_training(config)
+
+
+def evaluate_run(run_dir: Path | str, **options: Any) -> Any:
+    """``capsmed evaluate``: the report of a run (:class:`~capsmed.evaluate.evaluation.
+    Evaluation`, written to ``run_dir/report/``); ``options`` as ``evaluate_run``'s."""
+    from capsmed.evaluate import evaluation
+
+    return evaluation.evaluate_run(Path(run_dir), **options)
+
+
+def load_run(run_dir: Path | str, device: str = "cpu") -> Any:
+    """A trained run, checked and loaded (:class:`capsmed.runs.OpenRun`): its
+    ``model``, ``class_names``, ``input_shape``, ``record()`` of the preprocessing, and
+    ``predict(images)`` for model-ready uint8 images [N, C, H, W]."""
+    from capsmed.runs import open_run
+
+    return open_run(Path(run_dir), device=device, need_data=False)
+
+
+def predict_inputs(run_dir: Path | str, inputs: list[Path | str], out_dir: Path | str,
+            **options: Any) -> Any:
+    """``capsmed predict``: raw images, folders or slides, their preprocessing replayed;
+    writes ``out_dir`` and returns the :class:`~capsmed.predict.engine.Prediction`.
+    ``options`` are the fields of :class:`~capsmed.predict.config.PredictOptions`."""
+    from capsmed.predict.config import PredictOptions
+    from capsmed.predict.engine import predict as run_predict
+
+    return run_predict(Path(run_dir), [Path(p) for p in inputs], Path(out_dir),
+                       PredictOptions(**options))
+
+
+def export_run(run_dir: Path | str, output: Path | str, format: str = "onnx",
+           overwrite: bool = False) -> Path:
+    """``capsmed export``: the run's model as an ONNX, TorchScript or ``torch.export``
+    file returning its class scores, with its classes and preprocessing as metadata."""
+    from capsmed.runs import export
+
+    return export.export_run(Path(run_dir), Path(output), format, overwrite=overwrite)

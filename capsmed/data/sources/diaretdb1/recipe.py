@@ -1,0 +1,56 @@
+"""``capsmed predict`` on a DIARETDB1 run: CLAHE on LAB lightness, the green channel,
+windows inside the field of view (the official mask, or one estimated per image)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from capsmed.data.replay.images import PatchRecipe, recorded
+from capsmed.data.sources.diaretdb1.layout import read_fundus_mask
+from capsmed.data.sources.diaretdb1.reader import enhance_fundus
+from capsmed.errors import CapsmedError
+
+
+def estimate_fov(rgb: np.ndarray, threshold: int = 20) -> np.ndarray:
+    """A fundus photograph's field of view (bool): the largest bright region (any
+    channel above ``threshold``) with its holes filled; the surround is black."""
+    bright = (rgb.max(axis=-1) > threshold).astype(np.uint8)
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(bright, connectivity=8)
+    if n < 2:
+        return np.zeros(rgb.shape[:2], dtype=bool)
+    largest = (labels == 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))).astype(np.uint8)
+    contours, _ = cv2.findContours(largest, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    filled = np.zeros_like(largest)
+    cv2.drawContours(filled, contours, -1, 1, thickness=cv2.FILLED)
+    return filled.astype(bool)
+
+
+class FundusPatches(PatchRecipe):
+    """DIARETDB1: CLAHE green over the field of view, windows inside it."""
+
+    accepts = frozenset({"stride", "min_tissue", "fov_mask"})
+
+    def channel_and_mask(self, path: Path, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                     float, dict[str, Any]]:
+
+        given = self.overrides.fov_mask
+        mask = read_fundus_mask(given) if given else estimate_fov(rgb)
+        if mask.shape != rgb.shape[:2]:
+            raise CapsmedError(f"{path}: image is {rgb.shape[1]}x{rgb.shape[0]} but the "
+                               f"field-of-view mask {given} is {mask.shape[1]}x{mask.shape[0]}")
+        if not mask.any():
+            raise CapsmedError(f"{path}: no field of view found (a black image?); pass "
+                               "--fov-mask")
+        rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+        box = (slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1))
+        green = enhance_fundus(rgb, mask, box, float(recorded(self.record, "clip_limit")),
+                               tuple(recorded(self.record, "tile_grid")))
+        needed = self.overrides.min_tissue
+        needed = float(recorded(self.record, "min_fov") if needed is None else needed)
+        notes = {"fov_mask": str(given) if given else
+                 "estimated: largest region brighter than 20, holes filled"}
+        return green, mask, needed, notes

@@ -1,0 +1,75 @@
+"""The parameters of ``capsmed preprocess folder`` (any folder of class subfolders)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
+from capsmed.data.sources.common import check_fractions, default_fractions
+from capsmed.errors import CapsmedError
+
+
+@dataclass(frozen=True)
+class FolderConfig:
+    """Every parameter of class-folder preprocessing; all of it is recorded in the file.
+
+    Attributes:
+        classes: Class folders to use, in label order; None = every subfolder, sorted.
+        channels: 1 (grey) or 3 (RGB); None = taken from the first image (grey -> 1,
+            colour -> 3), and every other image is converted to it.
+        size: Output side (square); None keeps the native size, which then must be the
+            same for every image.
+        keep_aspect: Resize the longer side to ``size`` and pad the shorter one centrally
+            with black, instead of stretching to a square.
+        scale16: How 16-bit images become 8-bit: ``full`` maps 0..65535 to 0..255
+            (``round(v / 257)``; absolute intensities kept), ``minmax`` stretches each
+            image's own min..max to 0..255.
+        group_pattern: Regex with one capture group, searched in each file name; the
+            capture is the sample's group (patient).
+        groups_csv: CSV of ``file,group`` rows, file paths relative to ROOT.
+        fractions: Group-level split fractions (sum to 1), used unless ``split_files``
+            or ``folds`` is given.
+        split_files: ``{split: path}`` lists of group ids, one per line.
+        folds: Write one split ``all`` with stratified group k-fold indices instead.
+        seed: Seed for the split / fold assignment.
+        name: Dataset name recorded in the file; None = ROOT's folder name.
+        workers: Processes reading images (0 = one per CPU, up to 8).
+        allow_group_leak: Write even if a group lands in two splits.
+        domain: What the images show (:mod:`capsmed.data.domains`): training's default
+            learning rate and augmentation follow it (generic: no flips; digits: never
+            flipped).
+    """
+
+    classes: tuple[str, ...] | None = None
+    channels: int | None = None
+    size: int | None = None
+    keep_aspect: bool = False
+    scale16: str = "full"
+    group_pattern: str | None = None
+    groups_csv: str | None = None
+    fractions: dict[str, float] = field(default_factory=default_fractions)
+    split_files: dict[str, str] | None = None
+    folds: int | None = None
+    seed: int = 0
+    name: str | None = None
+    workers: int = 0
+    allow_group_leak: bool = False
+    domain: str = DEFAULT_DOMAIN
+
+    def __post_init__(self) -> None:
+        if self.channels not in (None, 1, 3):
+            raise CapsmedError(f"channels must be 1 or 3, got {self.channels}")
+        if self.size is not None and not 4 <= self.size <= 4096:
+            raise CapsmedError(f"size must be within 4..4096, got {self.size}")
+        if self.keep_aspect and self.size is None:
+            raise CapsmedError("keep_aspect needs a size to fit the images into")
+        if self.scale16 not in ("full", "minmax"):
+            raise CapsmedError(f"scale16 must be 'full' or 'minmax', got {self.scale16!r}")
+        if self.group_pattern and self.groups_csv:
+            raise CapsmedError("give either a group pattern or a groups CSV, not both")
+        check_fractions(self.fractions)
+        get_domain(self.domain)
+        if self.folds is not None and (self.folds < 2 or self.folds > 127):
+            raise CapsmedError(f"folds must be within 2..127, got {self.folds}")
+        if self.folds is not None and self.split_files:
+            raise CapsmedError("folds and split files exclude each other")

@@ -1,0 +1,97 @@
+"""The public Python API (capsmed.preprocess, train_run, evaluate_run, load_run,
+predict_inputs, export_run) and
+capsmed export: every format loads back outside capsmed's code and gives the scores
+capsmed itself reports, with the classes and preprocessing as metadata."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import capsmed
+from capsmed.data.contract import load_split
+from capsmed.data.sources.folder.synth import write_class_folders
+from capsmed.errors import CapsmedError
+from capsmed.runs.export import load_exported
+from tests.faults.common import assert_refused, invoke
+from tests.helpers import TINY
+
+
+@pytest.fixture(scope="module")
+def api_run(tmp_path_factory):
+    """A class-folder set and a tiny lenet and capsnet trained on it, all through the
+    public API."""
+    work = tmp_path_factory.mktemp("api")
+    write_class_folders(work / "images", classes=3, images_per_class=10, patients=5,
+                        size=32, seed=0)
+    data = capsmed.preprocess("folder", work / "images", work / "shapes.h5", size=28,
+                              channels=1, group_pattern=r"^(P\d+)_", workers=1,
+                              fractions={"train": 0.6, "val": 0.2, "test": 0.2})
+    runs = {arch: capsmed.train_run(data, arch, epochs=1, batch_size=8, seed=0, device="cpu",
+                                out=str(work / arch), model_kwargs=TINY[arch])
+            for arch in ("lenet", "capsnet")}
+    return data, runs
+
+
+def test_the_api_trains_evaluates_and_predicts_on_arrays(api_run):
+    data, runs = api_run
+    report = capsmed.evaluate_run(runs["lenet"], grids=False, disable_progress=True).report
+    test = load_split(data, "test")
+    run = capsmed.load_run(runs["lenet"])
+    scores = run.predict(test.images)
+    assert scores.shape == (len(test), 3) and np.allclose(scores.sum(axis=1), 1)
+    assert run.class_names == ("circle", "square", "triangle")
+    predicted = scores.argmax(axis=1)
+    assert report.accuracy == pytest.approx(float((predicted == test.labels).mean()))
+    assert np.array_equal(run.predict(test.images[0]), scores[:1])  # one image [C, H, W]
+    with pytest.raises(CapsmedError, match=r"uint8 images \[N, 1x28x28\]"):
+        run.predict(test.images.astype(np.float32))
+    with pytest.raises(CapsmedError, match="got uint8 \\[2, 1, 32, 32\\]"):
+        run.predict(np.zeros((2, 1, 32, 32), np.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "exported-program"])
+def test_an_exported_model_gives_the_runs_scores_with_its_metadata(api_run, tmp_path, fmt):
+    data, runs = api_run
+    test = load_split(data, "test")
+    for arch, run_dir in runs.items():
+        path = capsmed.export_run(run_dir, tmp_path / f"{arch}.{fmt}", format=fmt)
+        forward, meta = load_exported(path, fmt)
+        got = forward(test.images.astype(np.float32) / 255.0)
+        assert np.allclose(got, capsmed.load_run(run_dir).predict(test.images), atol=1e-5)
+        assert meta["class_names"] == ["circle", "square", "triangle"] and meta["arch"] == arch
+        assert meta["input"]["shape"] == [1, 28, 28]
+        assert meta["preprocessing"]["source_kind"] == "folder"
+        assert meta["preprocessing"]["parameters"]["size"] == 28
+
+
+@pytest.mark.slow
+def test_onnx_runs_in_onnx_runtime_with_the_runs_scores(api_run, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    data, runs = api_run
+    test = load_split(data, "test")
+    for arch, run_dir in runs.items():
+        result = invoke(["export", run_dir, "-o", tmp_path / f"{arch}.onnx"])
+        assert result.exit_code == 0, result.output
+        forward, meta = load_exported(tmp_path / f"{arch}.onnx", "onnx")
+        got = forward(test.images.astype(np.float32) / 255.0)
+        assert np.allclose(got, capsmed.load_run(run_dir).predict(test.images), atol=1e-5)
+        props = {p.key: p.value for p in onnx.load(str(tmp_path / f"{arch}.onnx")
+                                                   ).metadata_props}
+        assert json.loads(props["capsmed"])["class_names"] == meta["class_names"]
+
+
+def test_export_refuses_bad_requests(api_run, tmp_path):
+    _, runs = api_run
+    out = tmp_path / "m.onnx"
+    assert_refused(invoke(["export", runs["lenet"], "-o", out, "--format", "keras"]),
+                   "--format", text="onnx, torchscript, exported-program", absent=[out])
+    out.write_text("keep")
+    assert_refused(invoke(["export", runs["lenet"], "-o", out, "--format", "torchscript"]),
+                   out, text="--overwrite", unchanged={out: b"keep"})
+    other = tmp_path / "m.pt"
+    assert_refused(invoke(["export", tmp_path, "-o", other, "--format", "torchscript"]),
+                   tmp_path, absent=[other])

@@ -1,0 +1,38 @@
+"""What a person reads (issue 23): a short study through the CLI in an 80-column log
+(a pipe, CI) says each event once and runs no line past 80 columns (evaluate, analyze
+routing and report: tests/test_evaluate_extras.py, test_analyze.py, test_report.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+from typer.testing import CliRunner
+
+from capsmed.cli import app
+
+runner = CliRunner()
+TINY_LENET_ARGS = ["--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]"]
+
+
+def test_a_short_study_says_each_event_once_within_80_columns(tiny_raw, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_raw, "raw")
+    run = "runs/tupac16-lenet-fraction-0.5-seed0-057f80bb72f2-and-a-long-tail"
+    said = []
+    for args in (["preprocess", "tupac16", "raw", "-o", "data/tupac16.h5",
+                  "--positives-per-mitosis", "2", "--workers", "1", "--seed", "0"],
+                 ["train", "--data", "data/tupac16.h5", "--arch", "lenet", "--epochs", "2",
+                  "--batch-size", "16", "--fraction", "0.5", "--out", run,
+                  *TINY_LENET_ARGS],
+                 ["runs", "ls", "runs"]):
+        result = runner.invoke(app, args, terminal_width=80, env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output + result.stderr
+        said.append(result.stdout + result.stderr)
+    text = "\n".join(said)
+    long = [line for line in text.splitlines() if len(line) > 80]
+    assert not long, "\n".join(long)
+    assert text.count("wrote data/tupac16.h5") == 1  # the writer's log, not echoed again
+    for epoch in (1, 2):
+        assert text.count(f"epoch {epoch}/2:") == 1  # the log line; no leftover bar
+    assert "run saved to" in said[1] and "inspect it with: capsmed data info" in said[0]
