@@ -133,6 +133,7 @@ def test_a_run_requeued_five_times_ends_bit_identical(tmp_path):
     raw = yaml.safe_load(SMOKE.read_text())  # the run's limit: 1 min (not its data's)
     path = _study(tmp_path, name, resources={"cpus": 1}, rules=[
         *raw["rules"], {"when": {"arch": "capsnet"}, "resources": {"time_min": 1}}],
+        train={**raw["train"], "patience": None},  # all 100 epochs: several windows
         executor={"slurm": {"signal_lead_s": 25, "poll_s": 2}})
     args = [str(path), "--set", "epochs=100", "--only", "arch=capsnet,seed=0,condition=full"]
     out = tmp_path / "slurm"

@@ -37,7 +37,7 @@ from capsmed.pipeline.checks import (
 from capsmed.pipeline.executors import check_executor_section
 from capsmed.pipeline.placeholders import fail, interpolate
 from capsmed.pipeline.stages import Stage, read_stages
-from capsmed.pipeline.yamlfile import read_yaml
+from capsmed.pipeline.yamlfile import read_pipeline_yaml
 from capsmed.train.config import TrainConfig
 
 TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "exclude",
@@ -284,7 +284,7 @@ def _check_run_filter(arg: str, runs: list[RunSpec], axes: Mapping[str, list[str
 def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pipeline:
     """Read and expand ``path``; ``overrides`` are ``--set`` variables."""
     path = Path(path)
-    raw = read_yaml(path)
+    raw = read_pipeline_yaml(path)
     if not isinstance(raw, dict) or not raw.get("name"):
         raise fail(path, "a pipeline is a mapping with at least 'name' and 'grid'")
     bad = sorted(set(raw) - TOP_KEYS)
