@@ -26,6 +26,7 @@ from capsmed.pipeline.executors.base import Executor
 from capsmed.pipeline.executors.local import LocalExecutor
 from capsmed.pipeline.resources import Resources
 from capsmed.pipeline.work import FAILED, FINISHED, JobState, Placement, WorkItem
+from tests.pipeline_stand_ins import finish_run
 
 SMOKE = Path(__file__).resolve().parents[1] / "pipelines" / "smoke.yaml"
 
@@ -197,10 +198,7 @@ def test_a_new_executor_is_one_module_and_one_registry_line(tmp_path, monkeypatc
         stage.output.write_bytes(b"data")
 
     def train(state, run, run_id, placement):
-        run_dir = state.run_dir(run, run_id)
-        (run_dir / "report").mkdir(parents=True)
-        (run_dir / "summary.json").write_text("{}")
-        (run_dir / "report" / "report.json").write_text("{}")
+        finish_run(state.run_dir(run, run_id))
 
     monkeypatch.setattr(tasks, "execute_stage", make)
     monkeypatch.setattr(tasks, "execute_run", train)

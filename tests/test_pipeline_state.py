@@ -25,6 +25,7 @@ from capsmed.pipeline.spec import load_pipeline
 from capsmed.pipeline.state import PipelineState
 from capsmed.pipeline.status import run_rows
 from capsmed.pipeline.work import Placement
+from tests.pipeline_stand_ins import finish_run
 
 SMOKE = Path(__file__).resolve().parents[1] / "pipelines" / "smoke.yaml"
 
@@ -46,15 +47,7 @@ def _pipeline(tmp_path: Path, change=None):
 
 def _finished(state: PipelineState, run, evaluation: str = "report",
               files: dict | None = None) -> Path:
-    run_dir = state.run_dir(run, run_identity(run))
-    (run_dir / evaluation).mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps({"epochs_run": 1}))
-    (run_dir / evaluation / "report.json").write_text("{}")
-    for name, value in (files or {}).items():
-        path = run_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(value))
-    return run_dir
+    return finish_run(state.run_dir(run, run_identity(run)), (evaluation,), files)
 
 
 def _run(pipeline, label):

@@ -152,6 +152,9 @@ def training_argv(state: PipelineState, run: RunSpec, run_id: str, placement: Pl
     status = file_status(run_dir)
     if status == "started" and prepare:  # killed before its folder was whole: start over
         shutil.rmtree(run_dir)
+    if status == "trained" and prepare and state.damaged(run_dir):
+        set_aside(run_dir)  # kept for a look; the run trains again from the start
+        status = "pending"
     if status in ("started", "pending"):
         config = state.config_path(run_id)  # every rank writes the same text, atomically
         write_text_atomic(config, yaml.safe_dump(run.train, sort_keys=False))
@@ -161,6 +164,16 @@ def training_argv(state: PipelineState, run: RunSpec, run_id: str, placement: Pl
     else:
         return []
     return capsmed_argv(*args, processes=placement.processes)
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move a damaged run folder to ``<folder>.damaged-N`` (the first free N)."""
+    n = 1
+    while run_dir.with_name(f"{run_dir.name}.damaged-{n}").exists():
+        n += 1
+    aside = run_dir.with_name(f"{run_dir.name}.damaged-{n}")
+    os.replace(run_dir, aside)
+    return aside
 
 
 def execute_run(state: PipelineState, run: RunSpec, run_id: str,
@@ -188,7 +201,7 @@ def execute_run(state: PipelineState, run: RunSpec, run_id: str,
         args += ["--batch-size", str(e.batch_size)] if e.batch_size else []
         if run_logged(capsmed_argv(*args), log, placement.env) != 0:
             return f"evaluation '{e.name}' failed; see {log}"
-    return None
+    return state.damaged(run_dir)  # weights read once here: later checks only stat them
 
 
 def analysis_runs(analysis: Analysis, runs: Sequence[RunSpec]) -> list[RunSpec]:

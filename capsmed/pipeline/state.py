@@ -32,7 +32,8 @@ from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.spec import RunSpec
 
-STATES = ("pending", "outdated", "started", "interrupted", "trained", "failed", "done")
+STATES = ("pending", "outdated", "started", "interrupted", "trained", "damaged", "failed",
+          "done")
 
 
 def evaluation_current(run_dir: Path, evaluation: Any) -> bool:
@@ -59,6 +60,7 @@ class PipelineState:
         self.out = Path(out)
         self.records = self.out / ".capsmed-run"
         self._lock_token: str | None = None  # set while this object holds the lock
+        self._verified: Any = None
 
     def keep_digests(self) -> PipelineState:
         """Keep the data files' content digests in the study's records, so that a later
@@ -89,12 +91,23 @@ class PipelineState:
         record = {**self.read_record(run_id), **fields, "updated": time.time()}
         write_text_atomic(self._record_path(run_id), json.dumps(record, indent=1) + "\n")
 
+    def damaged(self, run_dir: Path) -> str | None:
+        """Why a trained run's weights are not the ones its training recorded, if so."""
+        if self._verified is None:
+            from capsmed.pipeline.verify import Verified
+
+            self._verified = Verified(self.records)
+        return self._verified.problem(run_dir)
+
     def status(self, run: RunSpec, run_id: str | None) -> str:
-        """pending / started / interrupted / trained / failed / done, from the files."""
+        """pending / started / interrupted / trained / damaged / failed / done, from the
+        files (damaged: trained, but its weights are not the ones recorded)."""
         if run_id is None:
             return "pending"
         run_dir = self.run_dir(run, run_id)
         if (run_dir / "summary.json").is_file():
+            if self.damaged(run_dir):
+                return "damaged"
             if all(evaluation_current(run_dir, e) for e in run.evaluations):
                 return "done"
             state = "trained"

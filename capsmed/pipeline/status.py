@@ -23,7 +23,8 @@ FINISHED, NOT_SUBMITTED = "finished", "not submitted"
 ORDER = (FINISHED, RUNNING, QUEUED, FAILED, NOT_SUBMITTED)
 REPETITIONS = ("seed", "fold")  # fields a group is summed over first
 WAITING = {"pending": "", "started": "", "interrupted": "interrupted, resumes",
-           "trained": "trained, not evaluated", "outdated": "its data will be made again"}
+           "trained": "trained, not evaluated", "outdated": "its data will be made again",
+           "damaged": "its weights are damaged: trains again"}
 
 
 @dataclass
