@@ -115,6 +115,15 @@ def test_slurm_example_pipeline(tmp_path):
     assert study[0]["runs"] == 4
 
 
+def _wait_for(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def _state(job: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=ENV,
                           capture_output=True, text=True).stdout.strip()
@@ -133,9 +142,9 @@ def test_a_run_requeued_five_times_ends_bit_identical(tmp_path):
     raw = yaml.safe_load(SMOKE.read_text())  # the run's limit: 1 min (not its data's)
     path = _study(tmp_path, name, resources={"cpus": 1}, rules=[
         *raw["rules"], {"when": {"arch": "capsnet"}, "resources": {"time_min": 1}}],
-        train={**raw["train"], "patience": None},  # all 100 epochs: several windows
+        train={**raw["train"], "patience": None},  # all 150 epochs: several windows
         executor={"slurm": {"signal_lead_s": 25, "poll_s": 2}})
-    args = [str(path), "--set", "epochs=100", "--only", "arch=capsnet,seed=0,condition=full"]
+    args = [str(path), "--set", "epochs=150", "--only", "arch=capsnet,seed=0,condition=full"]
     out = tmp_path / "slurm"
     started = _run(*args, "--set", f"out={out}", "--executor", "slurm", "--detach")
     assert started.returncode == 0, started.stdout + started.stderr
@@ -190,6 +199,7 @@ def test_a_killed_runner_is_re_attached_and_a_cancelled_job_named(tmp_path):
     assert detached.returncode == 0, detached.stdout + detached.stderr
     assert "re-attached to" in detached.stdout and "submitted 0 job(s)" in detached.stdout
     victim = _ledger(out)["run:tupac16-lenet-half-seed1"]
+    assert _wait_for(lambda: _state(victim) == "RUNNING", 300)  # sacct then knows it
     subprocess.run(["scancel", victim], env=ENV, check=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -275,8 +275,9 @@ class SlurmExecutor:
             return JobState(FINISHED)
         if note and note.get("reason"):
             return JobState(FAILED, str(note["reason"]))
-        if accounted is None:
-            return JobState(FAILED, "ended without a word (no sacct answer here); see "
+        if accounted is None:  # e.g. an array task cancelled before it ever started
+            return JobState(FAILED, "left Slurm's queue without an accounting record "
+                            "(cancelled before it started, or no sacct here); see "
                             f"{self.folder}")
         state, exit_code = accounted
         word = state.split()[0]
