@@ -81,23 +81,27 @@ def template_run(work: Path, data: Path) -> Path:
 
 
 def fill(pipeline_path: Path, template: Path) -> int:
-    """Every run's folder, finished: the template's files, its own config.yaml."""
+    """Every run's folder, finished: the template's files (hard links), its own
+    config.yaml, and the line its job writes to verified.jsonl as it ends."""
     from capsmed.pipeline.identity import run_identity
     from capsmed.pipeline.spec import load_pipeline
     from capsmed.pipeline.state import PipelineState
 
     pipeline = load_pipeline(pipeline_path)
-    state = PipelineState(pipeline.out)
+    state = PipelineState(pipeline.out).keep_digests()
     config = yaml.safe_load((template / "config.yaml").read_text())
-    made = 0
+    verified = []
     for run in pipeline.runs:
         run_dir = state.run_dir(run, run_identity(run))
-        if (run_dir / "report" / "report.json").is_file():
-            continue
-        shutil.copytree(template, run_dir, dirs_exist_ok=True)
-        config["train"].update({k: v for k, v in run.train.items() if k != "evaluate"})
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        made += 1
+        if not (run_dir / "report" / "report.json").is_file():
+            shutil.copytree(template, run_dir, copy_function=os.link, dirs_exist_ok=True)
+            (run_dir / "config.yaml").unlink()  # a link: write this run's own
+            config["train"].update(run.train)
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        st = (run_dir / "checkpoint.safetensors").stat()
+        verified.append(json.dumps({"run": str(run_dir),
+                                    "stat": [st.st_size, st.st_mtime_ns, st.st_ino]}))
+    (state.records / "verified.jsonl").write_text("\n".join(verified) + "\n")
     return len(pipeline.runs)
 
 

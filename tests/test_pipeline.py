@@ -208,3 +208,24 @@ def test_estimates_skip_result_lines_that_are_not_training_figures(tmp_path):
     rates = user_rates(tmp_path)
     assert [(r.arch, r.batch, r.images_per_s, r.device, r.size) for r in rates] == [
         ("lenet", 32, 900.0, "cpu", 28)]
+
+
+@pytest.mark.slow
+def test_detach_runs_the_local_executor_in_the_background_and_wait_follows_it(tmp_path):
+    path = _pipeline(tmp_path)
+    select = ["--only", "arch=lenet,condition=full"]
+    started = time.monotonic()
+    detached = _capsmed_run(str(path), *select, "--detach")
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    assert "runner started in the background" in detached.stdout
+    assert time.monotonic() - started < 60  # it returned before the runs finished
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    waited = subprocess.run([sys.executable, "-m", "capsmed", "run", "wait", str(path),
+                             *select], cwd=elsewhere, capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert "waiting for the runner" in waited.stdout
+    assert len(_done_dirs(tmp_path / "out")) == 2
+    assert (tmp_path / "out" / "report" / "study.md").is_file()
+    assert not (tmp_path / "out" / ".capsmed-run" / "runner.lock").exists()

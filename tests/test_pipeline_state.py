@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -284,5 +286,33 @@ def test_a_dead_runners_lock_is_taken_and_only_ones_own_lock_released(tmp_path):
     assert json.loads(_lock(state).read_text())["token"] == "theirs"
     _lock(state).unlink()
     state.acquire_lock()
+    state.release_lock()
+    assert not _lock(state).exists()
+
+
+def test_a_full_disk_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
+    """A full disk made the lock file but not its text: every rerun then met an
+    unreadable lock and exited 1, after the space was freed."""
+    import errno
+    import io
+
+    state = PipelineState(tmp_path)
+    real = state_module.os.fdopen
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state_module.os, "fdopen", lambda fd, *a, **k: (
+        state_module.os.close(fd), Full())[1])
+    with pytest.raises(CapsmedError, match="cannot write .No space left on device.; make "
+                                           "room and run again"):
+        state.acquire_lock()
+    assert not _lock(state).exists()
+    monkeypatch.setattr(state_module.os, "fdopen", real)
+    _lock(state).write_text("")  # as an older capsmed, or a killed runner, left it
+    old = time.time() - 120
+    os.utime(_lock(state), (old, old))
+    state.acquire_lock()  # taken over: a live runner writes its lock at once
     state.release_lock()
     assert not _lock(state).exists()

@@ -114,12 +114,18 @@ def matching_rate(run: RunSpec, shape: Mapping[str, Any], gpus: int,
 
 
 def estimate_run(pipeline: Pipeline, run: RunSpec, gpus: int,
-                 rates: list[Rate] | None = None) -> tuple[float, Rate] | None:
+                 rates: list[Rate] | None = None,
+                 shapes: dict[str, Any] | None = None) -> tuple[float, Rate] | None:
     """Seconds of training and the rate they come from; None without a fitting rate
-    (a multi-GPU run, whose scaling was not measured, gets none)."""
+    (a multi-GPU run, whose scaling was not measured, gets none). ``shapes`` keeps
+    each data file's shape across calls (a grid reads each file once)."""
     if gpus > 1 or not _default_model(run):
         return None
-    shape = data_shape(pipeline, run)
+    shapes = shapes if shapes is not None else {}
+    key = f"{run.train.get('data')}|{run.stage}"
+    if key not in shapes:
+        shapes[key] = data_shape(pipeline, run)
+    shape = shapes[key]
     if shape is None:
         return None
     images = training_images(run, shape.get("splits") or {})

@@ -69,11 +69,11 @@ def _estimates(view: Overview, planned: Sequence, options: RunOptions,
     from capsmed.pipeline.estimate import RATES, estimate_run, estimate_summary, user_rates
 
     rates = [*user_rates(), *RATES]
-    found = {}
+    found, shapes = {}, {}
     for run, _, _ in planned:
         gpus = job_resources(run.resources, options.resources, f"run {run.label}",
                              view.pipeline.path, gpus_here, options.allow_cpu).gpus or 0
-        estimate = estimate_run(view.pipeline, run, gpus, rates)
+        estimate = estimate_run(view.pipeline, run, gpus, rates, shapes)
         if estimate is not None:
             found[run.label] = estimate
     view.estimates = {label: seconds for label, (seconds, _) in found.items()}

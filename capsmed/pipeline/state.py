@@ -154,8 +154,13 @@ class PipelineState:
                     told = True
                 time.sleep(wait_seconds or 0)
                 continue
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(mine))
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps(mine))
+            except OSError as exc:  # a full disk: no empty lock may stay behind
+                lock.unlink(missing_ok=True)
+                raise CapsmedError(f"{lock}: cannot write ({exc.strerror}); make room "
+                                   "and run again") from None
             self._lock_token = mine["token"]
             return
         raise CapsmedError(f"{lock}: another runner keeps taking this lock; wait for it")
@@ -200,9 +205,14 @@ def lock_holder(lock: Path) -> int | None:
     return int(info.get("pid", 0) or 0) or None
 
 
+STALE_EMPTY_LOCK_S = 30.0  # a runner writes its lock within microseconds of making it
+
+
 def _read_lock(lock: Path) -> dict | None:
     """The lock's contents; None if it is gone. A lock being written (empty) is waited
-    for a moment; one that stays unreadable is refused."""
+    for a moment; one that stays unreadable and is older than STALE_EMPTY_LOCK_S was
+    left by a runner that died (or ran out of disk) while writing it: it is removed.
+    A recent one that stays unreadable is refused."""
     for _ in range(20):
         try:
             text = lock.read_text(encoding="utf-8")
@@ -213,6 +223,10 @@ def _read_lock(lock: Path) -> dict | None:
             if isinstance(info, dict):
                 return info
         time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        if time.time() - lock.stat().st_mtime > STALE_EMPTY_LOCK_S:
+            lock.unlink()
+            return None
     raise CapsmedError(f"{lock}: unreadable runner lock; if no capsmed run uses this "
                        "folder, delete it")
 
