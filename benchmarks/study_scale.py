@@ -1,14 +1,15 @@
 """How ``capsmed run`` scales to a 10,000-run study: dry run, status, and the rerun that
 finds every run finished and writes the report.
 
-The study is generated: one small dataset file (the test suite's synthetic TUPAC16,
-made by ``capsmed synth`` + ``preprocess``), one real run trained and evaluated on it
-(LeNet, one epoch), and a grid of ``arch x lr x batch_size x seed`` (2 x 10 x 5 x 100
-= 10,000 runs) whose run folders are copies of that run with each run's own options
-written into its ``config.yaml``, so every file a command reads is a real capsmed file.
+The study is generated: one small dataset file (synthetic TUPAC16, made by ``capsmed
+synth`` + ``preprocess``), one real run trained and evaluated on it (LeNet, one
+epoch), and a grid of ``fraction x augment x seed`` (100 x 2 x 50 = 10,000 runs: paper
+000's data conditions at scale, 50 repetitions each) whose run folders are copies of
+that run (hard links) with each run's own options written into its ``config.yaml``,
+so every file a command reads is a real capsmed file.
 Then each command is timed as a user runs it, in a fresh process:
 
-    python benchmarks/study_scale.py --workdir /tmp/scale [--runs 10000]
+    PYTHONPATH=. python benchmarks/study_scale.py --workdir /tmp/scale [--runs 10000]
 
 Prints one line per command (seconds) and writes ``WORKDIR/timings.json``.
 """
@@ -27,9 +28,8 @@ from pathlib import Path
 
 import yaml
 
-LRS = [1e-4, 2e-4, 3e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2e-2]
-BATCHES = [16, 32, 64, 128, 256]
-ARCHS = ["lenet", "capsnet"]
+FRACTIONS = [round(0.01 * i, 2) for i in range(1, 101)]
+AUGMENT = [False, True]
 
 
 def capsmed(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -55,13 +55,15 @@ def make_data(work: Path) -> Path:
 def pipeline_file(work: Path, data: Path, seeds: int) -> Path:
     raw = {"name": "scale", "variables": {"out": str(work / "out")},
            "datasets": {"tupac16": {"output": str(data), "commands": []}},
-           "grid": [{"dataset": ["tupac16"], "arch": ARCHS, "lr": LRS,
-                     "batch_size": BATCHES, "seed": list(range(seeds))}],
-           "train": {"epochs": 1, "device": "cpu"},
+           "grid": [{"dataset": ["tupac16"], "arch": ["lenet"], "fraction": FRACTIONS,
+                     "augment": AUGMENT, "seed": list(range(seeds))}],
+           "train": {"epochs": 1, "batch_size": 16, "device": "cpu"},
            "evaluate": [{"name": "report", "split": "test"}],
            "report": {"metric": "macro_f1", "tables": [
-               {"title": "Macro F1 by learning rate", "rows": "lr", "columns": "arch"},
-               {"title": "Macro F1 by batch", "rows": "batch_size", "columns": "arch"}]}}
+               {"title": "Macro F1 by training fraction", "rows": "fraction",
+                "columns": "augment"},
+               {"title": "Accuracy by training fraction", "rows": "fraction",
+                "columns": "augment", "metric": "accuracy"}]}}
     path = work / "scale.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -82,7 +84,7 @@ def template_run(work: Path, data: Path) -> Path:
 
 def fill(pipeline_path: Path, template: Path) -> int:
     """Every run's folder, finished: the template's files (hard links), its own
-    config.yaml, and the line its job writes to verified.jsonl as it ends."""
+    config.yaml, and what its job writes as it ends (verified.jsonl, the study index)."""
     from capsmed.pipeline.identity import run_identity
     from capsmed.pipeline.spec import load_pipeline
     from capsmed.pipeline.state import PipelineState
@@ -101,7 +103,9 @@ def fill(pipeline_path: Path, template: Path) -> int:
         st = (run_dir / "checkpoint.safetensors").stat()
         verified.append(json.dumps({"run": str(run_dir),
                                     "stat": [st.st_size, st.st_mtime_ns, st.st_ino]}))
+        state.index().evaluated(run_dir, "report")  # what the run's job adds as it ends
     (state.records / "verified.jsonl").write_text("\n".join(verified) + "\n")
+    state.index().save()
     return len(pipeline.runs)
 
 
@@ -119,16 +123,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=10000,
-                        help="grid size (a multiple of 100)")
+                        help="grid size (a multiple of 200)")
     args = parser.parse_args()
     work = args.workdir.absolute()
     work.mkdir(parents=True, exist_ok=True)
     data = make_data(work)
-    path = pipeline_file(work, data, args.runs // (len(ARCHS) * len(LRS) * len(BATCHES)))
+    path = pipeline_file(work, data, args.runs // (len(FRACTIONS) * len(AUGMENT)))
     runs = fill(path, template_run(work, data))
     out = {"runs": runs, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
            "python": platform.python_version(),
-           "command": " ".join(["python", "benchmarks/study_scale.py", *sys.argv[1:]])}
+           "command": " ".join(["PYTHONPATH=. python", "benchmarks/study_scale.py",
+                                *sys.argv[1:]])}
     out["dry_run_s"] = timed("capsmed run --dry-run", "run", "--dry-run", str(path))
     out["status_s"] = timed("capsmed run status", "run", "status", str(path))
     out["status_list_s"] = timed("capsmed run status --list", "run", "status", str(path),

@@ -87,6 +87,7 @@ def write_report(pipeline: Pipeline, state: PipelineState, board: RunBoard) -> N
     from capsmed.pipeline.study import write_study_report
 
     written = write_study_report(pipeline, state, pipeline.runs)
+    state.index().save()
     board.note(f"report: {written}" if written else "no study report: no run of this "
                "pipeline is evaluated yet (any earlier study.md was removed)")
 

@@ -61,6 +61,7 @@ class PipelineState:
         self.records = self.out / ".capsmed-run"
         self._lock_token: str | None = None  # set while this object holds the lock
         self._verified: Any = None
+        self._index: Any = None
 
     def keep_digests(self) -> PipelineState:
         """Keep the data files' content digests in the study's records, so that a later
@@ -90,6 +91,15 @@ class PipelineState:
     def write_record(self, run_id: str, **fields: Any) -> None:
         record = {**self.read_record(run_id), **fields, "updated": time.time()}
         write_text_atomic(self._record_path(run_id), json.dumps(record, indent=1) + "\n")
+
+    def index(self) -> Any:
+        """The study index (:mod:`capsmed.pipeline.index`) of this folder's evaluated
+        runs, read once per PipelineState."""
+        if self._index is None:
+            from capsmed.pipeline.index import StudyIndex
+
+            self._index = StudyIndex(self.records)
+        return self._index
 
     def damaged(self, run_dir: Path) -> str | None:
         """Why a trained run's weights are not the ones its training recorded, if so."""

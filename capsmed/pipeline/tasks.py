@@ -6,6 +6,7 @@ study's folder, so how it ended is known wherever it ran.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ class RunTask:
         outcome = ("done" if reason is None else "interrupted"
                    if reason.startswith(INTERRUPTED_REASON) else "failed")
         state.write_record(run_id, outcome=outcome, reason=reason)
+        if reason is None:
+            _index(state, self.run, run_id)
         return reason
 
     def progress(self) -> object:
@@ -91,6 +94,15 @@ class RunTask:
         except OSError:
             return None
         return (stat.st_mtime_ns, stat.st_size)
+
+
+def _index(state: PipelineState, run: RunSpec, run_id: str) -> None:
+    """Add the finished run's evaluations to the study index (the report reads it)."""
+    index = state.index()
+    with contextlib.suppress(CapsmedError):  # a broken report: the report says so
+        for e in run.evaluations:
+            index.evaluated(state.run_dir(run, run_id), e.name)
+    index.save()
 
 
 @dataclass(frozen=True)
