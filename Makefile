@@ -80,7 +80,7 @@ gpu-check: ## On a CUDA machine: correctness and speed check
 	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_check.py --out benchmarks/results
 
 lint: $(STAMP) ## ruff over the package and tests
-	$(VENV)/bin/ruff check capsmed tests
+	$(VENV)/bin/ruff check capsmed tests benchmarks examples
 
 clean: ## Remove caches, demo output, builds (keeps .venv)
 	rm -rf demo_out build dist *.egg-info .pytest_cache .ruff_cache

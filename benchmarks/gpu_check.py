@@ -10,14 +10,17 @@ Parts (``--parts``, all by default), each written as it finishes to ``OUT/gpu_ch
   class scores within ``FORWARD_TOLERANCE``); 20 training steps on one fixed batch in
   fp32, bf16 and fp16 (every loss finite, the loss goes down); and, on CUDA, steps 4-20
   under ``torch.cuda.set_sync_debug_mode("error")``: a step that waits for the GPU fails.
+* ``train-modes``: ``capsmed train`` (loop, handlers, resume) eager, with
+  ``--cuda-graph``, ``--compile`` and both, in fp32 and bf16, against the eager run;
+  a graph run stopped mid-epoch and resumed; each mode's training img/s.
 * ``demo``: synth -> preprocess -> train -> evaluate through the CLI on the device, with
   the per-class report.
 * ``ddp``: ``torchrun --nproc-per-node N`` (NCCL) for N = 1 .. the GPUs present, against
   the single-process run's loss curve.
 * ``speed``: ``capsmed bench train`` figures (img/s, peak memory) per architecture at its
-  paper's input size, in eager fp32, eager bf16, compiled bf16 and CUDA-graph bf16, at
-  several batch sizes; and a textbook eager fp32 CapsNet (``reference_capsnet.py``)
-  timed in the same process, for the speed-up ratio.
+  paper's input size, in eager fp32 (IEEE: TF32 off), eager bf16, compiled bf16 and
+  CUDA-graph bf16, at several batch sizes; and a textbook eager fp32 CapsNet
+  (``reference_capsnet.py``) timed in the same process, for the speed-up ratio.
 * ``memory``: parallel-dr at 128 px, 12 branches, batch 15; the largest batch that fits
   for each paper input size.
 * ``concurrent``: N capsnet trainings at once on one GPU, their summed img/s.
@@ -30,7 +33,6 @@ size on a CPU (the test suite does). Exit status 1 if any check failed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import datetime as dt
 import json
@@ -40,7 +42,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +58,18 @@ from benchmarks.gpu_check_parts import (  # noqa: E402
     check_demo,
     check_memory,
 )
+from benchmarks.gpu_check_train import check_train_modes  # noqa: E402
 from capsmed.models import create_model, list_models  # noqa: E402
 from capsmed.train.bench import PAPER_SETTINGS, bench_train  # noqa: E402
 from capsmed.train.optim import build_optimizer  # noqa: E402
-from capsmed.train.step import StepSettings, TrainStep, resolve_precision  # noqa: E402
+from capsmed.train.step import (  # noqa: E402
+    StepSettings,
+    TrainStep,
+    float32_matmuls,
+    resolve_precision,
+)
 
-PARTS = ("correctness", "demo", "ddp", "speed", "memory", "concurrent")
+PARTS = ("correctness", "train-modes", "demo", "ddp", "speed", "memory", "concurrent")
 FORWARD_TOLERANCE = 1e-3  # fp32 with TF32 off: cuDNN/cuBLAS reorder sums, nothing more
 SPEED_ARCHS = ("capsnet", "parallel-dr", "em-capsnet", "lenet", "baseline", "convnet-avg",
                "resnext50", "parallel-em")
@@ -102,17 +110,6 @@ class Report:
         print("\n".join(lines), flush=True)
 
 
-@contextlib.contextmanager
-def strict_fp32() -> Iterator[None]:
-    """fp32 without TF32 (the CPU has no TF32), restored afterwards."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def arch_setting(arch: str, quick: bool) -> tuple[int, int, int, dict[str, Any]]:
     """(channels, side, classes, model kwargs): the paper's, or toy size with --quick."""
     c, side, k = PAPER_SETTINGS.get(arch, (1, 28, 10))
@@ -134,7 +131,7 @@ def check_forward(arch: str, dev: torch.device, quick: bool) -> tuple[float, boo
     cpu_model = create_model(arch, in_channels=c, num_classes=k, input_size=side, **kw).eval()
     dev_model = copy.deepcopy(cpu_model).to(dev)
     x = torch.rand(2, c, side, side)
-    with torch.no_grad(), strict_fp32():
+    with torch.no_grad(), float32_matmuls("fp32"):  # the CPU has no TF32
         ref = cpu_model(x).scores
         got = dev_model(x.to(dev)).scores
     err = relative_error(got, ref)
@@ -158,21 +155,22 @@ def check_training(arch: str, dev: torch.device, precision: str, quick: bool
     y = torch.arange(batch, device=dev) % k
     steps = 5 if quick else TRAIN_STEPS
     losses, sync_error = [], ""
-    for i in range(steps):
-        watch = dev.type == "cuda" and i >= 3  # after warm-up (lazy state, compiles)
-        if watch:
-            torch.cuda.set_sync_debug_mode("error")
-        try:
-            losses.append(step(x, y)[0])
-        except RuntimeError as exc:
-            if not watch:
-                raise
-            sync_error = str(exc).splitlines()[0][:160]
-            torch.cuda.set_sync_debug_mode("default")
-            losses.append(step(x, y)[0])
-        finally:
+    with float32_matmuls(precision):  # fp32: IEEE fp32, as capsmed train runs it
+        for i in range(steps):
+            watch = dev.type == "cuda" and i >= 3  # after warm-up (lazy state, compiles)
             if watch:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                losses.append(step(x, y)[0])
+            except RuntimeError as exc:
+                if not watch:
+                    raise
+                sync_error = str(exc).splitlines()[0][:160]
                 torch.cuda.set_sync_debug_mode("default")
+                losses.append(step(x, y)[0])
+            finally:
+                if watch:
+                    torch.cuda.set_sync_debug_mode("default")
     values = torch.stack(losses).float().cpu().tolist()
     finite = all(v == v and abs(v) != float("inf") for v in values)
     down = finite and sum(values[-3:]) / 3 < values[0]
@@ -298,7 +296,8 @@ def part_speed(report: Report, dev: torch.device, quick: bool, archs: list[str],
     report.section("Training throughput (capsmed bench train)",
                    ["arch", "mode", "batch", "train img/s", "eval img/s", "peak MiB", "note"],
                    [row for _, row in sorted(rows, key=lambda r: r[0])],
-                   note="Paper input sizes; random uint8 images held on the device; "
+                   note="Paper input sizes; random uint8 images held on the device; fp32 is "
+                   "IEEE fp32 (TF32 off); "
                    f"{TRAIN_STEPS} timed steps after warm-up; peak = "
                    + ("max_memory_allocated." if dev.type == "cuda" else "process RSS.")
                    + " Cells are timed breadth first (every architecture's first batch "
@@ -319,7 +318,9 @@ def reference_ratio(report: Report, dev: torch.device, quick: bool, bs: int,
     """The textbook CapsNet's img/s at batch ``bs``, and capsmed's best / it."""
     from benchmarks.reference_capsnet import time_reference
 
-    ref = time_reference(bs, dev, steps=2 if quick else TRAIN_STEPS, warmup=1 if quick else 5)
+    with float32_matmuls("fp32"):  # IEEE fp32, as its name says
+        ref = time_reference(bs, dev, steps=2 if quick else TRAIN_STEPS,
+                             warmup=1 if quick else 5)
     ratio = best[("capsnet", bs)] / ref
     report.record("reference", batch_size=bs, reference_images_per_s=round(ref, 1),
                   capsmed_best_images_per_s=best[("capsnet", bs)], ratio=round(ratio, 2))
@@ -372,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="capsmed-gpu-check-"))
     runners: dict[str, Callable[[], None]] = {
         "correctness": lambda: part_correctness(report, dev, args.quick),
+        "train-modes": lambda: check_train_modes(report, dev, args.quick, work),
         "demo": lambda: check_demo(report, dev, args.quick, work),
         "ddp": lambda: check_ddp(report, dev, args.quick, work),
         "speed": lambda: part_speed(report, dev, args.quick, archs,

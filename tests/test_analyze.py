@@ -16,20 +16,18 @@ from typer.testing import CliRunner
 from capsmed.cli import app
 from capsmed.data.contract import DatasetWriter, load_split
 from capsmed.evaluate.analyses.affine import (
-    AffineConfig,
     affine_linear,
     affine_robustness,
     inside_shifts,
     warp,
 )
 from capsmed.evaluate.analyses.compactness import (
-    CompactnessConfig,
     compactness_score,
-    expand_factors,
     factor_transforms,
     representation_extractor,
     semantic_compactness,
 )
+from capsmed.evaluate.analyses.configs import AffineConfig, CompactnessConfig, expand_factors
 from capsmed.evaluate.analyses.routing import sample_entropy
 from capsmed.models.common import ModelOutput
 from capsmed.runs.checkpoint import load_checkpoint

@@ -42,8 +42,29 @@ def test_quick_cpu_run_exercises_every_part(tmp_path):
     assert "all checks passed" in md
 
 
+def test_train_modes_part_trains_and_resumes_through_capsmed_train(tmp_path, monkeypatch):
+    from benchmarks import gpu_check_train
+
+    monkeypatch.setattr(gpu_check_train, "EPOCHS", 2)
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                           "--parts", "train-modes"]) == 0
+    records = {r["name"]: r for r in _records(tmp_path) if r["part"] == "train-modes"}
+    assert set(records) == {f"{m} {p}" for m, p in gpu_check_train.MODES} | {
+        "eager fp32 resumed"}
+    eager = records["eager fp32"]
+    assert eager["ok"] and eager["max_rel_diff"] == 0.0 and len(eager["losses"]) == 4
+    assert eager["losses"][-2] < eager["losses"][0]  # it learns
+    resumed = records["eager fp32 resumed"]
+    assert resumed["ok"] and resumed["max_rel_diff"] == resumed["weights_rel_diff"] == 0.0
+    skipped = [r for r in records.values() if "skipped" in r]
+    assert len(skipped) == len(gpu_check_train.MODES) - 1  # the GPU modes, on a CPU
+    assert "## capsmed train in each mode" in (tmp_path / "gpu_check.md").read_text()
+
+
 def test_a_failed_check_fails_the_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "FORWARD_TOLERANCE", -1.0)  # nothing can pass
+    capsnet = [e for e in list_models() if e.name == "capsnet"]
+    monkeypatch.setattr(gpu_check, "list_models", lambda: capsnet)  # one is enough
     assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
                            "--parts", "correctness"]) == 1
     assert "check(s) FAILED" in (tmp_path / "gpu_check.md").read_text()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
 
 from capsmed.cli.common import handles_errors, parse_key_values
+from capsmed.cli.json_output import json_option, print_json
+from capsmed.cli.options import device_option, option
 from capsmed.io import user_data_dir
+from capsmed.train.config import TrainConfig
 
 
 def _shown(path: Path) -> str:
@@ -31,11 +35,12 @@ app = typer.Typer(help="Measure training and evaluation throughput.", no_args_is
 @handles_errors
 def train(
     arch: list[str] = typer.Option(..., help="Architecture(s) to measure; repeatable."),
-    batch_size: int = typer.Option(128, help="Batch size."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:1, mps."),
+    batch_size: int = option(TrainConfig, "batch_size", "Batch size"),
+    device: str = device_option(),
     steps: int = typer.Option(20, help="Timed steps (after the warm-up)."),
     warmup: int = typer.Option(5, help="Untimed warm-up steps."),
-    precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16."),
+    precision: str = typer.Option("auto", help="auto, fp32 (IEEE, TF32 off), tf32 (CUDA), "
+                                  "bf16 or fp16."),
     channels_last: bool = typer.Option(None, "--channels-last/--no-channels-last",
                                        help="Channels-last memory format [on CUDA]."),
     compile_model: bool = typer.Option(False, "--compile/--no-compile",
@@ -48,17 +53,21 @@ def train(
     num_classes: int = typer.Option(None, help="Classes [the paper's]."),
     model_arg: list[str] = typer.Option(None, help="Architecture option key=value."),
     results: Path = typer.Option(None, help=RESULTS_HELP),
+    as_json: bool = json_option(),
 ) -> None:
     """Training and evaluation images/s, step time and peak memory per architecture."""
     from capsmed.tables import Column, Table, text_column
     from capsmed.tables.terminal import print_tables
     from capsmed.train.bench import append_result, bench_train
 
+    batch_size = TrainConfig.batch_size if batch_size is None else batch_size
+    device = TrainConfig.device if device is None else device
     table = Table(f"capsmed bench train (batch {batch_size}, {steps} timed steps)",
                   [text_column("arch"), text_column("input"), text_column("precision"),
                    *map(Column, ("train img/s", "step ms", "eval img/s", "peak MiB"))], [])
     kwargs = parse_key_values(model_arg, "--model-arg")
     results = results or DEFAULT_RESULTS
+    measured = []
     for name in arch:
         r = bench_train(name, batch_size=batch_size, device=device, steps=steps,
                         warmup=warmup, precision=precision, channels_last=channels_last,
@@ -66,12 +75,16 @@ def train(
                         input_size=input_size,
                         channels=channels, num_classes=num_classes, model_kwargs=kwargs)
         append_result(r, results)
-        table.notes = [f"device: {r.device}; peak: " + (
+        measured.append(r)
+        table.notes = [f"device: {r.device}; float32 = IEEE fp32 (TF32 off); peak: " + (
             "GPU memory allocated" if "cpu" not in r.device else
             "process RSS so far (one --arch per command for per-model figures)")]
         table.rows.append([r.arch, r.input.replace(", ", "/").replace(" classes", ""),
                            r.precision, f"{r.train_images_per_s:,.0f}",
                            f"{r.train_step_ms:.1f}", f"{r.eval_images_per_s:,.0f}",
                            f"{r.peak_memory_mib:,.0f}"])
-    print_tables([table])
-    typer.echo(f"appended to {results}")
+    if as_json:  # the results as appended to the file (without the host name)
+        print_json([dataclasses.asdict(r) for r in measured])
+    else:
+        print_tables([table])
+    typer.echo(f"appended to {results}", err=as_json)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import handles_errors
+from capsmed.cli.options import OUTPUT_FLAGS
 
 EPILOG = ("Example: capsmed export runs/caps-s1 -o caps.onnx; then in Python: "
           "onnxruntime.InferenceSession('caps.onnx').run(None, {'images': x}) with x "
@@ -19,7 +20,7 @@ EPILOG = ("Example: capsmed export runs/caps-s1 -o caps.onnx; then in Python: "
 @handles_errors
 def export(
     run_dir: Path = typer.Argument(..., help="A run directory written by capsmed train."),
-    output: Path = typer.Option(..., "--output", "-o", help="The file to write.",
+    output: Path = typer.Option(..., *OUTPUT_FLAGS, help="The file to write.",
                                 show_default=False),
     fmt: str = typer.Option("onnx", "--format", help="onnx (ONNX Runtime; needs "
                             "'capsmed[export]'), torchscript or exported-program "

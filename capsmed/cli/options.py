@@ -20,9 +20,11 @@ import typer
 WORKERS_MEANING = "one per CPU, up to 8"
 _SPLIT_USE = {"train": "training", "val": "validation", "test": "testing"}
 
+# Every command that writes takes -o, --output and --out alike (one convention).
+OUTPUT_FLAGS = ("--output", "--out", "-o")
 # ``-o/--output`` of every source: one object, as it depends on nothing (a factory call
 # in a signature with a Path annotation would trip ruff's B008).
-OUTPUT = typer.Option(..., "--output", "-o", help="The .h5 file to write.",
+OUTPUT = typer.Option(..., *OUTPUT_FLAGS, help="The .h5 file to write.",
                       show_default=False)
 
 
@@ -89,6 +91,14 @@ def flag(config: type, name: str, text: str, on: str | None = None,
     on = on or name.replace("_", "-")
     off = off or f"no-{on}"
     return option(config, name, text, f"--{on}/--{off}", flags=(on, off))
+
+
+def device_option() -> Any:
+    """``--device`` of every command that runs a model (one default: TrainConfig's)."""
+    from capsmed.train.config import TrainConfig  # standard library only
+
+    return option(TrainConfig, "device", "Where the model runs: auto (CUDA, then MPS, then "
+                  "CPU), cpu, cuda, cuda:1 or mps")
 
 
 def overwrite_option() -> Any:

@@ -7,13 +7,14 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import echo_wrapped, handles_errors, only_set
-from capsmed.cli.options import option
+from capsmed.cli.json_output import json_option, print_json_file
+from capsmed.cli.options import OUTPUT_FLAGS, device_option, option
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides, PredictOptions
 
-EPILOG = ("Writes OUT/predictions.csv (one row per window: input, x, y, size, a score per "
-          "class, predicted class), OUT/heatmaps/*.png, OUT/geojson/*.geojson (QuPath: "
-          "File > Import objects) and OUT/summary.json.")
+EPILOG = ("Writes OUT/predictions.csv (one row per window: input, centre_x, centre_y, "
+          "size, a score per class, predicted class), OUT/heatmaps/*.png, "
+          "OUT/geojson/*.geojson (QuPath: File > Import objects) and OUT/summary.json.")
 
 
 @handles_errors
@@ -21,7 +22,7 @@ def predict(
     run_dir: Path = typer.Argument(..., help="A run directory written by capsmed train."),
     inputs: list[Path] = typer.Argument(..., help="Image files, folders (searched "
                                         "recursively) or slides."),
-    out: Path = typer.Option(..., "--out", "-o", help="New folder for the predictions."),
+    out: Path = typer.Option(..., *OUTPUT_FLAGS, help="New folder for the predictions."),
     class_name: str = typer.Option(None, "--class", help="Class of the heatmaps and "
                                    "GeoJSON positives [the second class: mitosis, lesion]."),
     threshold: float = option(PredictOptions, "threshold", "A window is positive when its "
@@ -41,7 +42,7 @@ def predict(
     shape: str = option(PredictOptions, "shape", "GeoJSON objects: tile (window squares) "
                         "or point (window centres)"),
     batch_size: int = option(PredictOptions, "batch_size", "Windows per forward pass"),
-    device: str = option(PredictOptions, "device", "auto, cpu, cuda, mps"),
+    device: str = device_option(),
     data: Path = typer.Option(None, help="The run's dataset .h5, for runs trained before "
                               "runs kept preprocessing.json."),
     heatmaps: bool = typer.Option(True, "--heatmaps/--no-heatmaps", help="Draw a heatmap "
@@ -50,6 +51,7 @@ def predict(
                                     "(listed in summary.json; exit code 1) instead of "
                                     "stopping with nothing written."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it exists."),
+    as_json: bool = json_option(),
 ) -> None:
     """Apply a trained run to new images, folders or whole slides, replaying the exact
     preprocessing it was trained with (stain, CLAHE, patch size, resize)."""
@@ -66,8 +68,11 @@ def predict(
         overwrite=overwrite, **only_set(threshold=threshold, shape=shape,
                                         batch_size=batch_size, device=device))
     result = run_predict(run_dir, inputs, out, options)
-    Console().print(summary_table(result))
-    echo_wrapped(f"predictions written to {result.out_dir}/")
+    if as_json:  # OUT/summary.json, as written
+        print_json_file(result.out_dir / "summary.json")
+    else:
+        Console().print(summary_table(result))
+        echo_wrapped(f"predictions written to {result.out_dir}/")
     if result.failed:
         raise CapsmedError(f"{len(result.failed)} of {len(result.failed) + len(result.results)}"
                            f" input(s) failed (listed in {result.out_dir}/summary.json); "

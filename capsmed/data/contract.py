@@ -2,15 +2,17 @@
 
 Layout::
 
-    /<split>/images   uint8 [N, C, H, W], chunked, lzf-compressed
-    /<split>/labels   int64 [N]
+    /<split>/images   uint8 [N, C, H, W], chunked, gzip-compressed (older files: lzf);
+                      attrs axes "N,C,H,W", value_range [0, 255]
+    /<split>/labels   int64 [N]; attr class_names (JSON)
     /<split>/groups   str   [N]   case / patient / slide id each sample came from
     /<split>/meta/*   optional per-sample arrays, 1-D or N-D (source file, row, col,
                       a second label, source images, ...)
     /<split>/folds    optional int8 [N]: cross-validation fold of each sample (usually
                       in a split named ``all``); groups never span two folds
     file attrs: format_version, dataset, class_names (JSON), image_size, channels,
-                preprocessing (JSON), source (JSON), capsmed_version, created (UTC)
+                preprocessing (JSON), source (JSON), capsmed_version, created (UTC),
+                provenance (JSON: command line, library versions)
 
 The contract lives in three modules: :mod:`capsmed.data.writer` (:class:`DatasetWriter`,
 the only writer), :mod:`capsmed.data.schema` (:class:`DatasetInfo`, :func:`read_info`:

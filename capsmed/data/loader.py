@@ -23,11 +23,11 @@ import h5py
 import numpy as np
 import torch
 
+from capsmed.data.loading import LOADINGS
 from capsmed.errors import CapsmedError, first_line
 
 log = logging.getLogger(__name__)
 
-LOADINGS = ("auto", "memory", "stream")
 # ``auto`` holds a split on the device when it takes less than this share of the
 # device's free memory (CUDA) or of a fixed host budget (CPU / MPS).
 DEVICE_SHARE = 0.25

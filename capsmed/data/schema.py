@@ -29,6 +29,10 @@ FORMAT_VERSION = 1
 # `capsmed run` makes its data stages again instead of training on the older file.
 #   1 (2026-11-22): torchvision roots read MNIST and Fashion-MNIST apart; TIFFs read as
 #     they look (palette, MINISWHITE); AML alpha blended; folder grey/colour per file.
+# Not bumped for gzip instead of LZF, dataset attributes and the provenance attribute
+# (2026-11-24): the file bytes change but every array reads back identical, so a run
+# trained on an older file trained on the same data; `capsmed preprocess` again gives
+# a portable file when one is wanted.
 DATA_REVISION = 1
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")
 
@@ -51,6 +55,7 @@ class DatasetInfo:
     folds: dict[str, int] = field(default_factory=dict)  # split -> number of folds
     source_kind: str | None = None  # the registered source that wrote it (None: older)
     domain: str | None = None  # its image domain (None: written before domains)
+    provenance: dict[str, Any] = field(default_factory=dict)  # command line, versions
 
     @property
     def num_classes(self) -> int:
@@ -166,6 +171,7 @@ def read_info(path: Path) -> DatasetInfo:
             folds=folds,
             source_kind=attrs.optional_text("source_kind"),
             domain=attrs.optional_text("domain"),
+            provenance=attrs.mapping("provenance"),
         )
 
 

@@ -15,6 +15,7 @@ import platform
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,14 +27,17 @@ from capsmed.device import device_name, select_device
 from capsmed.errors import CapsmedError
 from capsmed.io import append_line, ensure_writable_dir
 from capsmed.models import count_parameters
-from capsmed.train.config import PRECISIONS
+from capsmed.train.choices import PRECISIONS
 from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer
 from capsmed.train.step import (
+    PRECISION_NAMES,
     GraphedTrainStep,
     StepSettings,
     TrainStep,
+    float32_matmuls,
     forward,
+    precision_mode,
     resolve_precision,
 )
 
@@ -70,6 +74,7 @@ class BenchResult:
     torch: str
     capsmed: str
     when: str
+    tf32: bool = False  # TF32 matmuls and convolutions (only with --precision tf32)
 
 
 def _sync(device: torch.device) -> None:
@@ -93,17 +98,17 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
     """Time ``steps`` training steps and as many evaluation batches of ``arch``.
 
     ``cuda_graph`` captures the whole training step (with the Adam update) as one CUDA
-    graph after its warm-up (:class:`GraphedTrainStep`); CUDA only, fp32 or bf16.
+    graph after its warm-up (:class:`GraphedTrainStep`; CUDA only, fp32, tf32 or bf16);
+    the warm-up then has at least the graph's own warm-up steps plus its capture.
+    ``precision`` fp32 is IEEE fp32 (TF32 off), as in ``capsmed train``.
     """
-    for name, value, least in (("--batch-size", batch_size, 1), ("--steps", steps, 1),
-                               ("--warmup", warmup, 0), ("--input-size", input_size, 1),
-                               ("--channels", channels, 1), ("--num-classes", num_classes, 2)):
-        if value is not None and value < least:
-            raise CapsmedError(f"{name} must be >= {least}, got {value}")
-    if precision not in PRECISIONS:
-        raise CapsmedError(f"--precision must be one of {', '.join(PRECISIONS)}, got "
-                           f"{precision!r}")
+    _check_options(batch_size=batch_size, steps=steps, warmup=warmup, input_size=input_size,
+                   channels=channels, num_classes=num_classes, precision=precision)
     dev = select_device(device)
+    mode = precision_mode(precision, dev)
+    if cuda_graph and (dev.type != "cuda" or mode == "fp16"):
+        raise CapsmedError("--cuda-graph needs a CUDA device" if dev.type != "cuda" else
+                           "--cuda-graph does not work with fp16; use --precision bf16")
     c, side, k = PAPER_SETTINGS.get(arch, (1, 28, 10))
     c = c if channels is None else channels
     side = side if input_size is None else input_size
@@ -121,9 +126,8 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
     step: TrainStep | GraphedTrainStep = TrainStep(
         module, build_optimizer("adam", model.parameters(), 1e-3), settings)
     if cuda_graph:
-        if dev.type != "cuda":
-            raise CapsmedError("--cuda-graph needs a CUDA device")
         step = GraphedTrainStep(step)
+        warmup = max(warmup, step.warmup + 1)  # replays only in the timed steps
     generator = torch.Generator(device=dev).manual_seed(seed)
     images = torch.randint(0, 256, (4 * batch_size, c, side, side), dtype=torch.uint8,
                            device=dev, generator=generator)
@@ -135,41 +139,57 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    model.train()
-    for i in range(warmup):
-        step(*batch(i))
-    _sync(dev)
-    times = []
-    for i in range(steps):
-        started = time.perf_counter()
-        step(*batch(i))
-        if i == 0 or i == steps - 1 or dev.type != "cuda":
-            _sync(dev)  # per-step times on CPU; on GPU only the total is trusted
-        times.append(time.perf_counter() - started)
-    _sync(dev)
+    with float32_matmuls(mode):
+        model.train()
+        times = _time_steps(lambda i: step(*batch(i)), steps, warmup, dev)
+        model.eval()
+        with torch.no_grad():
+            eval_times = _time_steps(lambda i: forward(module, batch(i)[0], None, settings),
+                                     steps, warmup, dev)
     total = sum(times)
-    model.eval()
-    with torch.no_grad():
-        for i in range(warmup):
-            forward(module, batch(i)[0], None, settings)
-        _sync(dev)
-        started = time.perf_counter()
-        for i in range(steps):
-            forward(module, batch(i)[0], None, settings)
-        _sync(dev)
-        eval_seconds = time.perf_counter() - started
     return BenchResult(
-        arch=arch, device=device_name(dev), precision=str(settings.autocast_dtype or
-                                                          "torch.float32").split(".")[-1],
+        arch=arch, device=device_name(dev), precision=PRECISION_NAMES[mode],
         batch_size=batch_size, input=f"{c}x{side}x{side}, {k} classes",
         parameters=count_parameters(model),
         train_images_per_s=round(steps * batch_size / total, 1),
         train_step_ms=round(1000 * (statistics.median(times) if dev.type != "cuda"
                                     else total / steps), 3),
-        eval_images_per_s=round(steps * batch_size / eval_seconds, 1),
+        eval_images_per_s=round(steps * batch_size / sum(eval_times), 1),
         peak_memory_mib=round(_peak_memory_mib(dev), 1), channels_last=use_cl,
         compiled=compile_model, cuda_graph=cuda_graph, steps=steps, torch=str(torch.__version__),
-        capsmed=__version__, when=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+        capsmed=__version__, when=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        tf32=mode == "tf32")
+
+
+def _check_options(*, precision: str, **values: int | None) -> None:
+    least = {"batch_size": 1, "steps": 1, "warmup": 0, "input_size": 1, "channels": 1,
+             "num_classes": 2}
+    for name, value in values.items():
+        if value is not None and value < least[name]:
+            raise CapsmedError(f"--{name.replace('_', '-')} must be >= {least[name]}, got "
+                               f"{value}")
+    if precision not in PRECISIONS:
+        raise CapsmedError(f"--precision must be one of {', '.join(PRECISIONS)}, got "
+                           f"{precision!r}")
+
+
+def _time_steps(run_step: Callable[[int], object], steps: int, warmup: int,
+                dev: torch.device) -> list[float]:
+    """Seconds of each of ``steps`` calls after ``warmup`` untimed ones. On a GPU the
+    device is synchronised before the first and after the last only, so the per-step
+    figures are launch times and only their total is trusted."""
+    for i in range(warmup):
+        run_step(i)
+    _sync(dev)
+    times = []
+    for i in range(steps):
+        started = time.perf_counter()
+        run_step(i)
+        if i == 0 or i == steps - 1 or dev.type != "cuda":
+            _sync(dev)
+        times.append(time.perf_counter() - started)
+    _sync(dev)
+    return times
 
 
 def append_result(result: BenchResult, path: Path) -> None:

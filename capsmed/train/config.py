@@ -17,15 +17,16 @@ import yaml
 
 from capsmed.data.challenges import DataChallenge
 from capsmed.data.domains import Domain
-from capsmed.data.loader import LOADINGS
+from capsmed.data.loading import LOADINGS
 from capsmed.errors import CapsmedError
-from capsmed.train.augment import get_recipe
-from capsmed.train.model_options import FROM_DATA
-from capsmed.train.optim import OPTIMIZERS, SCHEDULES
-from capsmed.train.sampling import SAMPLERS
+from capsmed.train.choices import (
+    FROM_DATA,
+    OPTIMIZERS,
+    PRECISIONS,
+    SAMPLERS,
+    SCHEDULES,
+)
 from capsmed.yamlfile import read_yaml
-
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -59,28 +60,45 @@ class TrainConfig:
             (paper 000: 20); None never stops early.
         optimizer: ``adam`` (papers 000, 004) or ``nadam`` (paper 001).
         lr_schedule: ``constant`` or ``exponential`` (multiplied by ``lr_decay`` per epoch).
+        lr_decay: The exponential schedule's factor per epoch (Sabour et al.: 0.96).
         class_weights: ``balanced`` weights each sample's loss by N / (K n_c) of its
             class in the training samples used; None = unweighted.
         augment: Augment training batches on the device.
-        augment_recipe: A recipe of :mod:`capsmed.train.augment` or a spec such as
-            ``rotation=15,translation=0.1,hflip``; None = the recipe of the data's image
-            domain (paper 000 medical / MNIST / Fashion-MNIST, paper 001; digits are
-            never flipped, generic sets only rotated). A recipe implies ``augment``.
+        augment_recipe: A recipe of :mod:`capsmed.train.augment` (paper 000 medical /
+            MNIST / Fashion-MNIST, paper 001) or a spec such as
+            ``rotation=15,translation=0.1,hflip``; a recipe implies ``augment``; None =
+            the recipe of the data's image domain (digits are never flipped, generic
+            sets only rotated).
         fold: Cross-validation: test on this fold of a file written with folds, train
             on the others (paper 001).
         folds: Expected number of folds (checked against the file).
         per_class_limit: At most this many samples per class (paper 001's small-data
             protocol; with ``fold``, the rest of each class goes to the test set).
         precision: ``auto`` (bf16 autocast on GPUs that support it, fp16 with loss
-            scaling on other GPUs, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16``.
-            Routing always runs in fp32.
+            scaling on other GPUs, fp32 on CPU), ``fp32`` (IEEE: TF32 off), ``tf32``
+            (fp32 tensors, TF32 matmuls and convolutions; CUDA, Ampere or newer),
+            ``bf16`` or ``fp16``. Routing always runs in fp32.
         channels_last: Channels-last memory format; None = on CUDA only.
         compile: ``torch.compile`` the model (20-50 s start-up; pays off on long runs).
+        cuda_graph: Replay the whole training step (forward, loss, backward, optimiser
+            update, the epoch's sums) as one CUDA graph (CUDA only; not with fp16,
+            ``augment`` or torchrun).
+        state_every_minutes: Write the resumable state at most this often (at a check
+            point every 50 steps or an epoch end), besides at the start, at the end of
+            training and when stopped; 0 = at every check point and epoch end.
         data_loading: ``memory`` (held on the device), ``stream`` (read from HDF5 per
             batch) or ``auto`` (stream when the set would take over a quarter of free
             GPU memory or 4 GiB of host memory).
         loader_workers: Reader processes when streaming.
         tensorboard: Also write TensorBoard event files to ``RUN_DIR/tensorboard``.
+        mlflow: Track the run in MLflow: a tracking URI (``http://host:5000``,
+            ``file:/path``, ``databricks``) or a local folder (an MLflow file store);
+            needs ``capsmed[mlflow]``; None = not tracked.
+        mlflow_experiment: The MLflow experiment the run is logged in; None = the
+            dataset's name.
+        wandb: Log the run to Weights & Biases in this project (needs
+            ``capsmed[wandb]``; ``WANDB_MODE=offline`` logs locally, for ``wandb sync``
+            later); None = not logged.
         transfer_from: A run directory whose checkpoint initialises the parameters
             named by ``transfer_layers`` (paper 003's AnB / BnB transfer).
         transfer_layers: Parameter-name prefixes copied from ``transfer_from`` (e.g.
@@ -117,9 +135,14 @@ class TrainConfig:
     precision: str = "auto"
     channels_last: bool | None = None
     compile: bool = False
+    cuda_graph: bool = False
+    state_every_minutes: float = 5.0
     data_loading: str = "auto"
     loader_workers: int = 2
     tensorboard: bool = False
+    mlflow: str | None = None
+    mlflow_experiment: str | None = None
+    wandb: str | None = None
     transfer_from: str | None = None
     transfer_layers: list[str] = field(default_factory=list)
     freeze_transferred: bool = True
@@ -219,6 +242,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (lambda v: v >= 0, ">= 0"),
     "folds": (lambda v: v >= 2, ">= 2"),
     "loader_workers": (lambda v: v >= 0, ">= 0"),
+    "state_every_minutes": (lambda v: v >= 0, ">= 0"),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "sampler": SAMPLERS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES,
@@ -266,6 +290,8 @@ def check_option(name: str, value: Any) -> None:
                 ) + (" or unset" if _allows_none(hint) else "")
         raise CapsmedError(f"{name} must be {what}, got {value!r}")
     if name == "augment_recipe":
+        from capsmed.train.augment import get_recipe  # torch: only when there is one
+
         get_recipe(value)
 
 

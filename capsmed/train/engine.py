@@ -19,6 +19,7 @@ from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.train import distributed
 from capsmed.train.config import TrainConfig
+from capsmed.train.handlers import check_handlers
 from capsmed.train.loop import run_loop
 from capsmed.train.protocol import PROTOCOL_REVISION
 from capsmed.train.run import Run
@@ -43,6 +44,7 @@ def train(config: TrainConfig, disable_progress: bool | None = None,
     """
     info = read_info(Path(config.data))
     cfg = config.resolved(info.image_domain())
+    check_handlers(cfg)  # e.g. a missing package: refused before anything is written
     ctx, dev = distributed.setup(cfg.device)
     try:
         run = Run(cfg, info, ctx, select_device(dev), None, None, disable_progress)
@@ -78,6 +80,7 @@ def resume(run_dir: Path, disable_progress: bool | None = None,
         raise CapsmedError(f"{info.path}: the dataset file was rewritten since this run "
                            f"started ({saved['dataset']['created']} -> {info.created}); "
                            "start a new run")
+    check_handlers(cfg)
     ctx, dev = distributed.setup(cfg.device)
     try:
         run = Run(cfg, info, ctx, select_device(dev), run_dir, saved["model_kwargs"],

@@ -1,37 +1,38 @@
-"""The epoch loop: steps without host-device syncs, validation, the checkpoint at minimum
-validation loss, early stopping, resumable state, and a clean stop on Ctrl-C or NaN.
+"""The epoch loop, as the algorithm: draw the epoch's batches, step through them,
+validate, select the epoch to keep; then the next epoch, until the last one or a stop.
 
-Syncs happen only every :data:`CHECK_EVERY` steps (to look for a non-finite loss or a
-stop request, agreed across ranks under DDP) and at epoch ends.
+Everything around the algorithm hangs on its events (:mod:`capsmed.train.handlers`):
+the checkpoint, ``metrics.jsonl``, TensorBoard, the progress bars, early stopping,
+stopping on Ctrl-C or a signal, and the resumable state. The steps never wait for
+the device: their loss sums and a non-finite flag accumulate there
+(:class:`~capsmed.train.step.EpochTally`), and are read only every
+:data:`CHECK_EVERY` steps and at epoch ends. A non-finite loss stops the run: it is
+the algorithm's own guard, not an optional handler.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
-from rich.progress import TextColumn
 
 from capsmed.data.loader import sequential_batches
 from capsmed.errors import CapsmedError, Interrupted, first_line
-from capsmed.io import WriteError, append_line, write_text_atomic, writing
-from capsmed.progress import make_progress
-from capsmed.train.checkpoint import save_checkpoint
-from capsmed.train.curves import plot_training_curves
+from capsmed.io import WriteError
+from capsmed.train.handlers import LoopHandler, build_handlers
 from capsmed.train.run import Run
-from capsmed.train.run_config import METRICS, SUMMARY, metric_records
-from capsmed.train.state import RESUME_FILE, Progress, StopRequest, restore_rng
-from capsmed.train.step import coupling_entropy, forward, loss_and_correct
+from capsmed.train.state import RESUME_FILE, Progress, restore_rng
+from capsmed.train.step import coupling_entropy, float32_matmuls, forward, loss_and_correct
 
 log = logging.getLogger(__name__)
 
-CHECK_EVERY = 50  # steps between looks at the NaN flag and stop requests
+CHECK_EVERY = 50  # steps between looks at the non-finite flag (and the handlers' on_check)
 
 
 class TrainingInterrupted(Interrupted):
@@ -67,39 +68,6 @@ def evaluate_loss(run: Run, data: Any) -> dict[str, float]:
     return result
 
 
-def _start(run: Run, state: dict[str, Any] | None) -> Progress:
-    if state is None:
-        return Progress()
-    try:
-        run.model.load_state_dict(state["model"])
-        run.optimizer.load_state_dict(state["optimizer"])
-        run.schedule.load_state_dict(state["schedule"])
-        run.step.scaler.load_state_dict(state["scaler"])
-        run.sampler.generator.set_state(state["sampler"])
-        restore_rng(state, run.settings.augment_rng)
-        progress = Progress(**state["progress"])
-    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-        raise CapsmedError(f"{run.run_dir / RESUME_FILE}: does not fit this run's model "
-                           f"and options ({first_line(exc)})") from None
-    _truncate_metrics(run.run_dir / METRICS, progress.epoch)
-    return progress
-
-
-def _truncate_metrics(path: Path, epoch: int) -> None:
-    """Keep the lines of finished epochs (a crash may have left the next one's, or part
-    of a line when the disk filled up)."""
-    if not path.is_file():
-        return
-    records = [r for r in metric_records(path.read_text(encoding="utf-8").splitlines())
-               if r["epoch"] < epoch]
-    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
-
-
-def _save(run: Run, progress: Progress, sampler_state: torch.Tensor) -> None:
-    if run.ctx.is_main:
-        run.save_state(progress, sampler_state)
-
-
 def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | None) -> Path:
     """Train from the start or from ``state`` until the last epoch or an early stop.
 
@@ -109,7 +77,8 @@ def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | Non
     """
     saved = "continue from the last saved state with: capsmed train --resume"
     try:
-        return _train_epochs(run, state, stop_after_steps)
+        with float32_matmuls(run.precision):  # fp32 is IEEE fp32 unless tf32 is asked
+            return TrainingLoop(run, state, stop_after_steps).train()
     except KeyboardInterrupt:  # the second Ctrl-C: no save, the last saved state stays
         raise TrainingInterrupted(f"{run.run_dir}: interrupted at once; {saved} "
                                   f"{run.run_dir}") from None
@@ -119,92 +88,116 @@ def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | Non
                          f"{run.run_dir}") from None
 
 
-def _train_epochs(run: Run, state: dict[str, Any] | None, stop_after_steps: int | None
-                  ) -> Path:
-    cfg, ctx, device = run.cfg, run.ctx, run.device
-    p = _start(run, state)
-    steps_this_call = 0
-    stopped_early = False
-    tensorboard = _tensorboard(run)
-    status = TextColumn("{task.fields[status]}")
-    metrics_path = run.run_dir / METRICS
-    with contextlib.ExitStack() as stack:
-        stop = stack.enter_context(StopRequest(stop_after_steps))
-        bars = stack.enter_context(make_progress(status, disable=run.disable_progress))
-        epochs_task = bars.add_task(f"{cfg.arch} epochs", total=cfg.epochs,
-                                    completed=p.epoch - 1, status="")
-        while p.epoch <= cfg.epochs:
-            sampler_state = run.sampler.generator.get_state()
-            started = time.perf_counter()
-            batches = list(run.sampler)[p.step:]  # a resumed epoch skips its finished steps
-            sums = torch.tensor([p.loss_sum, p.correct], device=device, dtype=torch.float64)
-            bad_step = torch.full((), -1, device=device, dtype=torch.int64)
-            batch_task = bars.add_task(f"epoch {p.epoch}", total=len(run.sampler),
-                                       completed=p.step, status="")
-            shards = run.train_data.batches(ctx.shard(b) for b in batches)
-            for b, (x, y) in zip(batches, shards, strict=True):  # a global batch, its share
-                loss, correct = run.step(x, y, ctx.positions(len(b)))
-                sums += torch.stack([loss.double() * len(y), correct.double()])
-                bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss),
-                                       p.global_step + 1, bad_step)
-                p.step, p.global_step, p.seen = p.step + 1, p.global_step + 1, p.seen + len(y)
-                steps_this_call += 1
-                bars.advance(batch_task)
-                if ctx.enabled and p.step % CHECK_EVERY and p.step != len(run.sampler):
-                    continue
-                if p.step % CHECK_EVERY == 0 or p.step == len(run.sampler):
-                    _check_finite(run, bad_step, p)
-                if _stop_requested(run, stop, steps_this_call) and p.step < len(run.sampler):
-                    p.loss_sum, p.correct = sums.tolist()
-                    p.epoch_seconds += time.perf_counter() - started
-                    _save(run, p, sampler_state)
-                    raise TrainingInterrupted(
-                        f"{run.run_dir}: stopped ({stop.reason}) at epoch {p.epoch}, step "
-                        f"{p.step}; continue with: capsmed train --resume {run.run_dir}")
-            bars.remove_task(batch_task)
-            record = _finish_epoch(run, p, sums, started)
-            summary = record.pop("summary")
-            if ctx.is_main:
-                append_line(metrics_path, json.dumps(record))
-                if tensorboard is not None:
-                    for key, value in record.items():
-                        if isinstance(value, int | float) and key != "epoch":
-                            tensorboard.add_scalar(key, value, record["epoch"])
-            bars.update(epochs_task, advance=1, status=summary)
-            log.info("epoch %d/%d: %s", record["epoch"], cfg.epochs, summary)
-            stopped_early = (run.val_data is not None and cfg.patience is not None
-                             and record["epoch"] - p.best_epoch >= cfg.patience)
-            p = Progress(epoch=p.epoch + 1, best=p.best, best_epoch=p.best_epoch,
-                         global_step=p.global_step)
-            if stopped_early:
-                log.info("early stop: validation loss has not improved for %d epochs "
-                         "(best: epoch %d)", cfg.patience, p.best_epoch)
-                break
-            _save(run, p, run.sampler.generator.get_state())
-            if _stop_requested(run, stop, steps_this_call) and p.epoch <= cfg.epochs:
-                raise TrainingInterrupted(
-                    f"{run.run_dir}: stopped ({stop.reason}) after epoch {p.epoch - 1}; "
-                    f"continue with: capsmed train --resume {run.run_dir}")
-    if tensorboard is not None:
-        tensorboard.close()
-    if ctx.is_main:
-        _finish_run(run, p, stopped_early)
-    return run.run_dir
+class TrainingLoop:
+    """One process's share of a run, from ``state`` (or the start) to the end or a stop.
+
+    What handlers see of it is :class:`capsmed.train.handlers.LoopState`.
+    """
+
+    def __init__(self, run: Run, state: dict[str, Any] | None,
+                 stop_after_steps: int | None) -> None:
+        self.run, self.stop_after_steps = run, stop_after_steps
+        self.progress = _restore(run, state)
+        self.record: dict[str, Any] = {}
+        self.stop_reason = ""
+        self.steps_this_call = 0
+        self.in_epoch = False
+        self._epoch_started = 0.0
+        self._sampler_state = run.sampler.generator.get_state()
+        self.handlers: list[LoopHandler] = []
+
+    @property
+    def finished(self) -> bool:
+        return self.progress.stopped_early or self.progress.epoch > self.run.cfg.epochs
+
+    def train(self) -> Path:
+        with contextlib.ExitStack() as stack:
+            for handler in build_handlers(self.run):
+                stack.callback(handler.close)  # however the loop ends, in reverse order
+                self.handlers.append(handler)
+            self._emit("on_start")
+            while not self.finished:
+                self._train_epoch()
+            self._emit("on_end")
+        return self.run.run_dir
+
+    def _train_epoch(self) -> None:
+        run, ctx, p = self.run, self.run.ctx, self.progress
+        self._sampler_state = run.sampler.generator.get_state()
+        self._epoch_started = time.perf_counter()
+        batches = list(run.sampler)[p.step:]  # a resumed epoch skips its finished steps
+        run.tally.start_epoch(p.loss_sum, p.correct, p.global_step)
+        self.in_epoch = True
+        self._emit("on_epoch_start")
+        shards = run.train_data.batches(ctx.shard(b) for b in batches)
+        for b, (x, y) in zip(batches, shards, strict=True):  # a global batch, its share
+            run.step(x, y, ctx.positions(len(b)))
+            p.step, p.global_step, p.seen = p.step + 1, p.global_step + 1, p.seen + len(y)
+            self.steps_this_call += 1
+            self._emit("on_step")
+            if p.step % CHECK_EVERY == 0 or p.step == len(run.sampler):
+                self._check_finite()
+                self._emit("on_check")
+            if self.stop_reason and p.step < len(run.sampler):
+                self._stop(f"at epoch {p.epoch}, step {p.step}")
+        self.record = _finish_epoch(run, p, self._epoch_started)
+        self.in_epoch = False
+        self.progress = Progress(epoch=p.epoch + 1, best=p.best, best_epoch=p.best_epoch,
+                                 global_step=p.global_step)
+        self._emit("on_epoch_end")
+        if self.stop_reason and not self.finished:
+            self._stop(f"after epoch {p.epoch}")
+
+    def resume_point(self) -> tuple[Progress, torch.Tensor]:
+        """The counters and sampler state that continue the run exactly from here.
+
+        Inside an epoch: the sampler's state at the epoch's start (its batches are drawn
+        again and the finished ones skipped) and the partial sums (a device sync);
+        between epochs: the next epoch's counters and the sampler as it is.
+        """
+        if not self.in_epoch:
+            return self.progress, self.run.sampler.generator.get_state()
+        loss_sum, correct = self.run.tally.sums.tolist()
+        spent = self.progress.epoch_seconds + time.perf_counter() - self._epoch_started
+        return (dataclasses.replace(self.progress, loss_sum=loss_sum, correct=correct,
+                                    epoch_seconds=spent), self._sampler_state)
+
+    def _emit(self, event: str) -> None:
+        for handler in self.handlers:
+            getattr(handler, event)(self)
+
+    def _stop(self, where: str) -> NoReturn:
+        if self.in_epoch:
+            self._check_finite()  # a state past a non-finite loss is never saved
+        self._emit("on_stop")
+        run_dir = self.run.run_dir
+        raise TrainingInterrupted(f"{run_dir}: stopped ({self.stop_reason}) {where}; "
+                                  f"continue with: capsmed train --resume {run_dir}")
+
+    def _check_finite(self) -> None:
+        run, p = self.run, self.progress
+        bad = int(run.ctx.max(run.tally.bad_step.clone()).item())
+        if bad >= 0:
+            raise CapsmedError(f"{run.run_dir}: the loss became NaN/inf at step {bad} "
+                               f"(epoch {p.epoch}); {_kept(p)} (try a lower --lr or "
+                               "--precision fp32)")
 
 
-def _stop_requested(run: Run, stop: StopRequest, steps: int) -> bool:
-    requested = stop.check(steps)
-    if not run.ctx.enabled:  # a host flag: no device tensor, so the step does not wait
-        return requested
-    flag = torch.full((1,), 1.0 if requested else 0.0, device=run.device)
-    return bool(run.ctx.max(flag).item())
-
-
-def _check_finite(run: Run, bad_step: torch.Tensor, p: Progress) -> None:
-    bad = int(run.ctx.max(bad_step.clone()).item())
-    if bad >= 0:
-        raise CapsmedError(f"{run.run_dir}: the loss became NaN/inf at step {bad} (epoch "
-                           f"{p.epoch}); {_kept(p)} (try a lower --lr or --precision fp32)")
+def _restore(run: Run, state: dict[str, Any] | None) -> Progress:
+    """Load a saved state into the run's model, optimiser, schedule, scaler and RNGs."""
+    if state is None:
+        return Progress()
+    try:
+        run.model.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.schedule.load_state_dict(state["schedule"])
+        run.train_step.scaler.load_state_dict(state["scaler"])
+        run.sampler.generator.set_state(state["sampler"])
+        restore_rng(state, run.settings.augment_rng)
+        return Progress(**state["progress"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise CapsmedError(f"{run.run_dir / RESUME_FILE}: does not fit this run's model "
+                           f"and options ({first_line(exc)})") from None
 
 
 def _kept(p: Progress) -> str:
@@ -214,12 +207,12 @@ def _kept(p: Progress) -> str:
     return f"the checkpoint of epoch {p.best_epoch} (selection loss {p.best:.4g}) is kept"
 
 
-def _finish_epoch(run: Run, p: Progress, sums: torch.Tensor, started: float
-                  ) -> dict[str, Any]:
-    """Epoch statistics, validation, the best checkpoint; returns the metrics record."""
+def _finish_epoch(run: Run, p: Progress, started: float) -> dict[str, Any]:
+    """Epoch statistics, validation and the choice of the epoch to keep (``best``);
+    returns the epoch's record."""
     ctx = run.ctx
     seen = torch.tensor([float(p.seen)], device=run.device, dtype=torch.float64)
-    totals = ctx.sum(torch.cat([sums, seen])).tolist()  # waits for the device: time after
+    totals = ctx.sum(torch.cat([run.tally.sums, seen])).tolist()  # waits: time after
     train_seconds = p.epoch_seconds + time.perf_counter() - started
     lr = run.optimizer.param_groups[0]["lr"]
     run.schedule.step()
@@ -240,39 +233,4 @@ def _finish_epoch(run: Run, p: Progress, sums: torch.Tensor, started: float
     record["best"] = selection < p.best or run.val_data is None
     if record["best"]:
         p.best, p.best_epoch = selection, p.epoch
-        if ctx.is_main:
-            save_checkpoint(run.run_dir, run.model,
-                            run.checkpoint_meta(p.epoch, record.get("val_loss")))
-    record["summary"] = (
-        f"loss {train_loss:.4f} acc {record['train_acc']:.3f} "
-        f"({record['images_per_s']:,.0f} img/s)"
-        + (f" | val loss {record['val_loss']:.4f} acc {record['val_acc']:.3f}"
-           if "val_loss" in record else "")
-        + (f" | routing H {record['routing_entropy']:.3f}" if "routing_entropy" in record
-           else ""))
     return record
-
-
-def _finish_run(run: Run, p: Progress, stopped_early: bool) -> None:
-    """Curves, then ``summary.json``, then no ``resume.pt``: a failure before the end
-    leaves a run that ``--resume`` finishes."""
-    epochs_run = p.epoch - 1
-    lines = (run.run_dir / METRICS).read_text(encoding="utf-8").splitlines()
-    with writing(run.run_dir / "curves.png"):
-        plot_training_curves(metric_records(lines), run.run_dir / "curves.png")
-    write_text_atomic(run.run_dir / SUMMARY, json.dumps({
-        "best_epoch": p.best_epoch, "best_selection_loss": p.best, "epochs_run": epochs_run,
-        "stopped_early": stopped_early, "train_samples": len(run.train_data),
-        "train_samples_full": run.rows.full_train_size,
-        "steps_per_epoch": len(run.sampler), "world_size": run.ctx.world}, indent=2))
-    (run.run_dir / RESUME_FILE).unlink(missing_ok=True)  # finished: nothing to resume
-
-
-def _tensorboard(run: Run) -> Any:
-    if not (run.cfg.tensorboard and run.ctx.is_main):
-        return None
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(log_dir=str(run.run_dir / "tensorboard"))
-
-

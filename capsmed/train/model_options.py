@@ -18,10 +18,7 @@ from torch import nn
 from capsmed.errors import CapsmedError, first_line
 from capsmed.models import create_model
 from capsmed.models.registry import get_model_entry
-
-# Set by the trainer from the dataset, not by the user: no check against a default.
-FROM_DATA = frozenset({"in_channels", "num_classes", "input_size", "input_mean",
-                       "input_std"})
+from capsmed.train.choices import FROM_DATA
 
 
 def check_model_kwargs(arch: str, kwargs: dict[str, Any]) -> None:

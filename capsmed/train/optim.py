@@ -6,8 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-OPTIMIZERS = ("adam", "nadam")
-SCHEDULES = ("constant", "exponential")
+from capsmed.train.choices import OPTIMIZERS, SCHEDULES
 
 
 def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float

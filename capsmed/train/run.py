@@ -13,7 +13,6 @@ while the run is unfinished, ``summary.json`` and ``curves.png`` at the end.
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import logging
 import math
 import os
@@ -31,7 +30,7 @@ from capsmed.data.contract import DatasetInfo, is_two_label
 from capsmed.data.digest import file_digest
 from capsmed.data.record import write_record
 from capsmed.device import device_name, seed_everything
-from capsmed.errors import CapsmedError, first_line
+from capsmed.errors import CapsmedError
 from capsmed.io import atomic_dir, atomic_path, write_text_atomic, writing
 from capsmed.models import count_parameters
 from capsmed.train import distributed
@@ -41,6 +40,11 @@ from capsmed.train.losses import balanced_class_weights
 from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer, build_schedule
 from capsmed.train.protocol import PROTOCOL_REVISION
+from capsmed.train.run_checks import (
+    check_cuda_graph,
+    check_saved_rows,
+    check_training_classes,
+)
 from capsmed.train.run_data import (
     TEST_ROWS,
     TRAIN_ROWS,
@@ -52,7 +56,17 @@ from capsmed.train.run_data import (
 )
 from capsmed.train.sampling import BatchSampler
 from capsmed.train.state import Progress, save_state
-from capsmed.train.step import StepSettings, TrainStep, prepare_model, resolve_precision
+from capsmed.train.step import (
+    PRECISION_NAMES,
+    EpochTally,
+    GraphedTrainStep,
+    StepSettings,
+    TrainStep,
+    precision_mode,
+    prepare_model,
+    resolve_precision,
+)
+from capsmed.train.transfer import transfer_parameters
 
 log = logging.getLogger(__name__)
 
@@ -117,25 +131,6 @@ def hold_run_lock(run_dir: Path) -> int | None:
     return fd
 
 
-def _check_saved_rows(run_dir: Path, rows: RunRows) -> None:
-    """On resume: the options in config.yaml still select the rows the run trained on
-    (an edited fraction, seed or fold would train the rest of the run on others)."""
-    for name, values in ((TRAIN_ROWS, rows.train_rows), (TEST_ROWS, rows.test_rows)):
-        path = run_dir / name
-        if values is None or not path.is_file():
-            continue
-        try:
-            saved = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise CapsmedError(f"{path}: cannot read the saved rows ({first_line(exc)})"
-                               ) from None
-        if not np.array_equal(saved, values):
-            raise CapsmedError(f"{path}: the run trained on other rows than its "
-                               f"config.yaml selects now ({len(saved)} saved, "
-                               f"{len(values)} now): its options were edited after it "
-                               "started; restore them, or train a new run")
-
-
 def _save_rows(run_dir: Path, rows: RunRows) -> None:
     for name, values in ((TRAIN_ROWS, rows.train_rows), (TEST_ROWS, rows.test_rows)):
         if values is not None:
@@ -144,52 +139,14 @@ def _save_rows(run_dir: Path, rows: RunRows) -> None:
                 np.save(fh, values)
 
 
-def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str],
-                        freeze: bool) -> list[str]:
-    """Copy the parameters whose names start with one of ``prefixes`` from the checkpoint
-    in run directory ``source`` (paper 003's layer transfer), with their buffers (batch
-    norms' running statistics, which the copied weights were trained with); optionally
-    freeze the parameters.
-
-    Raises:
-        CapsmedError: if a prefix matches nothing or shapes differ.
-    """
-    from safetensors.torch import load_file
-
-    from capsmed.train.checkpoint import WEIGHTS
-
-    path = Path(source) / WEIGHTS
-    if not path.is_file():
-        raise CapsmedError(f"{path}: no checkpoint to transfer from")
-    weights = load_file(str(path))
-    params = dict(model.named_parameters())
-    copied = []
-    for prefix in prefixes:
-        names = [n for n in params if n == prefix or n.startswith(prefix + ".")]
-        if not names:
-            tops = ", ".join(sorted({n.split(".")[0] for n in params}))
-            raise CapsmedError(f"transfer layer '{prefix}' matches no parameter of the "
-                               f"model (it has: {tops})")
-        for name in names:
-            if name not in weights or weights[name].shape != params[name].shape:
-                raise CapsmedError(f"{path}: parameter '{name}' is missing or has another "
-                                   "shape; transfer between the same architecture and input")
-            with torch.no_grad():
-                params[name].copy_(weights[name])
-            params[name].requires_grad_(not freeze)
-            copied.append(name)
-        for name, buffer in model.named_buffers():  # batch norms' running statistics
-            if (name == prefix or name.startswith(prefix + ".")) and name in weights \
-                    and weights[name].shape == buffer.shape:
-                with torch.no_grad():
-                    buffer.copy_(weights[name])
-    log.info("transferred %d parameter tensors from %s%s", len(copied), source,
-             " (frozen)" if freeze else "")
-    return copied
-
-
 class Run:
-    """Everything a training run holds; built by :func:`train` or :func:`resume`."""
+    """Everything a training run holds; built by :func:`train` or :func:`resume`.
+
+    ``run_dir`` and ``model_kwargs`` are None for a new run (chosen and measured here)
+    and given by a resumed one (its folder and its ``config.yaml``). The set-up steps
+    run in this order: what is refused costs nothing and writes nothing; the seed is
+    set right before the model is built; the folder is written last, whole.
+    """
 
     def __init__(self, cfg: TrainConfig, info: DatasetInfo, ctx: distributed.Distributed,
                  device: torch.device, run_dir: Path | None, model_kwargs: dict | None,
@@ -197,74 +154,128 @@ class Run:
         self.cfg, self.info, self.ctx, self.device = cfg, info, ctx, device
         # None defers to the global setting (capsmed -q); other ranks never show bars
         self.disable_progress = disable_progress if ctx.is_main else True
+        self.precision = self._check_device_modes(run_dir)
         # what config.yaml records and --resume / evaluate compare (one digest for all)
         self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
-        self.two_labels = is_two_label(info.path, self.rows.train_split)
-        if self.two_labels:
-            clash = [name for name, on in (("--class-weights", cfg.class_weights),
-                                           ("--augment", cfg.augment),
-                                           ("torchrun", ctx.enabled)) if on]
-            if clash:
-                raise CapsmedError(f"{info.path}: two-label training (MultiMNIST) does not "
-                                   f"support {', '.join(clash)}")
-            log.info("two-label set: both classes are targets, each object is "
-                     "reconstructed from its own capsule (Sabour et al.)")
-        if model_kwargs is None:  # a new run: statistics of its own training rows
-            stats = (channel_statistics(sample_for_statistics(info, self.rows))
-                     if cfg.standardize else {})
-            model_kwargs = {"in_channels": info.channels, "num_classes": info.num_classes,
-                            "input_size": list(info.image_size), **stats,
-                            **cfg.model_kwargs}
-        self.model_kwargs = model_kwargs
-        if cfg.tensorboard:
-            try:
-                importlib.import_module("torch.utils.tensorboard")
-            except ImportError:
-                raise CapsmedError("--tensorboard needs the tensorboard package: pip install "
-                                   "'capsmed[tensorboard]'") from None
-        seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
+        check_training_classes(info, self.rows)
+        self.two_labels = self._check_two_labels()
+        self.model_kwargs = (model_kwargs if model_kwargs is not None
+                             else self._new_model_kwargs())
+        self.model = self._build_model(run_dir)
+        new = run_dir is None
+        self.run_dir = self._new_run_dir() if new else run_dir
+        if not new:
+            check_saved_rows(self.run_dir, self.rows)
+        self._load_data()
+        self._build_optimisation()
+        self._build_step()
+        self.environment = self._describe_environment()
+        log.debug("environment %s; training rows %d (%s), validation %s; %d steps per "
+                  "epoch; options %s", self.environment, len(self.train_data),
+                  self.rows.train_split, self.rows.val_split or "none", len(self.sampler),
+                  cfg.to_dict())
+        if new and ctx.is_main:
+            self._create_folder()
+        # last: a Run that exists holds its lock, which train() and resume() release
+        self._lock = hold_run_lock(self.run_dir) if ctx.is_main else None
+        if new:
+            ctx.barrier()
+
+    def _check_device_modes(self, run_dir: Path | None) -> str:
+        """The precision mode run here; refuses tf32 or --cuda-graph where they cannot
+        work (a resumed run's options come from its config.yaml, named then)."""
         try:
-            self.model = build_model(cfg.arch, model_kwargs,
-                                     (info.channels, *info.image_size))
+            precision = precision_mode(self.cfg.precision, self.device)
+            check_cuda_graph(self.cfg, self.device, self.ctx, precision)
         except CapsmedError as exc:
             if run_dir is None:
                 raise
-            raise CapsmedError(f"{run_dir / 'config.yaml'}: {exc}") from None  # resumed
+            raise CapsmedError(f"{run_dir / 'config.yaml'}: the run's options ask for it: "
+                               f"{exc}") from None
+        return precision
+
+    def _check_two_labels(self) -> bool:
+        """Whether targets are two labels (MultiMNIST); refuses what those cannot do."""
+        if not is_two_label(self.info.path, self.rows.train_split):
+            return False
+        clash = [name for name, on in (("--class-weights", self.cfg.class_weights),
+                                       ("--augment", self.cfg.augment),
+                                       ("--cuda-graph", self.cfg.cuda_graph),
+                                       ("torchrun", self.ctx.enabled)) if on]
+        if clash:
+            raise CapsmedError(f"{self.info.path}: two-label training (MultiMNIST) does "
+                               f"not support {', '.join(clash)}")
+        log.info("two-label set: both classes are targets, each object is "
+                 "reconstructed from its own capsule (Sabour et al.)")
+        return True
+
+    def _new_model_kwargs(self) -> dict[str, Any]:
+        """A new run's model arguments: the data's shape and classes, the statistics of
+        its own training rows, and the user's options."""
+        info, cfg = self.info, self.cfg
+        stats = (channel_statistics(sample_for_statistics(info, self.rows))
+                 if cfg.standardize else {})
+        return {"in_channels": info.channels, "num_classes": info.num_classes,
+                "input_size": list(info.image_size), **stats, **cfg.model_kwargs}
+
+    def _build_model(self, run_dir: Path | None) -> torch.nn.Module:
+        """The seeded model (with layers transferred from another run, if asked); a
+        resumed run's model options that no longer build name its config.yaml."""
+        cfg, info = self.cfg, self.info
+        seed_everything(cfg.seed)  # the model's initialisation is what the seed fixes
+        try:
+            model = build_model(cfg.arch, self.model_kwargs, (info.channels, *info.image_size))
+        except CapsmedError as exc:
+            if run_dir is None:
+                raise
+            raise CapsmedError(f"{run_dir / 'config.yaml'}: {exc}") from None
         if cfg.transfer_from:
-            transfer_parameters(self.model, Path(cfg.transfer_from), cfg.transfer_layers,
+            transfer_parameters(model, Path(cfg.transfer_from), cfg.transfer_layers,
                                 cfg.freeze_transferred)
-        new = run_dir is None
-        if new:
-            path = Path(cfg.out) if cfg.out else _default_run_dir(cfg, info)
-            path = Path(ctx.broadcast_text(str(path)))
-            _check_new_run_dir(path)
-            check_free_space(path, self.model)
-            run_dir = path
-        self.run_dir = run_dir
-        if not new:
-            _check_saved_rows(run_dir, self.rows)
-        self.train_data = make_loader(info, self.rows.train_split, self.rows.train_rows, cfg,
-                                      device)
-        self.val_data = (make_loader(info, self.rows.val_split, None, cfg, device)
-                         if self.rows.val_split else None)
+        return model
+
+    def _new_run_dir(self) -> Path:
+        """The new run's folder (``--out`` or a stamped name), checked empty and roomy."""
+        path = Path(self.cfg.out) if self.cfg.out else _default_run_dir(self.cfg, self.info)
+        path = Path(self.ctx.broadcast_text(str(path)))
+        _check_new_run_dir(path)
+        check_free_space(path, self.model)
+        return path
+
+    def _load_data(self) -> None:
+        info, rows, cfg, device = self.info, self.rows, self.cfg, self.device
+        self.train_data = make_loader(info, rows.train_split, rows.train_rows, cfg, device)
+        self.val_data = (make_loader(info, rows.val_split, None, cfg, device)
+                         if rows.val_split else None)
         if self.val_data is None:
             log.warning("%s: no validation data for this run: the last epoch's weights are "
                         "kept and there is no early stopping", info.path)
 
-        channels_last = cfg.channels_last if cfg.channels_last is not None \
-            else device.type == "cuda"
-        self.model = prepare_model(self.model, device, channels_last, compile_model=False)
+    def _build_optimisation(self) -> None:
+        """The model on its device, its optimiser and schedule, and the module each step
+        calls (wrapped for torchrun, compiled on request)."""
+        cfg, device = self.cfg, self.device
+        self.channels_last = (cfg.channels_last if cfg.channels_last is not None
+                              else device.type == "cuda")
+        self.model = prepare_model(self.model, device, self.channels_last,
+                                   compile_model=False)
         self.model.train()
         self.optimizer = build_optimizer(
             cfg.optimizer, [q for q in self.model.parameters() if q.requires_grad], cfg.lr)
         self.schedule = build_schedule(cfg.lr_schedule, self.optimizer, cfg.lr_decay)
         module = self.model
-        if ctx.enabled:
+        if self.ctx.enabled:
             module = torch.nn.parallel.DistributedDataParallel(
                 module, device_ids=[device.index] if device.type == "cuda" else None)
         if cfg.compile:
             module = torch.compile(module)
+        self.module = module
+
+    def _build_step(self) -> None:
+        """The batch sampler, the step's settings (loss, precision, class weights,
+        augmentation) and the step, which sums its figures into ``tally``."""
+        cfg, device, info = self.cfg, self.device, self.info
         steps = cfg.steps_per_epoch
         if steps is None and not cfg.challenge.is_full:  # same iterations as the full set
             steps = math.ceil(self.rows.full_train_size / cfg.batch_size)
@@ -277,28 +288,26 @@ class Run:
         self.settings = StepSettings(
             loss_kind=self.model.loss_kind, recon_weight=cfg.recon_weight,
             autocast_dtype=resolve_precision(cfg.precision, device),
-            channels_last=channels_last, class_weights=weights, augment=augment,
+            channels_last=self.channels_last, class_weights=weights, augment=augment,
             augment_rng=(torch.Generator(device=device).manual_seed(cfg.seed + 1)
                          if augment is not None else None),
             decoder=self.model.decoder)
-        self.step = TrainStep(module, self.optimizer, self.settings)
-        self.environment = {"capsmed": __version__, "protocol_revision": PROTOCOL_REVISION,
-                            "torch": str(torch.__version__),
-                            "device": device_name(device),
-                            "python": platform.python_version(),
-                            "parameters": count_parameters(self.model),
-                            "precision": str(self.settings.autocast_dtype or "float32"),
-                            "world_size": ctx.world}
-        log.debug("environment %s; training rows %d (%s), validation %s; %d steps per "
-                  "epoch; options %s", self.environment, len(self.train_data),
-                  self.rows.train_split, self.rows.val_split or "none", len(self.sampler),
-                  cfg.to_dict())
-        if new and ctx.is_main:
-            self._create_folder()
-        # last: a Run that exists holds its lock, which train() and resume() release
-        self._lock = hold_run_lock(self.run_dir) if ctx.is_main else None
-        if new:
-            ctx.barrier()
+        self.tally = EpochTally(device)
+        self.train_step = TrainStep(self.module, self.optimizer, self.settings, self.tally)
+        self.step: TrainStep | GraphedTrainStep = (
+            GraphedTrainStep(self.train_step) if cfg.cuda_graph else self.train_step)
+
+    def _describe_environment(self) -> dict[str, Any]:
+        """What config.yaml records of the software and hardware the run trains on."""
+        return {"capsmed": __version__, "protocol_revision": PROTOCOL_REVISION,
+                "torch": str(torch.__version__), "device": device_name(self.device),
+                "python": platform.python_version(),
+                "parameters": count_parameters(self.model),
+                # what --precision is here: float32 (IEEE: TF32 off), tf32, bfloat16
+                # or float16 (autocast; routing and loss in IEEE float32)
+                "precision": PRECISION_NAMES[self.precision],
+                "tf32": self.precision == "tf32",
+                "world_size": self.ctx.world}
 
     def release(self) -> None:
         """Let another process train this run directory (:func:`hold_run_lock`)."""
@@ -322,7 +331,7 @@ class Run:
                    folder: Path | None = None) -> None:
         """Write ``resume.pt`` (into ``folder``, default the run directory)."""
         save_state(folder or self.run_dir, model=self.model, optimizer=self.optimizer,
-                   schedule=self.schedule, scaler=self.step.scaler,
+                   schedule=self.schedule, scaler=self.train_step.scaler,
                    sampler_state=sampler_state, augment_rng=self.settings.augment_rng,
                    progress=progress)
 

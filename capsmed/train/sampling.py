@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import torch
 
 from capsmed.errors import CapsmedError
+from capsmed.train.choices import SAMPLERS
 
 log = logging.getLogger(__name__)
 
-SAMPLERS = ("shuffle", "balanced")
 
 
 class BatchSampler:

@@ -3,17 +3,17 @@
 ``RUN_DIR/resume.pt`` holds the model, optimiser, schedule and loss-scaler state, the
 sampler's generator state at the start of the current epoch (the epoch's batches are
 regenerated and the finished ones skipped), the augmentation and global RNG states,
-the partial epoch's sums and the early-stopping counters. It is written at every
-epoch end and when a run is interrupted (Ctrl-C, SIGTERM), and removed when the run
-finishes. It is read with ``torch.load(weights_only=True)``: tensors and plain
-containers only, nothing is unpickled.
+the partial epoch's sums and the early-stopping counters. It is written when the run
+starts, at most every ``state_every_minutes`` after that, at the end of training and
+when a run is stopped (Ctrl-C, SIGTERM, SIGUSR2), and removed when the run finishes
+(:class:`capsmed.train.handlers.resumable_state.ResumableState`). It is read with
+``torch.load(weights_only=True)``: tensors and plain containers only, nothing is
+unpickled.
 """
 
 from __future__ import annotations
 
-import contextlib
 import pickle
-import signal
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ class Progress:
     best_epoch: int = 0
     global_step: int = 0
     epoch_seconds: float = 0.0  # time already spent in this epoch before a resume
+    stopped_early: bool = False  # early stopping ended the run after epoch - 1
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -114,42 +115,3 @@ def restore_rng(state: dict[str, Any], augment_rng: torch.Generator | None) -> N
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     if augment_rng is not None and state["augment"] is not None:
         augment_rng.set_state(state["augment"])
-
-
-class StopRequest:
-    """Turns Ctrl-C / SIGTERM / SIGUSR2 into a request the loop honours after the current step.
-
-    A second Ctrl-C interrupts at once (the last saved state still resumes). Outside
-    the main thread (where signals cannot be handled) it only counts ``stop_after``.
-    """
-
-    def __init__(self, stop_after_steps: int | None = None) -> None:
-        self.requested = False
-        self.reason = ""
-        self.stop_after = stop_after_steps
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.reason = signal.Signals(signum).name
-
-    def __enter__(self) -> StopRequest:
-        # SIGUSR2: Slurm's warning before a time limit (submitit asks for it), sent to
-        # every process of the job; its default action would kill the run unsaved.
-        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR2", None)):
-            if sig is None:
-                continue
-            with contextlib.suppress(ValueError):  # not the main thread: no handlers
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def check(self, steps_done: int) -> bool:
-        if self.stop_after is not None and steps_done >= self.stop_after:
-            self.requested, self.reason = True, f"stop after {self.stop_after} steps"
-        return self.requested

@@ -2,20 +2,24 @@
 
 Speed without changing results on CPU: autocast (bf16, or fp16 with loss scaling)
 only on GPUs, routing always in fp32 (``capsmed.models.capsules`` disables autocast
-inside routing), channels-last on CUDA, optional ``torch.compile``. The step returns
-device tensors and never calls ``.item()``, so the host does not wait for the GPU.
+inside routing), channels-last on CUDA, optional ``torch.compile``, optionally the
+whole step as one CUDA graph. The step returns device tensors and never calls
+``.item()``, so the host does not wait for the GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from capsmed.data.loader import TwoLabels
+from capsmed.device import device_name
+from capsmed.errors import CapsmedError
 from capsmed.models.common import ModelOutput
 from capsmed.train.augment import AugmentSpec, augment_batch
 from capsmed.train.losses import count_correct, training_loss, two_label_loss
@@ -24,12 +28,48 @@ log = logging.getLogger(__name__)
 
 
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for ``name`` on ``device`` (None = fp32, no autocast)."""
-    if name == "fp32" or (name == "auto" and device.type != "cuda"):
+    """The autocast dtype for ``name`` on ``device`` (None = fp32 or tf32, no autocast)."""
+    if name in ("fp32", "tf32") or (name == "auto" and device.type != "cuda"):
         return None
     if name == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def precision_mode(name: str, device: torch.device) -> str:
+    """What ``--precision name`` really is on ``device``: ``fp32`` (IEEE fp32: TF32 off),
+    ``tf32`` (fp32 tensors, TF32 matmuls and convolutions), ``bf16`` or ``fp16``
+    (autocast; routing and the loss stay IEEE fp32). ``auto`` is resolved.
+
+    Raises:
+        CapsmedError: ``tf32`` where there is none (not CUDA, or before Ampere).
+    """
+    dtype = resolve_precision(name, device)
+    if dtype is not None:
+        return "bf16" if dtype == torch.bfloat16 else "fp16"
+    if name == "tf32" and (device.type != "cuda"
+                           or torch.cuda.get_device_capability(device)[0] < 8):
+        raise CapsmedError(f"--precision tf32 needs a CUDA GPU of compute capability 8.0 "
+                           f"or newer (Ampere); this device is {device_name(device)}")
+    return name if name == "tf32" else "fp32"
+
+
+# What config.yaml and the benchmark results call each mode (float32 is IEEE fp32).
+PRECISION_NAMES = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@contextlib.contextmanager
+def float32_matmuls(mode: str) -> Iterator[None]:
+    """Run fp32 matmuls and convolutions as ``mode`` says: TF32 for ``tf32``, IEEE fp32
+    for every other mode (PyTorch's default lets cuDNN convolutions use TF32, which made
+    "fp32" figures TF32 ones). Restores the previous setting afterwards."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = mode == "tf32"
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
 def coupling_entropy(couplings: torch.Tensor) -> torch.Tensor:
@@ -99,6 +139,32 @@ def loss_and_correct(out: ModelOutput, x: torch.Tensor, y: torch.Tensor | TwoLab
     return loss, count_correct(out.scores.detach(), y)
 
 
+class EpochTally:
+    """An epoch's running training figures, kept on the device so that no step waits for
+    the host: the summed loss x samples and correct predictions (float64), and the
+    global step whose loss was first not finite (-1: none yet). Updated in place, so a
+    CUDA graph that captured :meth:`add` keeps updating these very tensors."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)
+        self.bad_step = torch.full((), -1, dtype=torch.int64, device=device)
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
+
+    def start_epoch(self, loss_sum: float, correct: float, global_step: int) -> None:
+        """Start from a resumed epoch's sums (0 for a new epoch). Python numbers enter
+        as kernel arguments: no host-to-device copy."""
+        self.sums[0].fill_(loss_sum)
+        self.sums[1].fill_(correct)
+        self.bad_step.fill_(-1)
+        self.step.fill_(global_step)
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
+        self.sums += torch.stack([loss.double() * n, correct.double()])
+        self.step += 1
+        self.bad_step.copy_(torch.where((self.bad_step < 0) & ~torch.isfinite(loss),
+                                        self.step, self.bad_step))
+
+
 class TrainStep:
     """Augment, forward, loss in fp32, backward, optimiser step.
 
@@ -106,11 +172,14 @@ class TrainStep:
         model: The module to call (possibly compiled or wrapped in DDP).
         optimizer: Its optimiser.
         settings: Precision, loss and augmentation settings.
+        tally: Where the training loop sums each step's loss and correct predictions
+            (part of the step, so that a CUDA graph of it keeps them too).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 settings: StepSettings) -> None:
+                 settings: StepSettings, tally: EpochTally | None = None) -> None:
         self.model, self.optimizer, self.settings = model, optimizer, settings
+        self.tally = tally
         fp16 = settings.autocast_dtype == torch.float16
         device_type = next(model.parameters()).device.type
         self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
@@ -129,17 +198,26 @@ class TrainStep:
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return loss.detach(), correct
+        loss = loss.detach()
+        if self.tally is not None:
+            self.tally.add(loss, correct, len(y))
+        return loss, correct
 
 
 class GraphedTrainStep:
-    """A :class:`TrainStep` captured once as a CUDA graph and replayed for every batch.
+    """A :class:`TrainStep` replayed as one CUDA graph: forward, loss, backward, the
+    optimiser update and the step's tally become one launch, so small batches are no
+    longer bound by the host issuing hundreds of kernels.
 
-    The whole step (forward, loss, backward, the Adam update) becomes one launch, so
-    small batches are no longer bound by the host issuing hundreds of kernels. Fixed
-    shapes only: a batch of another size runs the plain step. Not for fp16 (the loss
-    scaler decides on the host) nor for on-device augmentation (its random draws
-    would be frozen into the graph).
+    The first ``warmup`` calls run the plain step on a side stream: real steps, which
+    also initialise cuBLAS, cuDNN and the optimiser's state, as capture needs. The next
+    call captures the step and every later call of that batch shape (the largest
+    seen) replays it. A batch of another shape (an epoch's last, partial one) runs
+    the plain step. A changed learning rate (a schedule), which the graph holds as a
+    constant, is captured again. The loss and correct count returned are the graph's
+    own tensors: valid until the next call. Not for fp16 (the loss scaler decides on
+    the host) nor for on-device augmentation (its random draws would be frozen into
+    the graph).
     """
 
     def __init__(self, step: TrainStep, warmup: int = 3) -> None:
@@ -149,30 +227,57 @@ class GraphedTrainStep:
         for group in step.optimizer.param_groups:
             group["capturable"] = True  # state (the step count) lives on the device
         self.step, self.warmup = step, warmup
+        self.shape: tuple[torch.Size, torch.Size] | None = None
+        self.warmed = 0
+        self.side: torch.cuda.Stream | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor] | None = None
         self.outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.captured_lrs: list[float] = []
 
-    def _capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.static = (x.clone(), y.clone())
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture stream (cuDNN, Adam state)
-            for _ in range(self.warmup):
-                self.step(*self.static)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        self.step.optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(self.graph):
-            self.outputs = self.step(*self.static)
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        return self.step.scaler
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.static is not None and x.shape != self.static[0].shape:
-            return self.step(x, y)
-        if self.graph is None:
+    def _lrs(self) -> list[float]:
+        return [group["lr"] for group in self.step.optimizer.param_groups]
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor,
+                 share: tuple[int, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.shape is None or len(x) > self.shape[0][0]:  # graph the largest batch
+            # (a run resumed before its epoch's last, partial batch starts with that)
+            self.shape, self.warmed, self.graph, self.static = (x.shape, y.shape), 0, None, None
+        if (x.shape, y.shape) != self.shape:
+            return self.step(x, y, share)
+        if self.warmed < self.warmup:
+            self.warmed += 1
+            return self._on_side_stream(x, y)
+        if self.graph is None or self.captured_lrs != self._lrs():
             self._capture(x, y)
         assert self.static is not None and self.graph is not None and self.outputs is not None
         self.static[0].copy_(x)
         self.static[1].copy_(y)
         self.graph.replay()
-        return self.outputs[0].clone(), self.outputs[1].clone()
+        return self.outputs
+
+    def _on_side_stream(self, x: torch.Tensor, y: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.side is None:
+            self.side = torch.cuda.Stream()
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            out = self.step(x, y)
+        torch.cuda.current_stream().wait_stream(self.side)
+        return out
+
+    def _capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Record the step on the static batch; nothing runs until the replay."""
+        if self.static is None:
+            self.static = (x.clone(), y.clone())
+        self.graph = None  # a new learning rate: the old graph's memory goes first
+        self.step.optimizer.zero_grad(set_to_none=True)  # gradients from the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.outputs = self.step(*self.static)
+        self.graph, self.captured_lrs = graph, self._lrs()

@@ -26,6 +26,7 @@ COMMANDS = {
     "aml": ("capsmed.data.sources.aml.reader", "preprocess_aml", []),
     "folder": ("capsmed.data.sources.folder.reader", "preprocess_folder", []),
     "wsi": ("capsmed.data.sources.wsi.reader", "preprocess_wsi", ["--slide-labels", "labels.csv"]),
+    "medmnist": ("capsmed.data.sources.medmnist.reader", "preprocess_medmnist", []),
     "mnist": ("capsmed.data.sources.mnist.reader", "preprocess_mnist", []),
     "fashion-mnist": ("capsmed.data.sources.mnist.reader", "preprocess_mnist", []),
     "multimnist": ("capsmed.data.sources.mnist.multimnist", "preprocess_multimnist", []),
@@ -82,3 +83,39 @@ def test_every_shown_default_is_the_config_default(name, monkeypatch):
 def test_split_fractions_are_filled_from_the_config_and_checked_once(monkeypatch):
     config = _config(monkeypatch, "tupac16", ["--val", "0", "--test", "0.3"])
     assert config.fractions == {"train": 0.7, "val": 0.0, "test": 0.3}
+
+
+def test_every_train_option_is_a_config_field_showing_its_default(monkeypatch):
+    """capsmed train's options are generated from TrainConfig: typing a shown default
+    builds the same config as leaving the option out, for every option."""
+    import capsmed.train.engine as engine
+    from capsmed.train.config import TrainConfig
+
+    seen = []
+    monkeypatch.setattr(engine, "train", lambda cfg, *a, **kw: seen.append(cfg) or "run")
+
+    def config(*args):
+        result = runner.invoke(app, ["train", "--data", "x.h5", "--arch", "lenet", *args])
+        assert result.exit_code == 0, f"{args}: {result.output}"
+        return seen[-1]
+
+    baseline = config()
+    command = typer.main.get_command(app).commands["train"]
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    checked = 0
+    for param in command.params:
+        if not isinstance(param, TyperOption) or param.name not in fields - {"data", "arch"}:
+            continue  # data and arch are required: no default
+        help_text = param.help or ""
+        assert not param.show_default and "default:" not in help_text.lower(), help_text
+        match = _BRACKET.search(help_text)
+        if getattr(baseline, param.name) not in (None, {}, []):
+            assert match, f"--{param.name} shows no default: {help_text}"
+        if not match or getattr(baseline, param.name) in (None, {}, []):
+            continue  # a default said in words ([the domain's ...])
+        shown = match.group(1)
+        args = [f"--{shown}"] if param.secondary_opts else [param.opts[0], shown]
+        assert config(*args) == baseline, f"{args}: {help_text}"
+        checked += 1
+    assert checked >= 20
+    assert {o.name for o in command.params} >= fields - {"model_kwargs"}

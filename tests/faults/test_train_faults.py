@@ -122,3 +122,30 @@ def test_a_run_that_cannot_start_says_why_and_names_the_file(toy_copy, tmp_path,
     line = assert_refused(invoke(lenet_args(toy_copy, run)),
                           run if named == "run" else toy_copy, text=text, absent=[run])
     assert "MiB free" not in line
+
+
+@pytest.mark.parametrize("train_labels, text", [
+    ([0] * 16, "the training rows hold one class only (a) of the 3 in the file: the model "
+     "learns nothing that tells classes apart and will call every image a"),
+    ([0, 1] * 8, "the training rows hold no sample of c: the model cannot learn to predict it"),
+], ids=["one-class", "a-class-missing"])
+def test_training_rows_lacking_classes_are_warned_about(tmp_path, caplog, train_labels, text):
+    import numpy as np
+
+    from capsmed.data.writer import DatasetWriter
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "three.h5"
+    with DatasetWriter(data, dataset="three", kind="folder", domain="generic",
+                       class_names=["a", "b", "c"],
+                       image_shape=(1, 28, 28), preprocessing={}, source={}) as w:
+        for split, labels in (("train", train_labels), ("val", [0, 1, 2] * 2)):
+            w.append(split, rng.integers(0, 256, (len(labels), 1, 28, 28), dtype=np.uint8),
+                     np.array(labels), [f"{split}{i}" for i in range(len(labels))])
+    with caplog.at_level("WARNING", logger="capsmed"):
+        train(TrainConfig(data=str(data), arch="lenet", epochs=1, batch_size=8,
+                          model_kwargs={"widths": [3, 4], "hidden": [8]},
+                          out=str(tmp_path / "run")), disable_progress=True)
+    assert f"{data}: {text}" in caplog.text

@@ -22,6 +22,7 @@ from capsmed.cli.options import (
     workers_option,
 )
 from capsmed.cli.preprocess import app as preprocess_app
+from capsmed.cli.stain_options import stain_norm_option, stain_target_option
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.folder.config import FolderConfig
 from capsmed.errors import CapsmedError
@@ -79,6 +80,8 @@ def preprocess_folder(
     domain: str = domain_option(FolderConfig),
     workers: int = workers_option(FolderConfig),
     allow_group_leak: bool = allow_group_leak_option(FolderConfig, "group"),
+    stain_norm: str = stain_norm_option(FolderConfig),
+    stain_target: str = stain_target_option(FolderConfig),
 ) -> None:
     """Any class-folder dataset: 8-bit grey/RGB images, patient-level split or folds."""
     from capsmed.data.sources.folder.reader import preprocess_folder
@@ -89,6 +92,8 @@ def preprocess_folder(
         raise CapsmedError("--folds writes one split 'all'; do not combine it with "
                            "--split-file or --train/--val/--test")
     config = FolderConfig(**only_set(
+        stain_norm=stain_norm,
+        stain_target=stain_target,
         classes=tuple(c.strip() for c in classes.split(",") if c.strip()) if classes else None,
         channels=channels, size=size, keep_aspect=keep_aspect, scale16=scale16,
         group_pattern=group_pattern, groups_csv=str(groups_csv) if groups_csv else None,

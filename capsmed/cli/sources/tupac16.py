@@ -21,6 +21,7 @@ from capsmed.cli.options import (
     workers_option,
 )
 from capsmed.cli.preprocess import app as preprocess_app
+from capsmed.cli.stain_options import stain_norm_option, stain_target_option
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.tupac16.config import Tupac16Config
 
@@ -72,11 +73,15 @@ def preprocess_tupac16(
     allow_group_leak: bool = allow_group_leak_option(Tupac16Config, "case"),
     allow_no_annotations: bool = allow_no_annotations_option(Tupac16Config,
                                                              "mitosis annotation"),
+    stain_norm: str = stain_norm_option(Tupac16Config),
+    stain_target: str = stain_target_option(Tupac16Config),
 ) -> None:
     """TUPAC16 mitosis: hematoxylin channel, mitosis vs tissue patches, case-level split."""
     from capsmed.data.sources.tupac16.reader import preprocess_tupac16
 
     config = Tupac16Config(**only_set(
+        stain_norm=stain_norm,
+        stain_target=stain_target,
         patch_size=patch_size, output_size=output_size, jitter=jitter,
         positives_per_mitosis=positives_per_mitosis, negatives_per_image=negatives_per_image,
         min_tissue=min_tissue, mitosis_radius=mitosis_radius, h_max=h_max, seed=seed,

@@ -22,6 +22,7 @@ from capsmed.cli.options import (
     workers_option,
 )
 from capsmed.cli.preprocess import app as preprocess_app
+from capsmed.cli.stain_options import stain_norm_option, stain_target_option
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.wsi.config import WsiConfig
 
@@ -101,11 +102,15 @@ def preprocess_wsi(
     allow_group_leak: bool = allow_group_leak_option(WsiConfig, "slide"),
     allow_no_annotations: bool = allow_no_annotations_option(WsiConfig,
                                                              "classified polygon"),
+    stain_norm: str = stain_norm_option(WsiConfig),
+    stain_target: str = stain_target_option(WsiConfig),
 ) -> None:
     """Whole-slide images: tissue mask, grid tiles at a level or mpp, labels, slide split."""
     from capsmed.data.sources.wsi.reader import preprocess_wsi as run
 
     config = WsiConfig(**only_set(
+        stain_norm=stain_norm,
+        stain_target=stain_target,
         level=level, mpp=mpp, tile_size=tile_size, stride=stride, output_size=output_size,
         min_tissue=min_tissue, mask_downsample=mask_downsample, min_saturation=min_saturation,
         points_csv=None if labels_csv is None else str(labels_csv),

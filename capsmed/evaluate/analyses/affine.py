@@ -46,65 +46,14 @@ from torch import nn
 from capsmed.data.contract import load_split, read_info
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
+from capsmed.evaluate.analyses.configs import AffineConfig
 from capsmed.figures import pyplot, save_figure
 from capsmed.runs import OpenRun, open_run
 
 log = logging.getLogger(__name__)
 
 AFFNIST_CANVAS = 40
-PADDINGS = ("zeros", "border", "reflection")
 INK_LEVEL = 0.5 / 255  # content = differs from the background by at least half a grey level
-
-
-@dataclass(frozen=True)
-class AffineConfig:
-    """Settings of the affine robustness analysis (all recorded in ``affine.json``).
-
-    Attributes:
-        rotation: Maximum rotation in degrees (affNIST: 20).
-        shear: Maximum shear angle in degrees (affNIST: 45; factor tan(angle)).
-        scale: Range of the per-axis scale factors (affNIST: 0.8-1.2).
-        translation: Maximum shift per axis in px on a 40x40 canvas (affNIST: 8);
-            scaled with the image side.
-        keep_inside: Narrow the shift so that the content stays on the canvas (affNIST).
-        padding: ``zeros``, ``border`` or ``reflection`` for pixels from outside.
-        repeats: Random transforms per test image (the accuracy is their mean).
-        sweep_step: Degrees between rotation-sweep angles.
-        seed: Seed of the transform parameters (and of ``max_samples``).
-        batch_size: Images per forward pass.
-        max_samples: Analyse a seeded random subset of this size (None: all).
-        split: Split of the dataset to test on.
-    """
-
-    rotation: float = 20.0
-    shear: float = 45.0
-    scale: tuple[float, float] = (0.8, 1.2)
-    translation: float = 8.0
-    keep_inside: bool = True
-    padding: str = "zeros"
-    repeats: int = 1
-    sweep_step: float = 15.0
-    seed: int = 0
-    batch_size: int = 256
-    max_samples: int | None = None
-    split: str = "test"
-
-    def __post_init__(self) -> None:
-        if self.padding not in PADDINGS:
-            raise CapsmedError(f"padding must be one of {', '.join(PADDINGS)}, got "
-                               f"'{self.padding}'")
-        lo, hi = self.scale
-        if not 0 < lo <= hi:
-            raise CapsmedError(f"scale range must satisfy 0 < low <= high, got {lo}-{hi}")
-        if not 0 <= self.shear < 90 or self.rotation < 0 or self.translation < 0:
-            raise CapsmedError("rotation >= 0, 0 <= shear < 90 degrees and translation >= 0")
-        if self.repeats < 1 or self.batch_size < 1:
-            raise CapsmedError("repeats and batch size must be >= 1")
-        if not 0 < self.sweep_step <= 180:
-            raise CapsmedError(f"sweep step must be within (0, 180] degrees, got "
-                               f"{self.sweep_step}")
-        if self.max_samples is not None and self.max_samples < 1:
-            raise CapsmedError(f"max samples must be >= 1, got {self.max_samples}")
 
 
 @dataclass

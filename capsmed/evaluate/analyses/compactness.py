@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,72 +41,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
-from capsmed.evaluate.analyses.affine import AFFNIST_CANVAS, PADDINGS, affine_linear, warp
+from capsmed.evaluate.analyses.affine import AFFNIST_CANVAS, affine_linear, warp
+from capsmed.evaluate.analyses.configs import (
+    CompactnessConfig,
+)
 from capsmed.figures import pyplot, save_figure
 from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
 
-FACTORS = ("rotation", "translation-x", "translation-y", "scale", "shear-x", "shear-y")
-ALIASES = {"translation": ("translation-x", "translation-y"),
-           "shear": ("shear-x", "shear-y"), "all": FACTORS}
 RELATIVE_FLOOR = 1e-12
-
-
-@dataclass(frozen=True)
-class CompactnessConfig:
-    """Settings of the compactness analysis (recorded in ``compactness.json``).
-
-    Attributes:
-        factors: Factors to score (names of :data:`FACTORS`).
-        steps: Images per list (values of the factor).
-        rotation, translation, scale, shear: Ranges (degrees; px on 40x40; factor
-            range; degrees).
-        padding: ``zeros``, ``border`` or ``reflection``.
-        batch_size: Source images per forward pass (each makes ``steps`` inputs).
-        max_samples: Score a seeded random subset of this size (None: all).
-        seed: Seed of that subset.
-        split: Split to score.
-    """
-
-    factors: tuple[str, ...] = FACTORS
-    steps: int = 11
-    rotation: float = 20.0
-    translation: float = 8.0
-    scale: tuple[float, float] = (0.8, 1.2)
-    shear: float = 45.0
-    padding: str = "zeros"
-    batch_size: int = 64
-    max_samples: int | None = None
-    seed: int = 0
-    split: str = "test"
-
-    def __post_init__(self) -> None:
-        unknown = [f for f in self.factors if f not in FACTORS]
-        if unknown or not self.factors:
-            raise CapsmedError(f"unknown factor(s) {', '.join(unknown) or '(none given)'} "
-                               f"(choose from: {', '.join([*FACTORS, *ALIASES])})")
-        if self.steps < 2:
-            raise CapsmedError(f"steps must be >= 2 (a variance needs two images), got "
-                               f"{self.steps}")
-        if self.padding not in PADDINGS:
-            raise CapsmedError(f"padding must be one of {', '.join(PADDINGS)}")
-        if not 0 < self.scale[0] <= self.scale[1] or not 0 <= self.shear < 90:
-            raise CapsmedError("scale range must be positive and shear within [0, 90)")
-        if self.batch_size < 1 or (self.max_samples is not None and self.max_samples < 1):
-            raise CapsmedError("batch size and max samples must be >= 1")
-
-
-def expand_factors(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Factor names with the aliases ``translation``, ``shear`` and ``all`` expanded."""
-    out: list[str] = []
-    for name in names:
-        for f in ALIASES.get(name, (name,)):
-            if f not in out:
-                out.append(f)
-    return tuple(out)
 
 
 def compactness_score(representations: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ where the paper is silent:
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -48,43 +48,11 @@ from torch import nn
 from capsmed.data.contract import SplitData
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
+from capsmed.evaluate.analyses.configs import ManifoldConfig
 from capsmed.figures import pyplot, save_figure
 from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ManifoldConfig:
-    """Settings of the manifold analysis (recorded in ``manifold.json``).
-
-    Attributes:
-        pairs: (fixed, moving) digit pairs, one 2-D grid each.
-        radius: Offsets from -radius to +radius units per axis (paper: 4, a 9x9 grid).
-        step: Pixels per unit.
-        perplexity: t-SNE perplexity (None: min(30, (n - 1) / 3)).
-        layer: Module whose output is embedded (None: see the module docstring).
-        centre: Centre both digits by their centre of mass first.
-        seed: Seed of the digit choice and of t-SNE.
-        split: Split the digits come from.
-        batch_size: Images per forward pass.
-    """
-
-    pairs: int = 5
-    radius: int = 4
-    step: int = 1
-    perplexity: float | None = None
-    layer: str | None = None
-    centre: bool = True
-    seed: int = 0
-    split: str = "test"
-    batch_size: int = 256
-
-    def __post_init__(self) -> None:
-        if self.pairs < 1 or self.radius < 1 or self.step < 1 or self.batch_size < 1:
-            raise CapsmedError("pairs, radius, step and batch size must be >= 1")
-        if self.perplexity is not None and self.perplexity <= 0:
-            raise CapsmedError(f"perplexity must be > 0, got {self.perplexity}")
 
 
 def shift_image(image: np.ndarray, dy: int, dx: int) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
+from capsmed.data.normalise_options import check_stain_norm
 from capsmed.data.sources.common import check_fractions, default_fractions
 from capsmed.errors import CapsmedError
 
@@ -38,6 +39,11 @@ class FolderConfig:
         domain: What the images show (:mod:`capsmed.data.domains`): training's default
             learning rate and augmentation follow it (generic: no flips; digits: never
             flipped).
+        stain_norm: Stain normalisation of the RGB images, first: ``none``,
+            ``macenko`` or ``reinhard`` (:mod:`capsmed.data.normalise`) towards the
+            target; each image (before resizing) gives its own statistics.
+        stain_target: The target: an RGB reference image, or a JSON file of its
+            statistics (a file's recorded ``stain_normalisation``).
     """
 
     classes: tuple[str, ...] | None = None
@@ -55,6 +61,8 @@ class FolderConfig:
     workers: int = 0
     allow_group_leak: bool = False
     domain: str = DEFAULT_DOMAIN
+    stain_norm: str = "none"
+    stain_target: str | None = None
 
     def __post_init__(self) -> None:
         if self.channels not in (None, 1, 3):
@@ -68,6 +76,10 @@ class FolderConfig:
         if self.group_pattern and self.groups_csv:
             raise CapsmedError("give either a group pattern or a groups CSV, not both")
         check_fractions(self.fractions)
+        check_stain_norm(self.stain_norm, self.stain_target)
+        if self.stain_norm != "none" and self.channels == 1:
+            raise CapsmedError("stain normalisation works on colour images; drop "
+                               "--channels 1 (or --stain-norm)")
         get_domain(self.domain)
         if self.folds is not None and (self.folds < 2 or self.folds > 127):
             raise CapsmedError(f"folds must be within 2..127, got {self.folds}")

@@ -26,6 +26,7 @@ import numpy as np
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, check_name
 from capsmed.data.images import convert_channels, read_image, resize_image, to_uint8
+from capsmed.data.normalise import StainNormaliser, build_normaliser
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.sources.folder import SOURCE
@@ -84,14 +85,21 @@ def discover(root: Path, classes: tuple[str, ...] | None = None
     return names, files
 
 
-def load_image(path: Path, channels: int | None, cfg: FolderConfig
+def load_image(path: Path, channels: int | None, cfg: FolderConfig,
+               stain: StainNormaliser | None = None
                ) -> tuple[np.ndarray, tuple[int, int], int, bool]:
     """Read and convert one image -> ((C, H, W) uint8, native (H, W), native channel
-    count, whether it is a 16-bit image using only 12 bits or fewer)."""
+    count, whether it is a 16-bit image using only 12 bits or fewer); ``stain``
+    normalises its colours (at the native size, before resizing)."""
     raw = read_image(path)
     low_range = raw.dtype == np.uint16 and int(raw.max()) < LOW_RANGE_16BIT
     native = 1 if raw.ndim == 2 or raw.shape[-1] <= 2 else 3
     image = convert_channels(to_uint8(raw, cfg.scale16, path), channels or native)
+    if stain is not None:
+        if image.shape[-1] != 3:
+            raise CapsmedError(f"{path}: a grey image; stain normalisation needs colour "
+                               "(RGB) images")
+        image = stain.apply(image)
     if cfg.size is not None:
         image = resize_image(image, cfg.size, cfg.keep_aspect)
     return np.ascontiguousarray(image.transpose(2, 0, 1)), raw.shape[:2], native, low_range
@@ -104,6 +112,7 @@ class _Job:
     channels: int
     shape: tuple[int, int]  # output (H, W)
     config: FolderConfig
+    stain: StainNormaliser | None = None
 
 
 @dataclass
@@ -119,7 +128,7 @@ def process_chunk(job: _Job) -> _Result:
     images, sizes, converted, low = [], [], 0, 0
     for path in job.paths:
         image, native_size, native_channels, low_range = load_image(path, job.channels,
-                                                                    job.config)
+                                                                    job.config, job.stain)
         if image.shape[1:] != job.shape:
             raise CapsmedError(f"{path}: size {native_size[0]}x{native_size[1]} differs from "
                                f"the first image's {job.shape[0]}x{job.shape[1]}; pass a "
@@ -233,6 +242,7 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
     """
     cfg = config or FolderConfig()
     root, output = Path(root), Path(output)
+    stain = build_normaliser(cfg.stain_norm, cfg.stain_target)
     class_names, files = discover(root, cfg.classes)
     groups = assign_groups(root, files, cfg)
     labels = np.array([f.label for f in files], np.int64)
@@ -243,11 +253,11 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
 
     # The first image fixes the channel count (unless given) and, without a size, the
     # image size every other image must share.
-    first, *_ = load_image(files[keep[0]].path, cfg.channels, cfg)
+    first, *_ = load_image(files[keep[0]].path, cfg.channels, cfg, stain)
     channels, shape = first.shape[0], first.shape[1:]
     workers = default_workers(cfg.workers)
     jobs = [_Job(s, tuple(files[i].path for i in keep[s:s + FILES_PER_JOB]), channels, shape,
-                 cfg) for s in range(0, len(keep), FILES_PER_JOB)]
+                 cfg, stain) for s in range(0, len(keep), FILES_PER_JOB)]
     counts = np.bincount(labels[keep], minlength=len(class_names))
     log.info("%d images in %d classes (%s); %d group(s); %d worker(s)", len(keep),
              len(class_names), ", ".join(f"{n}={c}" for n, c in zip(class_names, counts,
@@ -265,6 +275,9 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
         grouping="groups_csv" if cfg.groups_csv else
         "group_pattern" if cfg.group_pattern else "per-image",
         split_unit="group")
+    if stain is not None:
+        parameters.update(stain_normalisation=stain.to_record(),
+                          stain_norm_unit="each image at its native size, before resizing")
     source = {"raw_dir": str(root.resolve()),
               "files": {files[i].rel: files[i].path.stat().st_size for i in keep}}
     converted = low_range = 0

@@ -1,5 +1,6 @@
 """``capsmed predict`` on a class-folder run: one prediction per image, loaded with the
-recorded channels, 16-bit scaling and size as ``capsmed preprocess folder`` loaded it."""
+recorded channels, 16-bit scaling, stain normalisation and size as ``capsmed preprocess
+folder`` loaded it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capsmed.data.normalise import recorded_normaliser
 from capsmed.data.replay.images import WholeImage, config_from_record
 from capsmed.data.sources.folder.config import FolderConfig
 from capsmed.data.sources.folder.reader import load_image
@@ -18,7 +20,8 @@ class FolderImage(WholeImage):
 
     def convert(self, path: Path) -> tuple[np.ndarray, tuple[int, int]]:
         cfg = config_from_record(FolderConfig, self.record)
-        image, native, _, _ = load_image(path, self.channels, cfg)
+        stain = recorded_normaliser(self.record.preprocessing, self.record.origin)
+        image, native, _, _ = load_image(path, self.channels, cfg, stain)
         if image.shape[1:] != self.shape:
             raise CapsmedError(f"{path}: image is {native[1]}x{native[0]}, but the run was "
                                f"trained on {self.shape[1]}x{self.shape[0]} images stored "

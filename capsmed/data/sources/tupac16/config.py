@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from capsmed.data.normalise_options import check_stain_norm
 from capsmed.data.sources.common import DEFAULT_H_MAX, check_fractions, default_fractions
 from capsmed.errors import CapsmedError
 
@@ -30,6 +31,11 @@ class Tupac16Config:
         allow_group_leak: Write even if a case lands in two splits.
         allow_no_annotations: Write even when no ground-truth CSV holds a mitosis (a
             set of negatives only); without it that is an error naming the folder.
+        stain_norm: Stain normalisation of the RGB images, first: ``none``,
+            ``macenko`` or ``reinhard`` (:mod:`capsmed.data.normalise`) towards the
+            target; each image gives its own statistics.
+        stain_target: The target: an RGB reference image, or a JSON file of its
+            statistics (a file's recorded ``stain_normalisation``).
     """
 
     patch_size: int = 100
@@ -46,6 +52,8 @@ class Tupac16Config:
     workers: int = 0
     allow_group_leak: bool = False
     allow_no_annotations: bool = False
+    stain_norm: str = "none"
+    stain_target: str | None = None
 
     def __post_init__(self) -> None:
         if self.patch_size < 8 or self.output_size < 4:
@@ -64,3 +72,4 @@ class Tupac16Config:
         if self.h_max <= 0:
             raise CapsmedError("h_max must be > 0")
         check_fractions(self.fractions)
+        check_stain_norm(self.stain_norm, self.stain_target)

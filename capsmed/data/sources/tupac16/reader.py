@@ -28,6 +28,7 @@ import numpy as np
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, find_in_folder
 from capsmed.data.images import read_rgb_tiff
+from capsmed.data.normalise import StainNormaliser, build_normaliser
 from capsmed.data.output import claims_output
 from capsmed.data.patches import extract_patches, resize_patches, window_fraction
 from capsmed.data.pool import default_workers, map_in_workers
@@ -162,6 +163,7 @@ class _Job:
     record: ImageRecord
     negatives: int
     config: Tupac16Config
+    stain: StainNormaliser | None = None
 
 
 @dataclass
@@ -203,6 +205,8 @@ def process_image(job: _Job) -> _Result:
     """Hematoxylin channel + positive/negative patches for one image (runs in a worker)."""
     cfg, rec = job.config, job.record
     rgb = read_rgb_tiff(rec.tif)
+    if job.stain is not None:
+        rgb = job.stain.apply(rgb)
     h, w = rgb.shape[:2]
     if h < cfg.patch_size or w < cfg.patch_size:
         raise CapsmedError(f"{rec.tif}: image is {w}x{h} px, too small for one "
@@ -273,13 +277,15 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
     """
     cfg = config or Tupac16Config()
     raw_dir, output = Path(raw_dir), Path(output)
+    stain = build_normaliser(cfg.stain_norm, cfg.stain_target)
     records = discover(raw_dir)
     if not cfg.allow_no_annotations:
         check_annotations(raw_dir, records)
     split_of = _assign_splits(records, cfg)
     records = [r for r in records if r.case in split_of]
     negatives = _negatives_per_image(records, split_of, cfg)
-    jobs = [_Job(i, r, negatives[split_of[r.case]], cfg) for i, r in enumerate(records)]
+    jobs = [_Job(i, r, negatives[split_of[r.case]], cfg, stain)
+            for i, r in enumerate(records)]
     workers = default_workers(cfg.workers)
     log.info("%d images from %d cases; %d mitoses; %d worker(s)", len(records),
              len(split_of), sum(len(r.mitoses) for r in records), workers)
@@ -288,6 +294,9 @@ def preprocess_tupac16(raw_dir: Path, output: Path, config: Tupac16Config | None
     parameters.update(stain="ruifrok-johnston rgb2hed (scikit-image)", channel="hematoxylin",
                       mapping="255*(1-clip(H/h_max,0,1))", resize="cv2.INTER_AREA",
                       split_unit="case", negatives_per_image_used=negatives)
+    if stain is not None:
+        parameters.update(stain_normalisation=stain.to_record(),
+                          stain_norm_unit="each whole image, before deconvolution")
     source = {"raw_dir": str(raw_dir.resolve()),
               "files": {str(r.tif.relative_to(raw_dir)): r.tif.stat().st_size
                         for r in records}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
+from capsmed.data.normalise_options import check_stain_norm
 from capsmed.data.sources.common import DEFAULT_H_MAX, check_fractions, default_fractions
 from capsmed.errors import CapsmedError
 
@@ -47,6 +48,11 @@ class WsiConfig:
             without it that is an error naming where the files were looked for.
         domain: What the slides show (:mod:`capsmed.data.domains`): training's default
             learning rate and augmentation follow it (generic: no flips).
+        stain_norm: Stain normalisation of the RGB images, first: ``none``,
+            ``macenko`` or ``reinhard`` (:mod:`capsmed.data.normalise`) towards the
+            target; each tile (after resizing) gives its own statistics.
+        stain_target: The target: an RGB reference image, or a JSON file of its
+            statistics (a file's recorded ``stain_normalisation``).
     """
 
     level: int | None = None
@@ -76,6 +82,8 @@ class WsiConfig:
     allow_group_leak: bool = False
     allow_no_annotations: bool = False
     domain: str = DEFAULT_DOMAIN
+    stain_norm: str = "none"
+    stain_target: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -108,6 +116,7 @@ class WsiConfig:
             if bad:
                 raise CapsmedError(message)
         check_fractions(self.fractions)
+        check_stain_norm(self.stain_norm, self.stain_target)
         get_domain(self.domain)
 
     @property

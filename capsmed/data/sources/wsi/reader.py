@@ -26,6 +26,7 @@ import numpy as np
 
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.digest import file_digest
+from capsmed.data.normalise import StainNormaliser, build_normaliser
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
 from capsmed.data.resume import ResultCache
@@ -140,6 +141,7 @@ class _Band:
     cfg: WsiConfig
     labels: tile_labels.SlideLabels
     rows: tuple[int, int]
+    stain: StainNormaliser | None = None
 
 
 @dataclass
@@ -156,9 +158,10 @@ class BandResult:
 
 
 def read_tiles(slide: Any, path: Path, lefts: np.ndarray, res: Resolution,
-               cfg: WsiConfig) -> np.ndarray:
+               cfg: WsiConfig, stain: StainNormaliser | None = None) -> np.ndarray:
     """The dataset images [n, C, out, out] uint8 of the tiles whose level-0 top-left
-    corners are ``lefts`` (n, 2) as (x, y): read, resized, RGB or hematoxylin."""
+    corners are ``lefts`` (n, 2) as (x, y): read, resized, stain-normalised (each tile
+    with its own statistics), RGB or hematoxylin."""
     import openslide
 
     images = []
@@ -168,6 +171,8 @@ def read_tiles(slide: Any, path: Path, lefts: np.ndarray, res: Resolution,
         except (openslide.OpenSlideError, OSError, ValueError) as exc:
             raise CapsmedError(f"{path}: cannot read the tile at x={x}, y={y}, level "
                                f"{res.level} ({type(exc).__name__}: {exc})") from None
+        if stain is not None:
+            rgb = stain.apply(rgb)
         images.append(hematoxylin_channel(rgb, cfg.h_max)[None]
                       if cfg.stain == "hematoxylin" else rgb.transpose(2, 0, 1))
     channels = 1 if cfg.stain == "hematoxylin" else 3
@@ -199,7 +204,7 @@ def process_band(job: _Band) -> BandResult:
         labels = np.where(unlabelled, job.labels.class_index.get(cfg.background_class, -1),
                           labels)
     with open_slide(Path(info.path)) as slide:
-        stack = read_tiles(slide, Path(info.path), coords, res, cfg)
+        stack = read_tiles(slide, Path(info.path), coords, res, cfg, job.stain)
     return BandResult(stack, labels.astype(np.int64), coords, tissue, counts, hit,
                       {"mask_shape": list(mask.shape), "mask_threshold": threshold,
                        "tissue_share": float(mask.mean())})
@@ -225,6 +230,7 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
         ``output``.
     """
     cfg, output = config, Path(output)
+    stain = build_normaliser(cfg.stain_norm, cfg.stain_target)
     by_id: dict[str, SlideInfo] = {}
     for info in (describe_slide(p) for p in find_slides(slides)):
         if info.slide_id in by_id:
@@ -247,8 +253,8 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
             too_small.add(s)
             continue
         per_job = max(1, cfg.tiles_per_job // n_cols)  # whole grid rows per job
-        jobs += [_Band(info, res, cfg, labelling.per_slide[s], (r, min(r + per_job, n_rows)))
-                 for r in range(0, n_rows, per_job)]
+        jobs += [_Band(info, res, cfg, labelling.per_slide[s], (r, min(r + per_job, n_rows)),
+                       stain) for r in range(0, n_rows, per_job)]
     workers = default_workers(cfg.workers)
     log.info("%d slide(s), %d job(s), classes %s; %d worker(s)", len(ids), len(jobs),
              ", ".join(labelling.class_names), workers)
@@ -269,6 +275,9 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                     "composited on white", resize="cv2.INTER_AREA", split_unit="slide",
         splits=split_of, channel="hematoxylin, 255*(1-clip(H/h_max,0,1))"
         if cfg.stain == "hematoxylin" else "RGB")
+    if stain is not None:
+        parameters.update(stain_normalisation=stain.to_record(),
+                          stain_norm_unit="each tile after resizing, before the channel")
     paths = {s: Path(by_id[s].path).resolve() for s in ids}
     raw_dir = Path(os.path.commonpath([p.parent for p in paths.values()])) if paths else Path()
     source = {"raw_dir": str(raw_dir), "slides": {s: {**asdict(by_id[s]), "path": str(paths[s])}

@@ -3,8 +3,9 @@ replayed.
 
 The slide is opened by the same reader factory, its tissue mask made from a thumbnail
 with the recorded parameters, the grid laid at the recorded level or mpp (``--level``
-/ ``--mpp`` override it) and every tissue tile read, resized and stained exactly as the
-training tiles were. Tiles are read chunk by chunk, so a slide never sits in memory.
+/ ``--mpp`` override it) and every tissue tile read, resized, stain-normalised and
+stained exactly as the training tiles were. Tiles are read chunk by chunk, so a slide
+never sits in memory.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capsmed.data.normalise import recorded_normaliser
 from capsmed.data.record import DatasetRecord
 from capsmed.data.replay.images import config_from_record
 from capsmed.data.replay.options import Overrides
@@ -55,6 +57,7 @@ class SlideTiles:
 
     def __init__(self, record: DatasetRecord, overrides: Overrides) -> None:
         self.cfg = wsi_config(record, overrides)
+        self.stain = recorded_normaliser(record.preprocessing, record.origin)
         self.given_stride = overrides.stride is not None
         self.trained_mpp = training_mpp(record)
 
@@ -94,7 +97,7 @@ class SlideTiles:
         with open_slide(path) as slide:
             for start in range(0, len(lefts), CHUNK):
                 part = lefts[start:start + CHUNK]
-                yield (read_tiles(slide, path, part, res, self.cfg),
+                yield (read_tiles(slide, path, part, res, self.cfg, self.stain),
                        np.round(part + footprint / 2).astype(np.int64))
 
 

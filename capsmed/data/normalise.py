@@ -1,0 +1,246 @@
+"""Stain normalisation of RGB histology against a target: Macenko and Reinhard.
+
+Two scanners, or two labs' staining, give the same tissue other colours. Both methods
+map an image's colours onto a target's (what TIAToolbox and HistomicsTK offer):
+
+* **Macenko** (Macenko et al., ISBI 2009): in optical density (OD = -ln((I + 1) /
+  256)), the stained pixels (OD above ``BETA`` in every channel) lie near the plane of
+  the two largest eigenvectors of their covariance; the directions at the 1st and
+  99th percentile of their angle in that plane are the two stain vectors (hematoxylin
+  the one absorbing more red). Each pixel's two concentrations are its OD solved on
+  those vectors; they are scaled so that their 99th percentiles match the target's,
+  and recombined with the target's stain vectors.
+* **Reinhard** (Reinhard et al., 2001): each channel of the image in CIELAB (OpenCV's
+  float conversion) is shifted and scaled to the target's mean and standard deviation.
+
+A target is fitted once, from a reference image or read from a JSON file of its
+statistics; the dataset file records the numbers (:meth:`StainNormaliser.to_record`),
+so ``capsmed predict`` replays the normalisation without the reference image. The
+statistics of the image being normalised are estimated from that image alone, as
+TIAToolbox's ``transform`` does; an image with too little stain for Macenko's estimate
+(fewer than ``MIN_STAINED`` stained pixels, or one stain only) keeps the target's stain
+vectors as its own, so only its concentrations are rescaled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from capsmed.errors import CapsmedError
+
+BETA = 0.15  # OD below this in any channel: glass or very faint, left out of the fit
+ANGLE_PERCENTILE = 1.0  # Macenko's robust extremes: the 1st and 99th percentile angles
+MAX_PERCENTILE = 99.0  # a stain's "maximum" concentration
+MIN_STAINED = 16  # stained pixels needed to estimate an image's own stain vectors
+MIN_STAIN_ANGLE = 0.05  # radians between the two vectors; closer is one stain only
+FIT_PIXELS = 1 << 18  # stained pixels the vectors are fitted on (a fixed stride beyond)
+_OD = -np.log((np.arange(256, dtype=np.float64) + 1.0) / 256.0)  # OD of each 8-bit value
+RECORD_KEYS = {"macenko": ("stain_matrix", "max_concentrations"),
+               "reinhard": ("lab_means", "lab_stds")}
+
+
+def optical_density(rgb: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+    """OD [N, 3] of an (H, W, 3) uint8 image's pixels, ``-ln((I + 1) / 256)``."""
+    return _OD.astype(dtype)[np.asarray(rgb, dtype=np.uint8).reshape(-1, 3)]
+
+
+def estimate_stain_matrix(rgb: np.ndarray) -> np.ndarray | None:
+    """Macenko's two unit stain vectors in OD space, float64 [2, 3] (hematoxylin
+    first), or None when the image holds too little stain, or one stain only."""
+    od = optical_density(rgb)
+    stained = od[(od > BETA).all(axis=1)]
+    if len(stained) < MIN_STAINED:
+        return None
+    stained = stained[::-(-len(stained) // FIT_PIXELS)]  # deterministic, ~FIT_PIXELS
+    _, vectors = np.linalg.eigh(np.cov(stained, rowvar=False))
+    plane = vectors[:, [2, 1]]  # the two largest eigenvectors span the stain plane
+    plane[:, 0] *= np.sign(plane[:, 0].sum()) or 1.0  # point it into positive OD
+    projected = stained @ plane
+    angle = np.arctan2(projected[:, 1], projected[:, 0])
+    low, high = np.percentile(angle, [ANGLE_PERCENTILE, 100 - ANGLE_PERCENTILE])
+    if high - low < MIN_STAIN_ANGLE:
+        return None
+    first = plane @ np.array([np.cos(low), np.sin(low)])
+    second = plane @ np.array([np.cos(high), np.sin(high)])
+    pair = [first, second] if first[0] > second[0] else [second, first]
+    stains = np.stack([v * (np.sign(v.sum()) or 1.0) for v in pair])
+    return stains / np.linalg.norm(stains, axis=1, keepdims=True)
+
+
+def stain_concentrations(rgb: np.ndarray, stains: np.ndarray) -> np.ndarray:
+    """Least-squares concentrations float64 [N, 2] of the pixels on ``stains`` [2, 3]."""
+    return optical_density(rgb) @ np.linalg.pinv(stains.T).T
+
+
+def lab_image(rgb: np.ndarray) -> np.ndarray:
+    """CIELAB float32 (L 0-100) of an (H, W, 3) uint8 RGB image (OpenCV's conversion)."""
+    return cv2.cvtColor(np.ascontiguousarray(rgb, dtype=np.float32) / 255.0,
+                        cv2.COLOR_RGB2LAB)
+
+
+def lab_statistics(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation float64 [3] of each CIELAB channel."""
+    lab = lab_image(rgb).reshape(-1, 3).astype(np.float64)
+    return lab.mean(axis=0), lab.std(axis=0)
+
+
+def _to_uint8(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return np.clip(np.rint(values), 0, 255).astype(np.uint8).reshape(shape)
+
+
+@dataclass(frozen=True)
+class StainNormaliser:
+    """A normalisation method with its fitted target statistics.
+
+    Attributes:
+        method: ``macenko`` or ``reinhard``.
+        target: Macenko: ``stain_matrix`` [2][3] (unit rows, hematoxylin first) and
+            ``max_concentrations`` [2]; Reinhard: ``lab_means`` [3], ``lab_stds`` [3].
+        origin: Where the target came from (file name and digest), for the record.
+    """
+
+    method: str
+    target: dict[str, tuple]
+    origin: dict[str, str]
+
+    def apply(self, rgb: np.ndarray) -> np.ndarray:
+        """``rgb`` (H, W, 3) uint8 normalised to the target: uint8 of the same shape."""
+        rgb = np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)
+        if self.method == "reinhard":
+            means, stds = lab_statistics(rgb)
+            scale = np.asarray(self.target["lab_stds"]) / np.maximum(stds, 1e-6)
+            lab = (lab_image(rgb) - means) * scale + np.asarray(self.target["lab_means"])
+            back = cv2.cvtColor(lab.astype(np.float32), cv2.COLOR_LAB2RGB)
+            return _to_uint8(back * 255.0, rgb.shape)
+        target = np.asarray(self.target["stain_matrix"])
+        own = estimate_stain_matrix(rgb)
+        unmix = np.linalg.pinv((target if own is None else own).T).T  # OD -> concentrations
+        od = optical_density(rgb, np.float32)
+        peak = np.percentile(od @ unmix.astype(np.float32), MAX_PERCENTILE, axis=0)
+        # an image with (almost) no stain keeps its concentrations as they are
+        scale = np.where(peak > 1e-3, np.asarray(self.target["max_concentrations"]) /
+                         np.maximum(peak, 1e-3), 1.0)
+        # unmix, rescale, remix with the target's vectors: one 3x3 map of OD
+        remix = ((unmix * scale) @ target).astype(np.float32)
+        return _to_uint8(256.0 * np.exp(-(od @ remix)) - 1.0, rgb.shape)
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON the dataset file records (and :meth:`from_record` reads back)."""
+        return {"method": self.method,
+                **{k: np.asarray(v).tolist() for k, v in self.target.items()},
+                **self.origin}
+
+    @classmethod
+    def fit(cls, method: str, rgb: np.ndarray, origin: dict[str, str] | None = None
+            ) -> StainNormaliser:
+        """Fit ``method``'s target statistics on the reference image ``rgb``.
+
+        Raises:
+            CapsmedError: Macenko on an image whose stain vectors cannot be estimated.
+        """
+        origin = origin or {}
+        rgb = np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)
+        if method == "reinhard":
+            means, stds = lab_statistics(rgb)
+            return cls(method, {"lab_means": tuple(means), "lab_stds": tuple(stds)}, origin)
+        if method != "macenko":
+            raise CapsmedError(f"unknown stain normalisation {method!r} (macenko, reinhard)")
+        stains = estimate_stain_matrix(rgb)
+        if stains is None:
+            raise CapsmedError(f"{origin.get('target', 'the target image')}: too little "
+                               "stain (or one stain only) to estimate its stain vectors; "
+                               "choose a target with both stains")
+        peak = np.percentile(stain_concentrations(rgb, stains), MAX_PERCENTILE, axis=0)
+        return cls(method, {"stain_matrix": tuple(map(tuple, stains)),
+                            "max_concentrations": tuple(peak)}, origin)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], where: object = "stain target"
+                    ) -> StainNormaliser:
+        """The normaliser a record (or a target JSON file) describes, checked.
+
+        Raises:
+            CapsmedError: naming ``where`` and what is missing or malformed.
+        """
+        method = record.get("method") if isinstance(record, dict) else None
+        if method not in RECORD_KEYS:
+            raise CapsmedError(f"{where}: 'method' must be macenko or reinhard, got "
+                               f"{method!r}")
+        shapes = {"stain_matrix": (2, 3), "max_concentrations": (2,), "lab_means": (3,),
+                  "lab_stds": (3,)}
+        target = {}
+        for key in RECORD_KEYS[method]:
+            try:
+                value = np.asarray(record[key], dtype=np.float64)
+            except (KeyError, TypeError, ValueError):
+                raise CapsmedError(f"{where}: {method} needs '{key}' as numbers "
+                                   f"{list(shapes[key])}") from None
+            if value.shape != shapes[key] or not np.isfinite(value).all():
+                raise CapsmedError(f"{where}: '{key}' must be {list(shapes[key])} finite "
+                                   f"numbers, got {value.tolist()}")
+            target[key] = tuple(map(tuple, value)) if value.ndim == 2 else tuple(value)
+        if method == "macenko" and not np.allclose(
+                np.linalg.norm(target["stain_matrix"], axis=1), 1.0, atol=1e-6):
+            raise CapsmedError(f"{where}: the rows of 'stain_matrix' must be unit vectors")
+        origin = {k: str(v) for k, v in record.items()
+                  if k in ("target", "target_digest")}
+        return cls(method, target, origin)
+
+
+def load_target(method: str, path: Path) -> StainNormaliser:
+    """The normaliser for ``method`` from a reference image or a target JSON file (the
+    ``stain_normalisation`` record of a dataset file, or the same keys by hand).
+
+    Raises:
+        CapsmedError: naming the file: unreadable, not RGB, or not a valid target.
+    """
+    from capsmed.data.digest import file_digest
+    from capsmed.data.images import read_image, to_uint8
+
+    path = Path(path)
+    if not path.is_file():
+        raise CapsmedError(f"{path}: no such stain target file")
+    origin = {"target": path.name, "target_digest": file_digest(path)}
+    if path.suffix.lower() == ".json":
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CapsmedError(f"{path}: cannot read the stain target JSON ({exc})") from None
+        normaliser = StainNormaliser.from_record(record, path)
+        if normaliser.method != method:
+            raise CapsmedError(f"{path}: holds a {normaliser.method} target, but "
+                               f"--stain-norm is {method}")
+        return StainNormaliser(method, normaliser.target, origin)
+    image = to_uint8(read_image(path), "full", path)
+    if image.ndim != 3 or image.shape[-1] < 3:
+        raise CapsmedError(f"{path}: a stain target must be an RGB image, got shape "
+                           f"{list(image.shape)}")
+    return StainNormaliser.fit(method, image[..., :3], origin)
+
+
+def recorded_normaliser(preprocessing: dict[str, Any], where: object
+                        ) -> StainNormaliser | None:
+    """The normaliser a dataset's preprocessing record replays (None: none was used).
+
+    Raises:
+        CapsmedError: the record names a method but not its statistics.
+    """
+    method = preprocessing.get("stain_norm") or "none"
+    if method == "none":
+        return None
+    record = preprocessing.get("stain_normalisation")
+    if not isinstance(record, dict):
+        raise CapsmedError(f"{where}: stain_norm is {method} but the record holds no "
+                           "stain_normalisation statistics")
+    return StainNormaliser.from_record(record, where)
+
+
+def build_normaliser(method: str, target: str | None) -> StainNormaliser | None:
+    """The normaliser a source config asks for (None for ``none``)."""
+    return None if method == "none" or target is None else load_target(method, Path(target))

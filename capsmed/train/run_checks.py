@@ -1,0 +1,76 @@
+"""What a run refuses or warns about at start, before anything is written: training
+rows lacking classes, a device mode the device cannot run, a resumed run whose
+options no longer select the rows it trained on."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from capsmed.data.contract import DatasetInfo, read_labels
+from capsmed.errors import CapsmedError, first_line
+from capsmed.train import distributed
+from capsmed.train.config import TrainConfig
+from capsmed.train.run_data import TEST_ROWS, TRAIN_ROWS, RunRows
+
+log = logging.getLogger(__name__)
+
+
+def check_training_classes(info: DatasetInfo, rows: RunRows) -> None:
+    """Warn when the training rows lack classes: with one class the model learns nothing
+    that tells classes apart and calls every image that class; a missing class it
+    cannot learn to predict. (A warning, not a refusal: a slide-labelled set can have
+    a split of one class by design, and some studies train on such a split.)"""
+    labels, _ = read_labels(info.path, rows.train_split)
+    present = set(np.unique(labels[rows.train_rows]).tolist())
+    names = info.class_names
+    if len(present) == 1:
+        only = names[present.pop()]
+        log.warning("%s: the training rows hold one class only (%s) of the %d in the file: "
+                    "the model learns nothing that tells classes apart and will call every "
+                    "image %s (check the split, or the data challenges)", info.path, only,
+                    len(names), only)
+        return
+    missing = [name for k, name in enumerate(names) if k not in present]
+    if missing:
+        log.warning("%s: the training rows hold no sample of %s: the model cannot learn to "
+                    "predict %s", info.path, ", ".join(missing),
+                    "it" if len(missing) == 1 else "them")
+
+
+def check_cuda_graph(cfg: TrainConfig, device: torch.device, ctx: distributed.Distributed,
+                     precision: str) -> None:
+    """Refuse ``--cuda-graph`` where a graph cannot replay the step."""
+    if not cfg.cuda_graph:
+        return
+    problem = (
+        f"needs a CUDA device (this run's is {device})" if device.type != "cuda" else
+        "does not work with fp16 (its loss scaler decides on the host); use --precision "
+        "bf16 or fp32" if precision == "fp16" else
+        "does not work with --augment (the graph would replay the same random "
+        "transforms)" if cfg.augment else
+        "does not work under torchrun" if ctx.enabled else "")
+    if problem:
+        raise CapsmedError(f"--cuda-graph {problem}")
+
+
+def check_saved_rows(run_dir: Path, rows: RunRows) -> None:
+    """On resume: the options in config.yaml still select the rows the run trained on
+    (an edited fraction, seed or fold would train the rest of the run on others)."""
+    for name, values in ((TRAIN_ROWS, rows.train_rows), (TEST_ROWS, rows.test_rows)):
+        path = run_dir / name
+        if values is None or not path.is_file():
+            continue
+        try:
+            saved = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise CapsmedError(f"{path}: cannot read the saved rows ({first_line(exc)})"
+                               ) from None
+        if not np.array_equal(saved, values):
+            raise CapsmedError(f"{path}: the run trained on other rows than its "
+                               f"config.yaml selects now ({len(saved)} saved, "
+                               f"{len(values)} now): its options were edited after it "
+                               "started; restore them, or train a new run")

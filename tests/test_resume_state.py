@@ -1,0 +1,116 @@
+"""When resume.pt is written (at the start, at most every N minutes, at the end of
+training, when stopped) and that a state written at any of those points resumes to
+the uninterrupted run's result."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from capsmed.io import WriteError
+from capsmed.train.config import TrainConfig
+from capsmed.train.engine import resume, train
+from capsmed.train.state import load_state
+from capsmed.train.step import TrainStep
+from tests.helpers import TINY_CAPSNET
+
+TINY_LENET = {"widths": [3, 4], "hidden": [8]}
+
+
+class Killed(Exception):
+    """As if the process died (SIGKILL, a node lost): nothing is saved on the way out."""
+
+
+def _caps(data, out, **options):
+    base = {"data": str(data), "arch": "capsnet", "epochs": 3, "batch_size": 8, "seed": 2,
+            "out": str(out), "model_kwargs": TINY_CAPSNET, "augment": True,
+            "sampler": "balanced", "steps_per_epoch": 4, "patience": None}
+    return TrainConfig(**{**base, **options})
+
+
+def _metrics(run):
+    return [{k: v for k, v in json.loads(x).items() if k not in ("seconds", "images_per_s")}
+            for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(run):
+    return load_file(str(run / "checkpoint.safetensors"))
+
+
+def _killed_at(monkeypatch, step):
+    original, calls = TrainStep.__call__, {"n": 0}
+
+    def dying(self, x, y, *share):
+        calls["n"] += 1
+        if calls["n"] == step:
+            raise Killed
+        return original(self, x, y, *share)
+
+    monkeypatch.setattr(TrainStep, "__call__", dying)
+    return lambda: monkeypatch.setattr(TrainStep, "__call__", original)
+
+
+def test_a_state_written_inside_an_epoch_resumes_to_the_uninterrupted_run(
+        tiny_h5, tmp_path, monkeypatch):
+    import capsmed.train.loop as loop
+
+    monkeypatch.setattr(loop, "CHECK_EVERY", 2)  # check points inside the 4-step epochs
+    whole = train(_caps(tiny_h5, tmp_path / "whole", epochs=2), disable_progress=True)
+    revive = _killed_at(monkeypatch, 3)
+    with pytest.raises(Killed):  # default interval: nothing written since the start
+        train(_caps(tiny_h5, tmp_path / "rare", epochs=2), disable_progress=True)
+    assert load_state(tmp_path / "rare")["progress"]["global_step"] == 0
+    revive()
+    revive = _killed_at(monkeypatch, 7)
+    cut = tmp_path / "cut"
+    with pytest.raises(Killed):  # 0 minutes: at every check point, the last at step 6
+        train(_caps(tiny_h5, cut, epochs=2, state_every_minutes=0), disable_progress=True)
+    progress = load_state(cut)["progress"]
+    assert (progress["epoch"], progress["step"], progress["global_step"]) == (2, 2, 6)
+    revive()
+    resumed = resume(cut, disable_progress=True)
+    assert _metrics(resumed) == _metrics(whole)
+    a, b = _weights(whole), _weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_early_stop_writes_a_final_state_that_resumes_without_training(
+        tiny_h5, tmp_path, monkeypatch):
+    import capsmed.train.handlers.summary as summary
+
+    cfg = {"data": str(tiny_h5), "arch": "lenet", "epochs": 12, "batch_size": 16,
+           "seed": 1, "model_kwargs": TINY_LENET, "patience": 1, "lr": 0.05}
+    whole = train(TrainConfig(**cfg, out=str(tmp_path / "whole")), disable_progress=True)
+    expected = json.loads((whole / "summary.json").read_text())
+    assert expected["stopped_early"] and expected["epochs_run"] < 12
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(summary, "plot_training_curves", full_disk)
+    run = tmp_path / "run"
+    with pytest.raises(WriteError, match="curves.png"):
+        train(TrainConfig(**cfg, out=str(run)), disable_progress=True)
+    assert load_state(run)["progress"]["stopped_early"]
+    monkeypatch.undo()
+    revive = _killed_at(monkeypatch, 1)  # resuming must not train a single step
+    resume(run, disable_progress=True)
+    revive()
+    assert json.loads((run / "summary.json").read_text()) == expected
+    assert _metrics(run) == _metrics(whole) and not (run / "resume.pt").exists()
+
+
+def test_the_interval_is_an_option_of_train_refused_below_zero(tiny_h5, tmp_path):
+    from typer.testing import CliRunner
+
+    from capsmed.cli import app
+    from tests.helpers import assert_clean_failure
+
+    args = ["train", "--data", str(tiny_h5), "--arch", "lenet", "--out", str(tmp_path / "r")]
+    result = CliRunner().invoke(app, [*args, "--state-every-minutes", "-1"])
+    assert_clean_failure(result, "state_every_minutes must be >= 0, got -1.0")
+    assert not (tmp_path / "r").exists()
