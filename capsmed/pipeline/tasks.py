@@ -38,8 +38,11 @@ class StageTask:
     kind: ClassVar[str] = "stage"
 
     def __call__(self, placement: Placement) -> str | None:
-        state = PipelineState(self.out).keep_digests()
-        return execute_stage(state, self.stage, placement.env)
+        try:
+            state = PipelineState(self.out).keep_digests()
+            return execute_stage(state, self.stage, placement.env)
+        except CapsmedError as exc:  # a full disk while writing its record
+            return str(exc)
 
     def progress(self) -> object:
         return None
@@ -57,6 +60,12 @@ class RunTask:
     kind: ClassVar[str] = "run"
 
     def __call__(self, placement: Placement) -> str | None:
+        try:
+            return self._run(placement)
+        except CapsmedError as exc:  # a full disk, an unreadable file: one line
+            return str(exc)
+
+    def _run(self, placement: Placement) -> str | None:
         state = PipelineState(self.out).keep_digests()
         run_id = run_identity(self.run)
         if run_id is None:

@@ -227,6 +227,8 @@ class LocalExecutor:
             marker.touch()
         try:
             reason = entry.item.task(self._placement(entry))
+        except CapsmedError as exc:  # a full disk, ...: its one line is the reason
+            reason = str(exc)
         except Exception as exc:  # a bug in a task must not hang the runner
             log.exception("%s failed", entry.item.label)
             reason = f"{type(exc).__name__}: {exc}"
