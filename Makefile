@@ -33,12 +33,27 @@ test-fast: $(STAMP) ## The suite without the slow end-to-end tests (<1 min)
 	$(PY) -m pytest -m "not slow"
 
 # Whole studies (pipelines/*.yaml) through capsmed run; rerunning skips finished runs.
-#   make reproduce-jimenez2018 DATA_ROOT=/data EXECUTOR=slurm GPUS=0,1
-DATA_ROOT ?= data
-EXECUTOR  ?= local
-GPUS      ?=
-RUN        = $(VENV)/bin/capsmed run --executor $(EXECUTOR) --set data_root=$(DATA_ROOT) \
-             $(if $(GPUS),--gpus $(GPUS))
+#   make reproduce-jimenez2018 DATA_ROOT=/data GPUS=0,1
+#   make reproduce-vigueras2021 DATA_ROOT=/data EXECUTOR=slurm PARTITION=gpu ACCOUNT=lab
+# GPUS: the local executor's GPUs [all visible]. On Slurm, PARTITION, ACCOUNT, QOS,
+# TIME (minutes per job) and GPUS_PER_RUN override every job's resources (the paper
+# studies ask for 1 GPU per run and 24 h); RUN_FLAGS adds any other capsmed run
+# option, e.g. RUN_FLAGS=--detach (then: capsmed run wait PIPELINE) or --allow-cpu.
+DATA_ROOT    ?= data
+EXECUTOR     ?= local
+GPUS         ?=
+PARTITION    ?=
+ACCOUNT      ?=
+QOS          ?=
+TIME         ?=
+GPUS_PER_RUN ?=
+RUN_FLAGS    ?=
+RUN           = $(VENV)/bin/capsmed run --executor $(EXECUTOR) --set data_root=$(DATA_ROOT) \
+                $(if $(GPUS),--gpus $(GPUS)) \
+                $(if $(PARTITION),--slurm-partition $(PARTITION)) \
+                $(if $(ACCOUNT),--slurm-account $(ACCOUNT)) \
+                $(if $(QOS),--slurm-qos $(QOS)) $(if $(TIME),--slurm-time $(TIME)) \
+                $(if $(GPUS_PER_RUN),--slurm-gpus $(GPUS_PER_RUN)) $(RUN_FLAGS)
 
 reproduce-smoke: $(STAMP) ## Toy study on synthetic data (the batch machinery)
 	$(RUN) pipelines/smoke.yaml

@@ -112,11 +112,12 @@ def test_runs_are_skipped_resumed_and_rerun_by_identity(tmp_path):
     finished = _done_dirs(out)
     assert 2 <= len(finished) < 4, "the runner was not killed half-way"
     time.sleep(1.0)  # the orphaned training (SIGTERM from its dead parent) saves and exits
+    evaluated = len(list(out.glob("runs/*/report/report.json")))
     result = _capsmed_run(str(path), *select)
     assert result.returncode == 0, result.stdout + result.stderr
     after = _done_dirs(out)
     assert len(after) == 4 and all(after[k] == v for k, v in finished.items())
-    assert "finished earlier" in result.stdout
+    assert (f"{evaluated} of 4 runs finished earlier" in result.stdout) == (evaluated > 0)
     reference = tmp_path / "reference"
     result = _capsmed_run(str(path), *select, "--set", f"out={reference}")
     assert result.returncode == 0, result.stderr
@@ -124,9 +125,9 @@ def test_runs_are_skipped_resumed_and_rerun_by_identity(tmp_path):
         json.loads((reference / "report" / "study.json").read_text())
     # same options: nothing to do; changed options: new identities, trained again
     result = _capsmed_run(str(path), *select)
-    assert result.stdout.count("finished earlier") == 4 and "start" not in result.stdout
+    assert "4 of 4 runs finished earlier" in result.stdout and "start" not in result.stdout
     result = _capsmed_run("--dry-run", str(path), "--only", "arch=capsnet")
-    assert "(4 pending)" in result.stdout  # epochs=1 (the default): other identities
+    assert "(4 not submitted)" in result.stdout  # epochs=1 (the default): new ids
 
 
 @pytest.mark.slow
@@ -143,7 +144,8 @@ def test_a_failing_run_is_retried_reported_and_does_not_stop_the_others(tmp_path
     log = Path(failed[0]["log"]).read_text()
     assert "unknown class(es) no-such-class" in log
     status = runner.invoke(app, ["run", "status", str(path), "--only", "arch=lenet"])
-    assert "2 done" in status.output and "2 failed" in status.output
+    assert "(2 finished, 2 failed)" in status.output
+    assert status.output.count("training failed; see") == 2  # each failure, with its log
 
 
 def test_a_second_runner_on_the_same_folder_is_refused(tmp_path):
@@ -197,11 +199,33 @@ def test_an_unusable_executor_is_refused_before_anything_runs(tmp_path, monkeypa
 
 
 def test_estimates_skip_result_lines_that_are_not_training_figures(tmp_path):
-    from capsmed.pipeline.estimate import load_throughput
+    from capsmed.pipeline.estimate import user_rates
 
     (tmp_path / "other.jsonl").write_text(
         '{"device": "cpu", "arch": "lenet", "windows_per_s": 5}\n[1, 2]\n'
-        '{"device": "cpu (x86_64)", "arch": "lenet", "batch_size": 32, '
-        '"train_images_per_s": 900.0}\n')
-    table = load_throughput(gpu=False, results=tmp_path)
-    assert (32, 900.0, "cpu") in table["lenet"]
+        '{"device": "cpu (x86_64)", "arch": "lenet", "batch_size": 32, "precision": '
+        '"float32", "input": "1x28x28, 10 classes", "train_images_per_s": 900.0}\n')
+    rates = user_rates(tmp_path)
+    assert [(r.arch, r.batch, r.images_per_s, r.device, r.size) for r in rates] == [
+        ("lenet", 32, 900.0, "cpu", 28)]
+
+
+@pytest.mark.slow
+def test_detach_runs_the_local_executor_in_the_background_and_wait_follows_it(tmp_path):
+    path = _pipeline(tmp_path)
+    select = ["--only", "arch=lenet,condition=full"]
+    started = time.monotonic()
+    detached = _capsmed_run(str(path), *select, "--detach")
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    assert "runner started in the background" in detached.stdout
+    assert time.monotonic() - started < 60  # it returned before the runs finished
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    waited = subprocess.run([sys.executable, "-m", "capsmed", "run", "wait", str(path),
+                             *select], cwd=elsewhere, capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert "waiting for the runner" in waited.stdout
+    assert len(_done_dirs(tmp_path / "out")) == 2
+    assert (tmp_path / "out" / "report" / "study.md").is_file()
+    assert not (tmp_path / "out" / ".capsmed-run" / "runner.lock").exists()

@@ -7,21 +7,27 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from capsmed.errors import CapsmedError
-from capsmed.pipeline import execute, runner
+from capsmed.pipeline import execute, runner, tasks
 from capsmed.pipeline import state as state_module
 from capsmed.pipeline.display import RunBoard
 from capsmed.pipeline.identity import run_identity
+from capsmed.pipeline.items import work_items
 from capsmed.pipeline.spec import load_pipeline
 from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.status import run_rows
+from capsmed.pipeline.work import Placement
+from tests.pipeline_stand_ins import finish_run
 
 SMOKE = Path(__file__).resolve().parents[1] / "pipelines" / "smoke.yaml"
 
@@ -43,46 +49,45 @@ def _pipeline(tmp_path: Path, change=None):
 
 def _finished(state: PipelineState, run, evaluation: str = "report",
               files: dict | None = None) -> Path:
-    run_dir = state.run_dir(run, run_identity(run))
-    (run_dir / evaluation).mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps({"epochs_run": 1}))
-    (run_dir / evaluation / "report.json").write_text("{}")
-    for name, value in (files or {}).items():
-        path = run_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(value))
-    return run_dir
+    return finish_run(state.run_dir(run, run_identity(run)), (evaluation,), files)
 
 
 def _run(pipeline, label):
     return next(r for r in pipeline.runs if r.label == label)
 
 
+def _rows(pipeline, state, poll=None):
+    return run_rows(state, runner.plan(pipeline, pipeline.runs, state), poll)
+
+
 def test_runs_on_data_to_be_remade_are_outdated_not_done(tmp_path):
     pipeline, state = _pipeline(tmp_path)
     _finished(state, pipeline.runs[0])
-    assert runner.status_rows(pipeline, state, pipeline.runs)[0]["status"] == "done"
+    assert _rows(pipeline, state)[0].status == "finished"
     record = state.records / "stages" / "tupac16.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"commands": "made-by-other-commands"}))
-    rows = runner.status_rows(pipeline, state, pipeline.runs)
-    assert {(r["status"], r["id"]) for r in rows} == {("outdated", None)}
+    rows = _rows(pipeline, state)
+    assert {(r.status, r.detail, r.run_id) for r in rows} == {
+        ("not submitted", "its data will be made again", None)}
     assert runner.foreign_run_dirs(pipeline, state) == []  # their identity is unknown yet
 
 
 def test_a_new_protocol_revision_trains_finished_runs_again(tmp_path, monkeypatch, capsys):
-    from capsmed.cli.run import _print_table
     from capsmed.pipeline import identity
+    from capsmed.pipeline.display import print_overview
+    from capsmed.pipeline.overview import study_overview
 
     pipeline, state = _pipeline(tmp_path)
     old = _finished(state, pipeline.runs[0])
-    assert runner.status_rows(pipeline, state, pipeline.runs)[0]["status"] == "done"
+    assert _rows(pipeline, state)[0].status == "finished"
     assert runner.foreign_run_dirs(pipeline, state) == []
     monkeypatch.setattr(identity, "PROTOCOL_REVISION", identity.PROTOCOL_REVISION + 1)
-    row = runner.status_rows(pipeline, state, pipeline.runs)[0]
-    assert row["status"] == "pending" and row["id"] not in old.name
+    row = _rows(pipeline, state)[0]
+    assert row.status == "not submitted" and row.run_id not in old.name
     assert runner.foreign_run_dirs(pipeline, state) == [old]
-    _print_table(pipeline, [], [], _console(), estimates=False)
+    print_overview(study_overview(pipeline, runner.RunOptions(), False), _console(),
+                   False, False)
     out = " ".join(capsys.readouterr().out.split())
     assert (f"1 folder(s) in {old.parent} belong to no run of this pipeline now" in out
             and old.name in out)
@@ -114,13 +119,18 @@ def test_analyses_run_again_when_a_dataset_they_read_is_remade(tmp_path, monkeyp
     monkeypatch.setattr(execute, "run_logged", lambda argv, log, env=None: calls.append(
         argv) or (pipeline.out / "analysis" / "transfer").mkdir(parents=True, exist_ok=True)
         or 0)
-    board = RunBoard("t", 0)
-    for _ in range(2):
-        assert runner._analyses(pipeline, state, pipeline.runs, board) == {}
+    assert _run_analyses(pipeline, state) == [None]
+    assert _run_analyses(pipeline, state) == []  # done with this command and data
     assert len(calls) == 1
     pipeline.stages["tupac16"].output.write_bytes(b"version 2")
-    runner._analyses(pipeline, state, pipeline.runs, board)
+    assert _run_analyses(pipeline, state) == [None]
     assert len(calls) == 2
+
+
+def _run_analyses(pipeline, state) -> list:
+    """The analyses the runner would submit (no run to train), each run here."""
+    items = work_items(pipeline, state, [], [], pipeline.runs, {}, 0, RunBoard("t", 0).note)
+    return [item.task(Placement()) for item in items if item.kind == "analysis"]
 
 
 def test_a_table_reads_only_analysis_files_of_the_current_analyses(tmp_path, monkeypatch):
@@ -182,22 +192,17 @@ def test_a_selection_reports_the_whole_grid_and_defers_analyses_it_cuts(tmp_path
 
     pipeline, state = _pipeline(tmp_path)
     reported = []
-    monkeypatch.setattr(runner, "_execute", lambda state, todo, *a: {})
+    monkeypatch.setattr(tasks, "execute_run", lambda state, run, run_id, placement:
+                        _finished(state, run) and None)
     monkeypatch.setattr(study, "write_study_report",
                         lambda pipeline, state, runs: reported.append(list(runs)))
     ran = []
-    monkeypatch.setattr(runner, "execute_analysis", lambda state, a, *rest: ran.append(a.name))
+    monkeypatch.setattr(tasks, "execute_analysis", lambda state, a, *rest: ran.append(a.name))
     options = runner.RunOptions(only=["arch=capsnet", "seed=0"], gpus=[], jobs=1)
     assert runner.run_pipeline(pipeline, options) == 0
     assert [len(runs) for runs in reported] == [8]
     assert ran == ["routing-seed0"]  # its one run is selected; routing-seed1's is not
     assert "analysis 'routing-seed1' not run: it reads 1 run(s) outside" in capsys.readouterr().out
-
-
-def _marker(state: PipelineState, run_id: str, **info) -> None:
-    path = state.records / "running" / run_id
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info))
 
 
 def _dead_pid() -> int:
@@ -206,30 +211,35 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def test_running_markers_of_gone_slurm_jobs_are_not_trusted(tmp_path, monkeypatch):
-    state = PipelineState(tmp_path)
-    _marker(state, "here", host=socket.gethostname(), pid=_dead_pid(), job="17")
-    assert state.running_on("here") is None  # this host: its pid is checked, job or not
-    _marker(state, "there", host="node-7", pid=1, job="4242")
-    for alive, expected in ((True, "node-7"), (False, None), (None, None)):
-        monkeypatch.setattr(state_module, "slurm_job_alive", lambda job, a=alive: a)
-        assert state.running_on("there") == expected
-    _marker(state, "plain", host="node-7", pid=1, job=None)
-    assert state.running_on("plain") == "node-7"  # cannot be checked from here
+def test_status_asks_the_executor_of_each_open_job_once(tmp_path):
+    """The ledger names the jobs; one poll per executor says where they stand."""
+    from capsmed.pipeline.ledger import Ledger
+    from capsmed.pipeline.tasks import RunTask
+    from capsmed.pipeline.work import FAILED, QUEUED, RUNNING, Job, JobState, WorkItem
 
+    pipeline, state = _pipeline(tmp_path)
+    ledger = Ledger(state.records)
+    labels = [r.label for r in pipeline.runs[:4]]
+    answers = {"7_0": JobState(RUNNING), "7_1": JobState(QUEUED, "Priority"),
+               "7_2": JobState(FAILED, "Slurm: time limit reached")}
+    for i, run in enumerate(pipeline.runs[:3]):
+        item = WorkItem(f"run:{run.label}", run.label, RunTask(pipeline.out, run), None)
+        ledger.submitted(item, Job(item.key, "slurm", f"7_{i}"))
+    ledger.ended(Job(f"run:{labels[3]}", "slurm", "7_3"), JobState(FAILED))  # no entry
+    polls = []
 
-@pytest.mark.parametrize("which, rc, out, err, expected", [
-    (None, 0, "", "", None),
-    ("/usr/bin/squeue", 0, "4242\n", "", True),
-    ("/usr/bin/squeue", 0, "", "", False),
-    ("/usr/bin/squeue", 1, "", "slurm_load_jobs error: Invalid job id specified", False),
-    ("/usr/bin/squeue", 1, "", "Unable to contact slurm controller", None),
-])
-def test_slurm_job_alive_asks_squeue(monkeypatch, which, rc, out, err, expected):
-    monkeypatch.setattr(state_module.shutil, "which", lambda name: which)
-    monkeypatch.setattr(state_module.subprocess, "run", lambda *a, **k:
-                        subprocess.CompletedProcess(a[0], rc, out, err))
-    assert state_module.slurm_job_alive("4242") is expected
+    def poll(name, jobs):
+        polls.append((name, sorted(j.job_id for j in jobs)))
+        return {j.job_id: answers[j.job_id] for j in jobs}
+
+    rows = {r.label: r for r in _rows(pipeline, state, poll)}
+    assert polls == [("slurm", ["7_0", "7_1", "7_2"])]
+    assert (rows[labels[0]].status, rows[labels[0]].detail) == ("running", "job 7_0")
+    assert (rows[labels[1]].status, rows[labels[1]].detail) == ("queued", "job 7_1, Priority")
+    assert (rows[labels[2]].status, rows[labels[2]].detail) == ("failed",
+                                                                "Slurm: time limit reached")
+    assert rows[labels[3]].status == "not submitted"
+    assert _rows(pipeline, state)[0].status == "not submitted"  # dry run: no poll
 
 
 def _lock(state: PipelineState) -> Path:
@@ -276,5 +286,33 @@ def test_a_dead_runners_lock_is_taken_and_only_ones_own_lock_released(tmp_path):
     assert json.loads(_lock(state).read_text())["token"] == "theirs"
     _lock(state).unlink()
     state.acquire_lock()
+    state.release_lock()
+    assert not _lock(state).exists()
+
+
+def test_a_full_disk_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
+    """A full disk made the lock file but not its text: every rerun then met an
+    unreadable lock and exited 1, after the space was freed."""
+    import errno
+    import io
+
+    state = PipelineState(tmp_path)
+    real = state_module.os.fdopen
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state_module.os, "fdopen", lambda fd, *a, **k: (
+        state_module.os.close(fd), Full())[1])
+    with pytest.raises(CapsmedError, match="cannot write .No space left on device.; make "
+                                           "room and run again"):
+        state.acquire_lock()
+    assert not _lock(state).exists()
+    monkeypatch.setattr(state_module.os, "fdopen", real)
+    _lock(state).write_text("")  # as an older capsmed, or a killed runner, left it
+    old = time.time() - 120
+    os.utime(_lock(state), (old, old))
+    state.acquire_lock()  # taken over: a live runner writes its lock at once
     state.release_lock()
     assert not _lock(state).exists()

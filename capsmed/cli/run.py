@@ -1,27 +1,35 @@
-"""``capsmed run [status] PIPELINE.yaml``: a whole study (pipelines/) in one command."""
+"""``capsmed run [status|wait] PIPELINE.yaml``: a whole study (pipelines/) in one command."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import echo_wrapped, handles_errors, parse_key_values
+from capsmed.cli.common import handles_errors, parse_key_values
 from capsmed.errors import CapsmedError
 
 EPILOG = ("Examples: capsmed run pipelines/smoke.yaml | capsmed run --dry-run "
           "pipelines/jimenez2018.yaml --only arch=capsnet,dataset=mnist | capsmed run "
           "status pipelines/jimenez2018.yaml | capsmed run pipelines/vigueras2021.yaml "
-          "--executor slurm --slurm-partition gpu --set data_root=/data")
+          "--executor slurm --slurm-partition gpu --set data_root=/data --detach | "
+          "capsmed run wait pipelines/vigueras2021.yaml")
+MODES = ("status", "wait")
 
 
-@handles_errors(sigterm=False)  # SIGTERM kills the runner; its trainings then save
+@handles_errors  # SIGTERM as Ctrl-C: the trainings save, the lock goes, exit 130
 def run(
-    args: list[str] = typer.Argument(..., metavar="[status] PIPELINE",
-                                     help="A pipeline YAML (see pipelines/); 'status "
-                                          "PIPELINE' prints where its runs stand."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the expanded runs, "
-                                 "their status and an estimated time; run nothing."),
+    args: list[str] = typer.Argument(..., metavar="[status|wait] PIPELINE",
+                                     help="A pipeline YAML (see pipelines/). 'status "
+                                          "PIPELINE' prints where its runs stand; 'wait "
+                                          "PIPELINE' follows its jobs to their end and "
+                                          "writes the report."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything the run "
+                                 "would refuse; print the runs by group, their status, "
+                                 "resources and estimated time; run nothing."),
+    list_all: bool = typer.Option(False, "--list", help="With status or --dry-run: every "
+                                  "run on its own line, not only the groups."),
     only: list[str] = typer.Option(None, help="Keep runs with FIELD=VALUE[,FIELD=VALUE]; "
                                    "repeatable (e.g. arch=capsnet,dataset=mnist)."),
     exclude: list[str] = typer.Option(None, help="Drop the runs matching all of "
@@ -29,97 +37,132 @@ def run(
     set_: list[str] = typer.Option(None, "--set", help="Override a pipeline variable: "
                                    "KEY=VALUE, repeatable (e.g. data_root=/data). The "
                                    "environment's CAPSMED_<KEY> also works."),
-    retries: int = typer.Option(1, help="Attempts after a run's first failure."),
+    retries: int = typer.Option(1, help="Attempts after a job's first failure (a job "
+                                "requeued at a time limit or on preemption is not a "
+                                "failure)."),
     executor: str = typer.Option(None, help="local or slurm [the pipeline's, else local]."),
-    jobs: int = typer.Option(None, help="Runs at once with the local executor [one per "
-                             "GPU; 1 on a CPU]."),
-    gpus: str = typer.Option(None, help="GPUs for the local executor, e.g. 0,1 [all "
-                             "visible]."),
-    slurm_partition: str = typer.Option(None, help="Slurm partition [the pipeline's]."),
-    slurm_time: int = typer.Option(None, help="Slurm time limit per run, minutes [the "
-                                   "pipeline's, else 1440]."),
-    slurm_account: str = typer.Option(None, help="Slurm account."),
-    slurm_gpus: int = typer.Option(None, help="GPUs per Slurm job [the pipeline's, else 0]."),
+    jobs: int = typer.Option(None, help="Jobs at once [local: one per GPU, 1 on a CPU; "
+                             "slurm: 256 per job array]."),
+    gpus: str = typer.Option(None, help="GPUs of this machine for the local executor, "
+                             "e.g. 0,1 [all visible]."),
+    allow_cpu: bool = typer.Option(False, "--allow-cpu", help="Train runs that ask for "
+                                   "GPUs (resources.gpus) where there are none."),
+    detach: bool = typer.Option(False, "--detach", help="Submit and return: Slurm jobs go "
+                                "on alone; the local executor goes on in the background. "
+                                "Follow with 'capsmed run status|wait PIPELINE'."),
+    slurm_partition: str = typer.Option(None, help="resources.partition of every job."),
+    slurm_time: int = typer.Option(None, help="resources.time_min of every job: its time "
+                                   "limit in minutes [1440]."),
+    slurm_account: str = typer.Option(None, help="resources.account of every job."),
+    slurm_qos: str = typer.Option(None, help="resources.qos of every job."),
+    slurm_constraint: str = typer.Option(None, help="resources.constraint of every job."),
+    slurm_gpus: int = typer.Option(None, help="resources.gpus: GPUs per training run."),
+    slurm_cpus: int = typer.Option(None, help="resources.cpus: CPUs per process."),
+    slurm_mem: float = typer.Option(None, help="resources.mem_gb: memory per node, GB."),
+    slurm_option: list[str] = typer.Option(None, help="A further sbatch option, "
+                                           "NAME=VALUE (NAME=true for a flag); repeatable."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the study's "
                                 "tables at the end."),
 ) -> None:
     """Run a study: data stages once, then every training run of the grid (skipping
     finished ones, resuming interrupted ones), then its analyses and report tables."""
-    from rich.console import Console
+    from capsmed.pipeline.runner import RunOptions, ensure_path
 
-    from capsmed.pipeline.runner import RunOptions, ensure_path, run_pipeline
+    mode, path = _mode(args)
     from capsmed.pipeline.spec import load_pipeline
 
-    if len(args) == 2 and args[0] == "status":
-        mode, path = "status", args[1]
-    elif len(args) == 1:
-        mode, path = "run", args[0]
-    else:
-        raise CapsmedError("usage: capsmed run PIPELINE.yaml, or capsmed run status "
-                           "PIPELINE.yaml")
     pipeline = load_pipeline(ensure_path(Path(path)), parse_key_values(set_, "--set"))
-    if mode == "status" or dry_run:
-        _print_table(pipeline, only or [], exclude or [], Console(), estimates=dry_run)
-        return
-    slurm = {k: v for k, v in {"partition": slurm_partition, "time_min": slurm_time,
-                               "account": slurm_account, "gpus": slurm_gpus}.items()
-             if v is not None}
+    overrides = {"partition": slurm_partition, "time_min": slurm_time,
+                 "account": slurm_account, "qos": slurm_qos, "constraint": slurm_constraint,
+                 "gpus": slurm_gpus, "cpus": slurm_cpus, "mem_gb": slurm_mem,
+                 "sbatch": _sbatch_options(slurm_option)}
     options = RunOptions(only=only or [], exclude=exclude or [], retries=retries,
-                         executor=executor, jobs=jobs,
-                         gpus=[g.strip() for g in gpus.split(",") if g.strip()]
-                         if gpus is not None else None,
-                         slurm={**(pipeline.executor.get("slurm") or {}), **slurm},
-                         report=report)
-    if retries < 0 or (jobs is not None and jobs < 1):
-        raise CapsmedError("--retries must be >= 0 and --jobs >= 1")
-    raise typer.Exit(run_pipeline(pipeline, options))
+                         executor=executor, jobs=jobs, gpus=_gpus(gpus), allow_cpu=allow_cpu,
+                         detach=detach, report=report,
+                         resources={k: v for k, v in overrides.items() if v is not None})
+    _show_or_run(pipeline, options, mode, dry_run, list_all)
 
 
-def _print_table(pipeline, only: list[str], exclude: list[str], console, estimates: bool
-                 ) -> None:
-    from capsmed.pipeline.display import status_table
-    from capsmed.pipeline.estimate import (
-        estimate_seconds,
-        human,
-        load_throughput,
-        split_sizes_of,
-    )
-    from capsmed.pipeline.runner import (
-        count_by_status,
-        foreign_run_dirs,
-        select_runs,
-        status_rows,
-    )
-    from capsmed.pipeline.state import PipelineState
+def _sbatch_options(pairs: list[str] | None) -> dict[str, object] | None:
+    """``--slurm-option exclusive=true --slurm-option mail-type=END``."""
+    out: dict[str, object] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise CapsmedError(f"--slurm-option expects NAME=VALUE, got '{pair}'")
+        out[name.strip()] = True if value.strip().lower() == "true" else value.strip()
+    return out or None
 
-    runs = select_runs(pipeline, only, exclude)
-    state = PipelineState(pipeline.out)
-    rows = status_rows(pipeline, state, runs)
-    fields = list(dict.fromkeys(k for r in runs for k in r.fields))
-    per_run: dict[str, str] = {}
-    total, source = 0.0, ""
-    if estimates:
-        import torch
 
-        throughput = load_throughput(gpu=torch.cuda.is_available())
-        for run in runs:
-            seconds = estimate_seconds(run, throughput, split_sizes_of(run.train.get("data")))
-            if seconds is not None:
-                per_run[run.label] = human(seconds)
-                total += seconds
-        source = "GPU (H100 eager bf16)" if torch.cuda.is_available() else "this CPU kind"
-    console.print(status_table(pipeline.name, rows, fields, per_run if estimates else None))
-    counts = ", ".join(f"{n} {s}" for s, n in count_by_status(rows).items())
-    console.print(f"{len(rows)} runs ({counts}); output: {pipeline.out}")
-    foreign = foreign_run_dirs(pipeline, state)
-    if foreign:
-        echo_wrapped(f"{len(foreign)} folder(s) in {foreign[0].parent} belong to no run "
-                     "of this pipeline now (their options, data or capsmed's protocol "
-                     "revision changed) and are not counted, e.g. "
-                     f"{foreign[0].name}; remove them when you no longer need them")
-    if estimates:
-        known = len(per_run)
-        console.print(f"estimated training time: {human(total)} for the {known} runs with "
-                      f"a measured throughput ({source}; one run at a time; an estimate)"
-                      if known else "no estimate: the data is not made yet, or no "
-                      "throughput was measured for these architectures")
+def _mode(args: list[str]) -> tuple[str, str]:
+    if len(args) == 2 and args[0] in MODES:
+        return args[0], args[1]
+    if len(args) == 1:
+        return "run", args[0]
+    raise CapsmedError("usage: capsmed run PIPELINE.yaml, capsmed run status PIPELINE.yaml "
+                       "or capsmed run wait PIPELINE.yaml")
+
+
+def _gpus(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    devices = [g.strip() for g in text.split(",") if g.strip()]
+    if not all(g.isdigit() for g in devices):
+        raise CapsmedError(f"--gpus expects GPU numbers such as 0,1, got '{text}'")
+    return devices
+
+
+def _show_or_run(pipeline, options, mode: str, dry_run: bool, list_all: bool) -> None:
+    from capsmed.pipeline import runner
+    from capsmed.pipeline.preflight import MissingInputs
+
+    try:
+        if mode == "status" or dry_run:
+            _show(pipeline, options, dry_run, list_all)
+        elif mode == "wait":
+            raise typer.Exit(runner.wait_pipeline(pipeline, options))
+        elif options.detach and not runner.executor_for(pipeline, options).detached:
+            runner.prepare(pipeline, options, _commands())
+            argv = [a for a in sys.argv[1:] if a != "--detach"]
+            typer.echo(runner.start_in_background(argv, pipeline))
+        else:
+            raise typer.Exit(runner.run_pipeline(pipeline, options, _commands()))
+    except MissingInputs as exc:  # every missing input on its own line
+        for line in exc.lines:
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _show(pipeline, options, dry_run: bool, list_all: bool) -> None:
+    from rich.console import Console
+
+    from capsmed.pipeline import runner
+    from capsmed.pipeline.display import print_overview
+    from capsmed.pipeline.overview import study_overview
+    from capsmed.pipeline.preflight import MissingInputs
+
+    missing = None
+    if dry_run:
+        try:
+            runner.prepare(pipeline, options, _commands())
+        except MissingInputs as exc:  # the plan is still worth seeing (sizes, estimates)
+            missing = exc
+    print_overview(study_overview(pipeline, options, dry_run), Console(highlight=False),
+                   list_all, dry_run)
+    if missing is not None:
+        raise missing
+
+
+def _commands() -> set[tuple[str, ...]]:
+    """The capsmed commands there are, as paths: ("preprocess", "tupac16"), ..."""
+    from capsmed.cli import app
+
+    def walk(command, prefix=()):
+        subs = getattr(command, "commands", None)
+        if not subs:
+            yield prefix
+            return
+        for name, sub in subs.items():
+            yield from walk(sub, (*prefix, name))
+
+    return set(walk(typer.main.get_command(app)))

@@ -22,6 +22,7 @@ from typing import Any
 from capsmed import __version__
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.aggregate import (
+    Collection,
     Group,
     SkippedRun,
     collect_runs,
@@ -163,16 +164,18 @@ def _group_summary(g: Group) -> dict[str, Any]:
 
 
 def report_runs(paths: Sequence[Path], out_dir: Path,
-                config: ReportConfig | None = None) -> AggregateReport:
+                config: ReportConfig | None = None,
+                collection: Collection | None = None) -> AggregateReport:
     """Aggregate the evaluated runs under ``paths`` into ``out_dir``.
 
     Writes the paper-000 metric table, the paper-001 per-class tables (pooled and
     mean), the paired tests (Markdown, CSV, LaTeX each), every group's statistics,
-    metric-vs-fraction PNGs and ``summary.json`` holding all of it.
+    metric-vs-fraction PNGs and ``summary.json`` holding all of it. ``collection``:
+    the runs of ``paths`` already read (a pipeline's study index), else read here.
     """
     config = config or ReportConfig()
     check_output_dir(Path(out_dir))  # before any work: a bad -o fails at once
-    collection = collect_runs(paths)
+    collection = collection if collection is not None else collect_runs(paths)
     if not collection.runs:
         raise CapsmedError(f"{', '.join(map(str, paths))}: no evaluated runs "
                            f"({len(collection.skipped)} skipped); run capsmed evaluate "

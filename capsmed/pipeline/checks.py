@@ -113,7 +113,7 @@ def check_distinct_runs(runs: Iterable[RunLike], path: Path, train_fields: Itera
         hints = [f"'{k}' is not a capsmed train option; did you mean '{m[0]}'?"
                  for k in differ if (m := difflib.get_close_matches(k, train_fields, 1))]
         raise _fail(path, f"grid points {other.label} and {run.label} are the same run "
-                    f"(same options, data and evaluations): {', '.join(differ)} sets "
+                    f"(same training options and data): {', '.join(differ)} sets "
                     "nothing; name a capsmed train option, or use it in a rule or a "
                     "{placeholder}" + (f" ({' '.join(hints)})" if hints else ""))
 

@@ -12,11 +12,11 @@ from rich.live import Live
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from capsmed.pipeline.spec import RunSpec
 from capsmed.tables import Column, Table, text_column
 from capsmed.tables.terminal import to_rich
 
 SHOWN_RUNNING = 8
+SHOWN_FAILED = 10
 
 
 def _fit(text: str, width: int) -> str:
@@ -76,9 +76,8 @@ class RunBoard:
     def note(self, text: str) -> None:
         self._line(text)
 
-    def event(self, what: str, run: RunSpec, run_id: str, detail: str | None) -> None:
+    def event(self, what: str, label: str, detail: str | None = None) -> None:
         """A run started (``running``), finished (``done``) or gave up (``failed``)."""
-        label = run.label
         if what == "running":
             self.running[label] = (time.monotonic(), detail)
             if self.live is None:
@@ -110,17 +109,77 @@ class RunBoard:
                            "skipped).")
 
 
-def status_table(name: str, rows: Sequence[Mapping[str, Any]], fields: Sequence[str],
-                 estimate: Mapping[str, str] | None = None, width: int | None = None
-                 ) -> RenderableType:
-    """The expanded grid (``--dry-run``) or its progress (``capsmed run status``), fitted
-    to ``width`` columns (the terminal's by default)."""
-    columns = [Column("#"), *(text_column(f) for f in fields), text_column("id"),
-               text_column("status")] + ([Column("est.")] if estimate else [])
-    cells = []
+def summary_table(groups: Mapping[str, Sequence[Any]], header: str,
+                  extra: Mapping[str, Mapping[str, str]] | None = None,
+                  width: int | None = None) -> RenderableType:
+    """One row per group of runs: how many, where they stand, and (``extra``: column
+    name -> group -> text) what they ask for and how long they should take; fitted to
+    ``width`` columns (the terminal's by default)."""
+    from capsmed.pipeline.status import counts, describe_counts
+
+    columns = [text_column(header), Column("runs"), Column("status", align="left", wrap=True)]
+    columns += [Column(n) if n == "est." else Column(n, align="left", wrap=True)
+                for n in extra or {}]
+    cells = [[key, str(len(rows)), describe_counts(counts(rows)),
+              *((extra or {})[n].get(key, "-") for n in extra or {})]
+             for key, rows in groups.items()]
+    return to_rich(Table("", columns, cells), width or Console().width)
+
+
+def run_lines(rows: Sequence[Any], estimates: Mapping[str, str] | None = None) -> str:
+    """Every run on a line (``--list``): label, identity, status and detail, plain text
+    (fast for 10,000 runs); a long label is shortened, never split mid-word."""
+    lines = []
     for i, row in enumerate(rows, 1):
-        cells.append([str(i), *[str(row["fields"].get(f, "")) for f in fields],
-                      row["id"] or "(after data)", row["status"],
-                      *([estimate.get(row["label"], "-")] if estimate else [])])
-    return to_rich(Table(f"{name}: {len(rows)} runs", columns, cells),
-                   width or Console().width)
+        est = f" {estimates.get(row.label, '-'):>6}" if estimates is not None else ""
+        detail = f" ({row.detail})" if row.detail else ""
+        lines.append(f"{i:>5} {_fit(row.label, 34):<34} {row.run_id or '(after data)':<12} "
+                     f"{row.status}{est}{detail}")
+    return "\n".join(lines)
+
+
+def print_overview(view: Any, console: Console, list_all: bool, dry_run: bool) -> None:
+    """``capsmed run status`` / ``--dry-run``: counts, the groups (every run with
+    ``list_all``), the failures with their reasons, and for a dry run what each group
+    asks for and how long it should take."""
+    from capsmed.pipeline.estimate import human
+    from capsmed.pipeline.status import FAILED, counts, describe_counts
+
+    name, rows = view.pipeline.name, view.rows
+    console.print(Text(f"{name}: {len(rows)} runs ({describe_counts(counts(rows))}); "
+                       f"output: {view.pipeline.out}"))
+    for line in view.stages:
+        console.print(Text(line))
+    estimates = {k: human(v) for k, v in view.estimates.items()} if dry_run else None
+    if list_all:
+        console.print(Text(run_lines(rows, estimates)), soft_wrap=True)
+    else:
+        extra: dict[str, dict[str, str]] = {}
+        if dry_run:
+            extra["resources"] = view.resources
+            extra["est."] = {key: _group_estimate(members, view.estimates, human)
+                             for key, members in view.groups.items()
+                             if any(r.label in view.estimates for r in members)}
+        console.print(summary_table(view.groups, " ".join(view.fields) or "runs", extra,
+                                    console.width))
+    failed = [r for r in rows if r.status == FAILED]
+    for row in failed[:SHOWN_FAILED] if not list_all else []:
+        console.print(Text(f"  failed {row.label}: {row.detail}"), soft_wrap=False)
+    if len(failed) > SHOWN_FAILED and not list_all:
+        console.print(Text(f"  ... and {len(failed) - SHOWN_FAILED} more failed (--list)"))
+    if view.foreign:
+        console.print(Text(f"{len(view.foreign)} folder(s) in {view.foreign[0].parent} "
+                           "belong to no run of this pipeline now (their options, data or "
+                           "capsmed's protocol revision changed) and are not counted, e.g. "
+                           f"{view.foreign[0].name}; remove them when you no longer need "
+                           "them"))
+    if dry_run:
+        console.print(Text(view.estimate_note))
+
+
+def _group_estimate(members: Sequence[Any], estimates: Mapping[str, float], human: Any
+                    ) -> str:
+    """The group's total, and how many of its runs it covers when not all."""
+    known = [estimates[r.label] for r in members if r.label in estimates]
+    return human(sum(known)) + ("" if len(known) == len(members) else
+                                f" ({len(known)} of {len(members)})")

@@ -1,84 +1,139 @@
-"""Rough run times for ``capsmed run --dry-run``, from measured throughput.
+"""Rough training times for ``capsmed run --dry-run``, from measured throughput only.
 
-Sources: the repository's ``benchmarks/results/`` (``gpu_check-*.jsonl``: GPU training
-img/s per architecture and batch, eager bf16 as ``capsmed train`` runs by default;
-``train.jsonl``: ``capsmed bench train`` lines) and your own ``capsmed bench train``
-results in the user data folder (``capsmed.io.user_data_dir() / "bench"``). A run's
-estimate is epochs x training images / img/s at the closest measured batch size:
-training only, at the paper input size the figure was measured at, so an estimate,
-not a promise. Architectures never measured get none.
+Rates come from :mod:`capsmed.pipeline.throughput` (shipped with capsmed) and from
+your own ``capsmed bench train`` results in the user data folder (preferred). A run
+gets an estimate only from a rate of its own architecture at its registry defaults,
+its channels, its input size, its precision and the device kind it will train on, at
+the nearest measured batch size (within a factor of 4): never from another input
+size or a reduced-width model. Its input size and split sizes come from its data
+file, or, before the file exists, from what its data stage declares under
+``expect:``. The estimate is epochs x training images per epoch / rate: training
+only (no evaluation, no early stop), one run at a time.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from capsmed.io import user_data_dir
-from capsmed.pipeline.spec import RunSpec
+from capsmed.pipeline.spec import Pipeline, RunSpec
+from capsmed.pipeline.throughput import RATES, Rate
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-
-
-def _result_files(folders: list[Path]) -> list[Path]:
-    return [p for folder in folders if folder.is_dir() for p in sorted(folder.glob("*.jsonl"))]
+MAX_BATCH_RATIO = 4.0
+NOT_MODEL_OPTIONS = {"in_channels", "num_classes", "input_size", "input_mean", "input_std"}
 
 
-def load_throughput(gpu: bool, results: Path = RESULTS) -> dict[str, list[tuple[int, float, str]]]:
-    """arch -> [(batch size, training img/s, device)] for a GPU or a CPU machine."""
-    table: dict[str, list[tuple[int, float, str]]] = {}
-    for path in _result_files([results, user_data_dir() / "bench"]):
-        device = ""
+def user_rates(folder: Path | None = None) -> list[Rate]:
+    """``capsmed bench train`` lines of this user (other tools' lines are skipped)."""
+    folder = folder if folder is not None else user_data_dir() / "bench"
+    out = []
+    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
         for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(row, dict):  # another tool's lines: not a training figure
-                continue
-            if row.get("part") == "speed" and row.get("mode") == "eager-bf16" and gpu:
-                if "train_images_per_s" in row:
-                    device = "H100" if "h100" in path.name else path.stem
-                    table.setdefault(row["arch"], []).append(
-                        (int(row["batch_size"]), float(row["train_images_per_s"]), device))
-            elif "device" in row and "part" not in row and "train_images_per_s" in row:
-                on_gpu = not str(row["device"]).startswith("cpu")
-                if on_gpu == gpu:
-                    table.setdefault(row["arch"], []).append(
-                        (int(row["batch_size"]), float(row["train_images_per_s"]),
-                         str(row["device"]).split(" (")[0]))
-    return table
+            rate = _bench_line(line, path.name)
+            if rate is not None:
+                out.append(rate)
+    return out
 
 
-def training_images(run: RunSpec, split_sizes: dict[str, int]) -> int | None:
-    """Images one epoch trains on (None when the data is not made yet).
+def _bench_line(line: str, source: str) -> Rate | None:
+    try:
+        row = json.loads(line)
+        shape, _, classes = str(row["input"]).partition(", ")
+        channels, size, _ = (int(v) for v in shape.split("x"))
+        device = str(row["device"])
+        kind = "cpu" if device.startswith("cpu") else "gpu:" + device.split("(")[-1].rstrip(")")
+        precision = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
+            str(row["precision"]), str(row["precision"]))
+        return Rate(str(row["arch"]), channels, size, int(classes.split()[0]),
+                    int(row["batch_size"]), precision, kind, float(row["train_images_per_s"]),
+                    source)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
 
-    A subset protocol (fraction, imbalance, per-class limit) trains as many steps as
-    the full split (paper 000 s3.1), so an epoch costs the full split's images; a
-    cross-validation run trains on all folds but its test fold.
-    """
+
+def data_shape(pipeline: Pipeline, run: RunSpec) -> dict[str, Any] | None:
+    """``{channels, image_size, splits}`` of the run's data: from the file, else from
+    its stage's ``expect:``; None when neither is known."""
+    path = Path(str(run.train.get("data")))
+    if path.is_file():
+        from capsmed.data.contract import read_info
+
+        try:
+            info = read_info(path)
+            return {"channels": int(info.channels), "image_size": int(info.image_size),
+                    "splits": dict(info.split_sizes)}
+        except Exception:  # unreadable here: the run itself will say why
+            return None
+    stage = pipeline.stages.get(run.stage or "")
+    return dict(stage.expect) if stage is not None and stage.expect else None
+
+
+def training_images(run: RunSpec, splits: Mapping[str, int]) -> int | None:
+    """Images one epoch trains on. A subset protocol (fraction, imbalance, per-class
+    limit) trains as many steps as the full split (paper 000 s3.1), so an epoch costs
+    the full split's images; a cross-validation run trains on all folds but one."""
     steps = run.train.get("steps_per_epoch")
     if steps:
         return int(steps) * int(run.train.get("batch_size", 128))
-    if "train" in split_sizes:
-        return split_sizes["train"]
-    if "all" in split_sizes:
+    if "train" in splits:
+        return int(splits["train"])
+    if "all" in splits:
         k = int(run.train.get("folds") or 5)
-        return split_sizes["all"] * (k - 1) // k
+        return int(splits["all"]) * (k - 1) // k
     return None
 
 
-def estimate_seconds(run: RunSpec, throughput: dict[str, list[tuple[int, float, str]]],
-                     split_sizes: dict[str, int]) -> float | None:
-    figures = throughput.get(run.train.get("arch", ""))
-    images = training_images(run, split_sizes)
-    if not figures or images is None:
-        return None
+def _default_model(run: RunSpec) -> bool:
+    from capsmed.models.registry import get_model_entry
+
+    try:
+        defaults = get_model_entry(str(run.train.get("arch"))).defaults()
+    except Exception:
+        return False
+    chosen = {k: v for k, v in (run.train.get("model_kwargs") or {}).items()
+              if k not in NOT_MODEL_OPTIONS}
+    return all(k in defaults and defaults[k] == v for k, v in chosen.items())
+
+
+def matching_rate(run: RunSpec, shape: Mapping[str, Any], gpus: int,
+                  rates: list[Rate]) -> Rate | None:
+    device = "gpu" if gpus else "cpu"
+    precision = str(run.train.get("precision") or "auto")
+    if precision == "auto":
+        precision = "bf16" if gpus else "fp32"
     batch = int(run.train.get("batch_size", 128))
-    _, rate, _ = min(figures, key=lambda f: abs(math.log(f[0] / batch)))
-    return int(run.train.get("epochs", 50)) * images / rate
+    found = [r for r in rates if r.arch == run.train.get("arch")
+             and r.channels == shape["channels"] and r.size == shape["image_size"]
+             and r.precision == precision and r.device.split(":")[0] == device
+             and max(r.batch, batch) / min(r.batch, batch) <= MAX_BATCH_RATIO]
+    return min(found, key=lambda r: abs(math.log(r.batch / batch))) if found else None
+
+
+def estimate_run(pipeline: Pipeline, run: RunSpec, gpus: int,
+                 rates: list[Rate] | None = None,
+                 shapes: dict[str, Any] | None = None) -> tuple[float, Rate] | None:
+    """Seconds of training and the rate they come from; None without a fitting rate
+    (a multi-GPU run, whose scaling was not measured, gets none). ``shapes`` keeps
+    each data file's shape across calls (a grid reads each file once)."""
+    if gpus > 1 or not _default_model(run):
+        return None
+    shapes = shapes if shapes is not None else {}
+    key = f"{run.train.get('data')}|{run.stage}"
+    if key not in shapes:
+        shapes[key] = data_shape(pipeline, run)
+    shape = shapes[key]
+    if shape is None:
+        return None
+    images = training_images(run, shape.get("splits") or {})
+    rate = matching_rate(run, shape, gpus, rates if rates is not None
+                         else [*user_rates(), *RATES])
+    if rate is None or images is None:
+        return None
+    return int(run.train.get("epochs", 50)) * images / rate.images_per_s, rate
 
 
 def human(seconds: float) -> str:
@@ -86,13 +141,21 @@ def human(seconds: float) -> str:
         return f"{seconds:.0f}s"
     if seconds < 5400:
         return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
 
 
-def split_sizes_of(path: Any) -> dict[str, int]:
-    from capsmed.data.contract import read_info
-
-    try:
-        return dict(read_info(Path(path)).split_sizes)
-    except Exception:  # not made yet, or unreadable: no estimate, never an error here
-        return {}
+def estimate_summary(found: Mapping[str, tuple[float, Rate]], total: int) -> str:
+    """The total, saying how many runs it covers and which measurements it uses."""
+    if not found:
+        return (f"no estimate for any of the {total} runs: no rate was measured for "
+                "their architecture, input size and device (capsmed bench train adds "
+                "your own)")
+    seconds = sum(s for s, _ in found.values())
+    devices = sorted({r.device.replace("gpu:", "") for _, r in found.values()})
+    part = ("all" if len(found) == total else f"{len(found)} of") + f" {total} runs"
+    rest = "" if len(found) == total else (f"; the other {total - len(found)} have no "
+                                           "measured rate")
+    return (f"estimated training time: {human(seconds)} for {part} (rates measured on "
+            f"{', '.join(devices)}; one run at a time, training only){rest}")

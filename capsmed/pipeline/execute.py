@@ -1,24 +1,18 @@
 """Do one piece of a pipeline: a data stage, a run (train + evaluate) or an analysis.
 
-Each piece is a ``capsmed`` command in a child process whose output goes to a log
-file, so a failing run never takes the runner down and every executor (local
-processes, Slurm jobs) runs exactly the same code. Children get SIGTERM if the
-process that started them dies (Linux ``PR_SET_PDEATHSIG``): a runner killed with
-SIGKILL leaves no orphan training behind, and the orphan's SIGTERM makes it save
-``resume.pt``, so the next runner resumes it.
+Each piece runs ``capsmed`` commands in child processes
+(:mod:`capsmed.pipeline.processes`), and what is left to do is read from the files
+each time, so a piece interrupted at any point (killed, preempted, requeued)
+continues where its files say it stopped. :mod:`capsmed.pipeline.tasks` wraps these
+functions into the tasks every executor runs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,31 +25,13 @@ from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.checks import run_filter
 from capsmed.pipeline.identity import run_identity
+from capsmed.pipeline.processes import capsmed_argv, run_logged
 from capsmed.pipeline.spec import Analysis, Pipeline, RunSpec, Stage
-from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.state import PipelineState, evaluation_current
+from capsmed.pipeline.work import Placement
 
-
-def capsmed_argv(*args: str) -> list[str]:
-    """The same capsmed as this process, as a command line."""
-    return [sys.executable, "-m", "capsmed", *args]
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    # not Linux (no libc.so.6): children outlive a killed runner, as with any other tool
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> int:
-    """Run ``argv`` with stdout and stderr appended to ``log``; returns the exit code."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a", encoding="utf-8") as fh:
-        fh.write(f"\n$ {' '.join(argv)}\n")
-        fh.flush()
-        proc = subprocess.run(list(argv), stdout=fh, stderr=subprocess.STDOUT,
-                              env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                              preexec_fn=_die_with_parent if os.name == "posix" else None)
-    return proc.returncode
+INTERRUPTED = 130  # capsmed's exit code for a stop on request (the state is saved)
+INTERRUPTED_REASON = "interrupted (its state is saved; the next run resumes it)"
 
 
 def command_hash(commands: Sequence[Sequence[str]]) -> str:
@@ -69,29 +45,64 @@ def _stage_record(state: PipelineState, name: str) -> Path:
     return state.records / "stages" / f"{name}.json"
 
 
+def inputs_fingerprint(stage: Stage) -> str | None:
+    """A hash of the raw files a stage reads (its ``requires:`` paths): every file's
+    path, size and modification time, so that a file added, removed, renamed (two
+    class folders swapped) or rewritten makes the stage run again. None when the stage
+    names no input."""
+    if not stage.requires:
+        return None
+    h = hashlib.sha256()
+    for req in stage.requires:
+        root = Path(req.path)
+        h.update(f"\0{root}".encode())
+        for path in _files(root):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            h.update(f"\0{path.relative_to(root) if path != root else '.'}"
+                     f"\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    out = []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        dirs.sort()
+        out += [Path(folder) / n for n in sorted(names)]
+    return out
+
+
 def stage_done(state: PipelineState, stage: Stage) -> bool:
-    """The output exists and was made by these commands (or given by the user)."""
+    """The output exists and was made by these commands from these raw files (or the
+    user put it there)."""
     if not stage.output.is_file():
         return False
     try:
-        made_by = json.loads(_stage_record(state, stage.name).read_text())["commands"]
-    except (OSError, ValueError, KeyError):
+        made = json.loads(_stage_record(state, stage.name).read_text())
+        made_by = made["commands"]
+    except (OSError, ValueError, KeyError, TypeError):
         return True  # a file the user put there: trusted, never overwritten
-    return made_by == command_hash(stage.commands)
+    if made_by != command_hash(stage.commands):
+        return False
+    return made.get("inputs") is None or made["inputs"] == inputs_fingerprint(stage)
 
 
 def remade_outputs(pipeline: Pipeline, state: PipelineState) -> set[str]:
-    """Data files that exist but will be made again (their stage's commands changed):
-    the runs that read them will train under a new identity."""
+    """Data files that exist but will be made again (their stage's commands or raw
+    inputs changed): the runs that read them may train under a new identity."""
     return {str(s.output) for s in pipeline.stages.values()
             if s.output.is_file() and not stage_done(state, s)}
 
 
 def current_identity(run: RunSpec, remade: set[str]) -> str | None:
-    """The run's identity, or None while a file it reads is missing or to be remade
-    (the identity of the file there now belongs to the old data)."""
-    inputs = {str(run.train.get("data"))} | {str(e.data) for e in run.evaluations if e.data}
-    return None if inputs & remade else run_identity(run)
+    """The run's identity, or None while its data file is missing or to be remade
+    (the identity of the file there now belongs to the old data). An evaluation's
+    other data file is not part of it: a remade one is evaluated again."""
+    return None if str(run.train.get("data")) in remade else run_identity(run)
 
 
 def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) -> str | None:
@@ -99,6 +110,7 @@ def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) ->
     log = state.out / "logs" / f"data-{stage.name}.log"
     for path in stage.scratch:  # a half-made raw folder from an interrupted attempt
         shutil.rmtree(path, ignore_errors=True)
+    inputs = inputs_fingerprint(stage)  # before: a change while it runs makes it again
     # Here with an existing output only when this stage made it with other commands:
     # set it aside (preprocess refuses to overwrite), and put it back if the new fail.
     previous = stage.output.with_name(stage.output.name + ".previous")
@@ -112,8 +124,8 @@ def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) ->
         _restore(previous, stage.output)
         return f"its commands did not write {stage.output}; see {log}"
     previous.unlink(missing_ok=True)
-    write_text_atomic(_stage_record(state, stage.name),
-                      json.dumps({"commands": command_hash(stage.commands)}))
+    write_text_atomic(_stage_record(state, stage.name), json.dumps(
+        {"commands": command_hash(stage.commands), "inputs": inputs}))
     return None
 
 
@@ -122,53 +134,74 @@ def _restore(previous: Path, output: Path) -> None:
         os.replace(previous, output)
 
 
-def execute_run(state: PipelineState, run: RunSpec, run_id: str,
-                env: Mapping[str, str] | None = None) -> str | None:
-    """Train (or resume) and evaluate one run; returns None, or why it failed.
-
-    What to do is read from the run directory each time, so a run interrupted at any
-    point (killed, preempted, requeued) continues where its files say it stopped.
-    """
-    run_dir, log = state.run_dir(run, run_id), state.log_path(run, run_id)
-    state.mark_running(run_id)
-    try:
-        status = state.status(run, run_id)
-        if status in ("running", "failed"):  # our own marker / an earlier attempt
-            status = _file_status(run_dir)
-        if status == "started":  # killed before its first epoch ended: start over
-            shutil.rmtree(run_dir)
-            status = "pending"
-        if status == "pending":
-            config = state.config_path(run_id)
-            write_text_atomic(config, yaml.safe_dump(run.train, sort_keys=False))
-            argv = capsmed_argv("train", "--config", str(config), "--out", str(run_dir))
-        elif status == "interrupted":
-            argv = capsmed_argv("train", "--resume", str(run_dir))
-        else:
-            argv = []
-        if argv and run_logged(argv, log, env) != 0:
-            return f"training failed; see {log}"
-        for e in run.evaluations:
-            if (run_dir / e.name / "report.json").is_file():
-                continue
-            args = ["evaluate", str(run_dir), "--report-name", e.name, "--split", e.split,
-                    "--no-grids"]
-            args += ["--data", e.data] if e.data else []
-            args += ["--agreement"] if e.agreement else []
-            args += ["--batch-size", str(e.batch_size)] if e.batch_size else []
-            if run_logged(capsmed_argv(*args), log, env) != 0:
-                return f"evaluation '{e.name}' failed; see {log}"
-        return None
-    finally:
-        state.clear_running(run_id)
-
-
-def _file_status(run_dir: Path) -> str:
+def file_status(run_dir: Path) -> str:
+    """What a run folder holds: trained, interrupted (resume.pt), started or pending."""
     if (run_dir / "summary.json").is_file():
         return "trained"
     if (run_dir / "resume.pt").is_file():
         return "interrupted"
     return "started" if run_dir.exists() else "pending"
+
+
+def training_argv(state: PipelineState, run: RunSpec, run_id: str, placement: Placement,
+                  prepare: bool = True) -> list[str]:
+    """The ``capsmed train`` command that continues ``run`` from its files ([] once it
+    is trained). ``prepare``: this process owns the folder (rank 0): it clears a run
+    killed before its folder was whole."""
+    run_dir = state.run_dir(run, run_id)
+    status = file_status(run_dir)
+    if status == "started" and prepare:  # killed before its folder was whole: start over
+        shutil.rmtree(run_dir)
+    if status == "trained" and prepare and state.damaged(run_dir):
+        set_aside(run_dir)  # kept for a look; the run trains again from the start
+        status = "pending"
+    if status in ("started", "pending"):
+        config = state.config_path(run_id)  # every rank writes the same text, atomically
+        write_text_atomic(config, yaml.safe_dump(run.train, sort_keys=False))
+        args = ["train", "--config", str(config), "--out", str(run_dir)]
+    elif status == "interrupted":
+        args = ["train", "--resume", str(run_dir)]
+    else:
+        return []
+    return capsmed_argv(*args, processes=placement.processes)
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move a damaged run folder to ``<folder>.damaged-N`` (the first free N)."""
+    n = 1
+    while run_dir.with_name(f"{run_dir.name}.damaged-{n}").exists():
+        n += 1
+    aside = run_dir.with_name(f"{run_dir.name}.damaged-{n}")
+    os.replace(run_dir, aside)
+    return aside
+
+
+def execute_run(state: PipelineState, run: RunSpec, run_id: str,
+                placement: Placement | None = None) -> str | None:
+    """Train (or resume) and evaluate one run; returns None, or why it failed."""
+    placement = placement or Placement()
+    run_dir, log = state.run_dir(run, run_id), state.log_path(run, run_id)
+    if placement.rank != 0:  # one task of a multi-task job: rank 0 keeps the books
+        argv = training_argv(state, run, run_id, placement, prepare=False)
+        return (f"training failed (rank {placement.rank}); see {log}"
+                if argv and run_logged(argv, log, placement.env) != 0 else None)
+    argv = training_argv(state, run, run_id, placement)
+    code = run_logged(argv, log, placement.env) if argv else 0
+    if code == INTERRUPTED:
+        return f"{INTERRUPTED_REASON}; see {log}"
+    if code != 0:
+        return f"training failed; see {log}"
+    for e in run.evaluations:
+        if evaluation_current(run_dir, e):
+            continue
+        args = ["evaluate", str(run_dir), "--report-name", e.name, "--split", e.split,
+                "--no-grids"]
+        args += ["--data", e.data] if e.data else []
+        args += ["--agreement"] if e.agreement else []
+        args += ["--batch-size", str(e.batch_size)] if e.batch_size else []
+        if run_logged(capsmed_argv(*args), log, placement.env) != 0:
+            return f"evaluation '{e.name}' failed; see {log}"
+    return state.damaged(run_dir)  # weights read once here: later checks only stat them
 
 
 def analysis_runs(analysis: Analysis, runs: Sequence[RunSpec]) -> list[RunSpec]:
@@ -177,29 +210,37 @@ def analysis_runs(analysis: Analysis, runs: Sequence[RunSpec]) -> list[RunSpec]:
     return [r for r in runs if any(r.matches(f) for f in filters)]
 
 
-def analysis_argv(analysis: Analysis, pipeline: Pipeline, state: PipelineState) -> list[str]:
+def expand_command(analysis: Analysis, runs: Sequence[RunSpec], state: PipelineState,
+                   where: Path | str) -> list[str]:
     """The command with each ``{runs:FILTER}`` (a whole argument) replaced by the
-    folders of the matching runs of the whole grid."""
+    folders of the matching ``runs`` (the whole grid's)."""
     out = []
     for arg in analysis.command:
         selection = run_filter(arg)
         if selection is None:
             out.append(arg)
             continue
-        dirs = [str(state.run_dir(r, run_identity(r) or "-")) for r in pipeline.runs
+        dirs = [str(state.run_dir(r, run_identity(r) or "-")) for r in runs
                 if r.matches(selection)]
         if not dirs:  # checked when the file is read; here if the grid was changed since
-            raise CapsmedError(f"{pipeline.path}: analyses.{analysis.name}: {arg} matches "
-                               "no run")
+            raise CapsmedError(f"{where}: analyses.{analysis.name}: {arg} matches no run")
         out += dirs
     return out
 
 
-def analysis_inputs(pipeline: Pipeline, argv: Sequence[str]) -> dict[str, str]:
-    """Content digests of the data stage outputs an analysis command names, so that
-    a dataset made again makes the analyses that read it run again."""
-    return {str(s.output): file_digest(s.output) for s in pipeline.stages.values()
+def analysis_argv(analysis: Analysis, pipeline: Pipeline, state: PipelineState) -> list[str]:
+    return expand_command(analysis, pipeline.runs, state, pipeline.path)
+
+
+def inputs_of(stages: Sequence[Stage], argv: Sequence[str]) -> dict[str, str]:
+    """Content digests of the data stage outputs a command names, so that a dataset
+    made again makes the analyses that read it run again."""
+    return {str(s.output): file_digest(s.output) for s in stages
             if s.output.is_file() and any(str(s.output) in word for word in argv)}
+
+
+def analysis_inputs(pipeline: Pipeline, argv: Sequence[str]) -> dict[str, str]:
+    return inputs_of(list(pipeline.stages.values()), argv)
 
 
 def analysis_done(state: PipelineState, analysis: Analysis, argv: Sequence[str],

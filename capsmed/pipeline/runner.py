@@ -1,42 +1,45 @@
 """``capsmed run PIPELINE.yaml``: data stages, the training grid, analyses, the report.
 
-Order of work: check that every raw input exists (before anything runs), make the data
-stages the selected runs need (once each), give every run its identity, skip the
-finished ones, run the rest on the chosen executor with retries, run the analyses,
-then write the study's tables (ours beside the paper's numbers) and ``capsmed report``.
-A failed run never stops the others; they are listed at the end with their logs.
+Order of work: check that every raw input exists (before anything runs), give every
+run whose data exists its identity and skip the finished ones, then hand the rest to
+the executor as one batch of work items: the data stages to make, the runs to train
+or evaluate (each after its data stage) and the analyses (each after its runs). The
+runner knows executors only through :class:`~capsmed.pipeline.executors.Executor`;
+:class:`~capsmed.pipeline.drive.Driver` follows the jobs with retries. At the end it
+writes the study's tables (ours beside the paper's numbers) and ``capsmed report``. A
+failed run never stops the others; they are listed at the end with their logs.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from capsmed.errors import CapsmedError
 from capsmed.pipeline.checks import parse_selection
 from capsmed.pipeline.display import RunBoard
-from capsmed.pipeline.execute import (
-    analysis_argv,
-    analysis_done,
-    analysis_inputs,
-    analysis_runs,
-    current_identity,
-    execute_analysis,
-    execute_stage,
-    remade_outputs,
-    stage_done,
+from capsmed.pipeline.execute import current_identity, remade_outputs, stage_done
+from capsmed.pipeline.executors import ExecutorSettings, create_executor
+from capsmed.pipeline.executors.base import Executor
+from capsmed.pipeline.follow import follow, ledger_executor, write_report
+from capsmed.pipeline.items import work_items
+from capsmed.pipeline.preflight import (
+    MissingInputs,
+    check_commands,
+    check_grid,
+    check_options,
+    missing_inputs,
 )
 from capsmed.pipeline.spec import Pipeline, RunSpec, Stage
 from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.status import run_rows
+from capsmed.pipeline.work import WorkItem
 
 log = logging.getLogger(__name__)
-
-EXECUTORS = ("local", "slurm")
 
 
 @dataclass
@@ -50,7 +53,9 @@ class RunOptions:
     executor: str | None = None
     jobs: int | None = None
     gpus: list[str] | None = None
-    slurm: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)  # --slurm-* overrides
+    allow_cpu: bool = False
+    detach: bool = False
     report: bool = True
 
 
@@ -83,19 +88,12 @@ def needed_stages(pipeline: Pipeline, runs: Sequence[RunSpec]) -> list[Stage]:
 
 
 def check_inputs(pipeline: Pipeline, stages: Sequence[Stage], state: PipelineState) -> None:
-    """Fail at once, naming every missing raw input and the command that makes it."""
-    missing = []
-    for stage in stages:
-        if stage_done(state, stage):
-            continue
-        for req in stage.requires:
-            if not req.path.exists():
-                hint = f"; make it with: {req.make}" if req.make else ""
-                missing.append(f"{req.path}: not found (data stage '{stage.name}'){hint}")
+    """Fail at once, naming every missing raw input (a line each) and what makes it."""
+    missing = missing_inputs(stages, lambda stage: stage_done(state, stage))
     if missing:
-        raise CapsmedError(f"{pipeline.path}: missing input(s) -- "
-                           + " | ".join(missing) + " (or point the pipeline elsewhere: "
-                           "--set data_root=DIR)")
+        raise MissingInputs([f"{pipeline.path}: {line}" for line in missing] + [
+            f"{pipeline.path}: {len(missing)} missing input(s); make them, or point the "
+            "pipeline elsewhere: --set data_root=DIR"])
 
 
 def plan(pipeline: Pipeline, runs: Sequence[RunSpec], state: PipelineState
@@ -109,8 +107,8 @@ def plan(pipeline: Pipeline, runs: Sequence[RunSpec], state: PipelineState
     for run in runs:
         run_id = current_identity(run, remade)
         if run_id is None:
-            inputs = {str(run.train.get("data"))} | {str(e.data) for e in run.evaluations}
-            out.append((run, None, "outdated" if inputs & remade else "pending"))
+            outdated = str(run.train.get("data")) in remade
+            out.append((run, None, "outdated" if outdated else "pending"))
             continue
         other = owner.setdefault(run_id, run.label)
         if other != run.label:  # the same options on two data files of equal content
@@ -121,142 +119,170 @@ def plan(pipeline: Pipeline, runs: Sequence[RunSpec], state: PipelineState
     return out
 
 
-def _executor_settings(pipeline: Pipeline, options: RunOptions) -> tuple[str, int, list[str]]:
+def executor_for(pipeline: Pipeline, options: RunOptions) -> Executor:
+    """The executor ``--executor`` (else the YAML's ``executor.kind``) names, built
+    with the same settings whatever it is."""
     cfg = pipeline.executor
     kind = options.executor or cfg.get("kind", "local")
-    if kind not in EXECUTORS:
-        raise CapsmedError(f"--executor must be one of {', '.join(EXECUTORS)}, got '{kind}'")
-    gpus = options.gpus if options.gpus is not None else [str(g) for g in cfg.get("gpus", [])]
-    if options.gpus is None and not cfg.get("gpus"):
-        gpus = _visible_gpus()
-    jobs = options.jobs or int(cfg.get("jobs", 0)) or max(1, len(gpus))
-    return kind, jobs, gpus[:jobs] if gpus else []
+    gpus = options.gpus if options.gpus is not None else (
+        [str(g) for g in cfg["gpus"]] if cfg.get("gpus") else None)
+    jobs = options.jobs or (int(cfg["jobs"]) if cfg.get("jobs") else None)
+    return create_executor(kind, ExecutorSettings(
+        out=pipeline.out, study=pipeline.name, jobs=jobs,
+        devices=tuple(gpus) if gpus is not None else None,
+        options=dict(cfg.get(kind) or {})))
 
 
-def _visible_gpus() -> list[str]:
-    """CUDA devices of this machine (none on a CPU-only one)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip()]
-    import torch
+def check_gpus(pipeline: Pipeline, runs: Sequence[RunSpec], options: RunOptions,
+               executor: Executor) -> None:
+    """Refuse runs that ask for GPUs and would get none, unless ``--allow-cpu``."""
+    wanting = [r for r in runs if (r.resources.get("gpus") or 0) > 0]
+    if not wanting or options.allow_cpu:
+        return
+    asked = max(int(r.resources["gpus"]) for r in wanting)
+    here = executor.gpus_available()
+    if options.resources.get("gpus") == 0:
+        why = "--slurm-gpus 0"
+    elif here is not None and here < asked:
+        why = (f"--gpus gives {here}" if options.gpus is not None else
+               "this machine has no GPU (CUDA sees none)" if here == 0 else
+               f"this machine has {here}")
+    else:
+        return
+    raise CapsmedError(f"{pipeline.path}: {len(wanting)} training run(s) ask for "
+                       f"{asked} GPU(s) each (resources.gpus) and would get none: {why}; "
+                       "pass --allow-cpu to train them on CPUs")
 
-    return [str(i) for i in range(torch.cuda.device_count())]
+
+@dataclass
+class Prepared:
+    """A checked plan: what ``capsmed run`` would submit, and to which executor."""
+
+    state: PipelineState
+    runs: list[RunSpec]
+    executor: Executor
+    items: list[WorkItem]
+    finished: list[RunSpec]
 
 
-def run_pipeline(pipeline: Pipeline, options: RunOptions) -> int:
-    """Run what is not finished; returns the exit code (1 if anything failed)."""
-    state = PipelineState(pipeline.out)
+def prepare(pipeline: Pipeline, options: RunOptions,
+            commands: set[tuple[str, ...]] | None = None, note: Any = None) -> Prepared:
+    """Check everything the run would refuse (``--dry-run`` stops here) and build the
+    work items; ``commands``: the capsmed commands that exist (stage commands are
+    checked against them)."""
+    check_options(options.retries, options.jobs, options.resources)
+    state = PipelineState(pipeline.out).keep_digests()
     runs = select_runs(pipeline, options.only, options.exclude)
     if not runs:
         raise CapsmedError(f"{pipeline.path}: no run matches the selection")
+    check_grid(pipeline, runs)
+    if commands is not None:
+        check_commands(pipeline, commands)
     stages = needed_stages(pipeline, runs)
-    check_inputs(pipeline, stages, state)
-    kind, jobs, gpus = _executor_settings(pipeline, options)
-    if kind == "slurm":
-        from capsmed.pipeline.slurm import require_slurm
+    executor = executor_for(pipeline, options)
+    todo, finished = [], []
+    for run, _, status in plan(pipeline, runs, state):
+        (finished if status == "done" else todo).append(run)
+    check_gpus(pipeline, todo, options, executor)
+    items = work_items(pipeline, state, stages, todo, runs, options.resources,
+                       executor.gpus_available(), note or (lambda text: None),
+                       options.allow_cpu)
+    executor.check(items)
+    check_inputs(pipeline, stages, state)  # last: a dry run shows the plan beside them
+    return Prepared(state, runs, executor, items, finished)
 
-        require_slurm(options.slurm)
-    state.acquire_lock()
+
+def run_pipeline(pipeline: Pipeline, options: RunOptions,
+                 commands: set[tuple[str, ...]] | None = None) -> int:
+    """Run what is not finished; returns the exit code (1 if anything failed)."""
     started = time.monotonic()
-    board = RunBoard(pipeline.name, len(runs))
-    failures: dict[str, str] = {}
+    board = RunBoard(pipeline.name, len(select_runs(pipeline, options.only,
+                                                    options.exclude)))
+    ready = prepare(pipeline, options, commands, board.note)
+    state, executor = ready.state, ready.executor
+    board.done.update(r.label for r in ready.finished)
+    if ready.finished:
+        board.note(f"{len(ready.finished)} of {len(ready.runs)} runs finished earlier")
+    state.acquire_lock()
+    interrupted = True  # until the jobs are followed to their end
     try:
-        with board:
-            bad_stages = _make_data(state, stages, board)
-            todo = []
-            for run, run_id, status in plan(pipeline, runs, state):
-                if run.stage in bad_stages or run_id is None:
-                    why = bad_stages.get(run.stage or "", "its data file was not made")
-                    failures[run.label] = f"data stage '{run.stage}': {why}"
-                    board.event("failed", run, run_id or "-", failures[run.label])
-                elif status == "done":
-                    board.event("done", run, run_id, "finished earlier")
-                else:
-                    todo.append((run, run_id))
-            failures.update(_execute(state, todo, kind, jobs, gpus, options, board,
-                                     pipeline.name))
-            if not failures:
-                failures.update(_analyses(pipeline, state, runs, board))
-        if options.report:  # over every finished run of the grid, not just the selection
-            from capsmed.pipeline.study import write_study_report
-
-            written = write_study_report(pipeline, state, pipeline.runs)
-            board.note(f"report: {written}" if written else "no study report: no run of "
-                       "this pipeline is evaluated yet (any earlier study.md was removed)")
+        failures = follow(pipeline, state, executor, ready.items, options, board)
+        interrupted = False
+        if failures is None:  # detached
+            return 0
+        if options.report:
+            write_report(pipeline, state, board)
     finally:
-        state.release_lock()
+        try:
+            executor.close(interrupted)  # Ctrl-C, SIGTERM: the jobs here save and stop
+        finally:  # a second Ctrl-C must not leave the lock behind
+            state.release_lock()
     board.summary(failures, time.monotonic() - started, state)
     return 1 if failures else 0
 
 
-def _make_data(state: PipelineState, stages: Sequence[Stage], board: RunBoard
-               ) -> dict[str, str]:
-    bad = {}
-    for stage in stages:
-        if stage_done(state, stage):
-            continue
-        board.note(f"data stage '{stage.name}' -> {stage.output}")
-        reason = execute_stage(state, stage, {})
-        if reason:
-            bad[stage.name] = reason
-            board.note(f"data stage '{stage.name}' FAILED: {reason}")
-    return bad
+def start_in_background(argv: Sequence[str], pipeline: Pipeline, timeout: float = 120.0
+                        ) -> str:
+    """``--detach`` for an executor whose jobs end with their runner: start the same
+    ``capsmed run`` (``argv``, without --detach) as a background process of its own
+    session, wait until it holds the study's folder, and say how to follow it."""
+    import os
+    import subprocess
+    import sys
+
+    from capsmed.pipeline.state import lock_holder
+
+    state = PipelineState(pipeline.out).keep_digests()
+    log_path = state.records / "runner.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a", encoding="utf-8") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "capsmed", *argv], stdout=log_file,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=os.getcwd())
+    deadline = time.monotonic() + timeout
+    while lock_holder(state.records / "runner.lock") != proc.pid:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            lines = log_path.read_text(encoding="utf-8").strip().splitlines()
+            raise CapsmedError(f"{log_path}: the background runner stopped before it "
+                               f"started ({lines[-1] if lines else 'no output'})")
+        time.sleep(0.2)
+    return (f"runner started in the background (pid {proc.pid}); its output: {log_path}\n"
+            f"where it stands: capsmed run status {pipeline.path}\n"
+            f"wait for it: capsmed run wait {pipeline.path}")
 
 
-def _execute(state: PipelineState, todo: list[tuple[RunSpec, str]], kind: str, jobs: int,
-             gpus: list[str], options: RunOptions, board: RunBoard, name: str
-             ) -> dict[str, str]:
-    if not todo:
-        return {}
-    if kind == "slurm":
-        from capsmed.pipeline.slurm import run_slurm
-
-        failures = run_slurm(state, todo, options.slurm, options.retries, board.event, name)
-    else:
-        from capsmed.pipeline.local import run_local
-
-        failures = run_local(state, todo, jobs, gpus, options.retries, board.event)
-    labels = {run_id: run.label for run, run_id in todo}
-    return {labels[k]: v for k, v in failures.items()}
-
-
-def _analyses(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
-              board: RunBoard) -> dict[str, str]:
-    """Run the analyses not done with this command and these data files. One that
-    reads a run outside --only/--exclude waits for a run of the whole grid (on a part
-    of its runs it would write a different result under the same name)."""
-    failures = {}
-    selected = {r.label for r in runs}
-    for analysis in pipeline.analyses:
-        outside = [r.label for r in analysis_runs(analysis, pipeline.runs)
-                   if r.label not in selected]
-        if outside:
-            board.note(f"analysis '{analysis.name}' not run: it reads {len(outside)} "
-                       f"run(s) outside the selection ({outside[0]}, ...)")
-            continue
-        argv = analysis_argv(analysis, pipeline, state)
-        inputs = analysis_inputs(pipeline, argv)
-        if analysis_done(state, analysis, argv, inputs):
-            continue
-        board.note(f"analysis '{analysis.name}'"
-                   + (f" -> {analysis.output}" if analysis.output else ""))
-        reason = execute_analysis(state, analysis, argv, inputs, {})
-        if reason:
-            failures[f"analysis {analysis.name}"] = reason
-    return failures
-
-
-def status_rows(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
-                ) -> list[dict[str, Any]]:
-    """One row per run for ``--dry-run`` and ``capsmed run status``."""
-    rows = []
-    for run, run_id, status in plan(pipeline, runs, state):
-        record = state.read_record(run_id) if run_id else {}
-        rows.append({"label": run.label, "fields": run.fields, "id": run_id,
-                     "status": status, "attempts": record.get("attempts", 0),
-                     "log": str(state.log_path(run, run_id)) if run_id else None,
-                     "epochs": run.train.get("epochs")})
-    return rows
+def wait_pipeline(pipeline: Pipeline, options: RunOptions, patience: float = 5.0) -> int:
+    """``capsmed run wait``: follow the study's live jobs until they end (submitting
+    nothing), then write the report; 1 when a selected run is not finished. Waits
+    first for a runner that holds the folder. Without --executor, the executor is the
+    one the ledger's jobs are in."""
+    state = PipelineState(pipeline.out).keep_digests()
+    runs = select_runs(pipeline, options.only, options.exclude)
+    if options.executor is None:
+        options = replace(options, executor=ledger_executor(state))
+    executor = executor_for(pipeline, options)
+    board = RunBoard(pipeline.name, len(runs))
+    started = time.monotonic()
+    state.acquire_lock(wait_seconds=patience, on_wait=board.note)
+    try:
+        todo = [run for run, _, status in plan(pipeline, runs, state) if status != "done"]
+        board.done.update(r.label for r in runs if r not in todo)
+        items = work_items(pipeline, state, needed_stages(pipeline, runs), todo, runs,
+                           options.resources, executor.gpus_available(), lambda text: None,
+                           True)
+        failures = follow(pipeline, state, executor, items, options, board,
+                          submit=False) or {}
+        for row in run_rows(state, plan(pipeline, runs, state), None):
+            if row.status != "finished":
+                failures.setdefault(row.label, f"{row.status}" + (
+                    f": {row.detail}" if row.detail else "") + f" (capsmed run "
+                    f"{pipeline.path} runs it again)")
+        if options.report:
+            write_report(pipeline, state, board)
+    finally:
+        state.release_lock()
+    board.summary(failures, time.monotonic() - started, state)
+    return 1 if failures else 0
 
 
 def foreign_run_dirs(pipeline: Pipeline, state: PipelineState) -> list[Path]:
@@ -274,13 +300,6 @@ def foreign_run_dirs(pipeline: Pipeline, state: PipelineState) -> list[Path]:
         return []
     return sorted(p for p in folder.iterdir() if p.is_dir() and p not in current
                   and p.name.rpartition("-")[0] not in unknown)
-
-
-def count_by_status(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    return counts
 
 
 def ensure_path(path: Path) -> Path:

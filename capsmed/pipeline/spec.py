@@ -5,7 +5,8 @@ stages (capsmed commands that make one ``.h5`` each), ``grid`` blocks are produc
 axes (``dataset``, ``arch``, ``seed``, ... and labels such as ``condition``), ``train``
 holds every run's options and ``rules`` add options to the runs their ``when``
 matches. ``{name}`` in any string is a variable, a grid field of the run, or
-``{datasets.NAME}``, the output of a data stage.
+``{datasets.NAME}``, the output of a data stage. ``resources`` (top level, in a rule,
+a data stage or an analysis) say what each job asks for (:mod:`.resources`).
 
 Nothing here runs anything; :mod:`capsmed.pipeline.runner` does.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from capsmed.errors import CapsmedError
+from capsmed.pipeline import resources as res
 from capsmed.pipeline.checks import (
     check_distinct_runs,
     check_report,
@@ -33,36 +34,17 @@ from capsmed.pipeline.checks import (
     matches_selection,
     run_filter,
 )
+from capsmed.pipeline.executors import check_executor_section
+from capsmed.pipeline.placeholders import fail, interpolate
+from capsmed.pipeline.stages import Stage, read_stages
+from capsmed.pipeline.yamlfile import read_pipeline_yaml
 from capsmed.train.config import TrainConfig
 
 TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "exclude",
-            "train", "rules", "evaluate", "analyses", "report", "executor"}
-STAGE_KEYS = {"output", "requires", "commands", "scratch", "note"}
-REQUIRE_KEYS = {"path", "make"}
-EXECUTOR_KEYS = {"kind", "jobs", "gpus", "slurm"}
+            "train", "rules", "evaluate", "analyses", "report", "executor", "resources"}
 EVALUATE_KEYS = {"name", "split", "data", "agreement", "batch_size"}
-ANALYSIS_KEYS = {"name", "output", "command", "note"}
-PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.:=,+-]*)\}")
+ANALYSIS_KEYS = {"name", "output", "command", "note", "resources"}
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """A raw input a data stage reads, and the command that would make it."""
-
-    path: Path
-    make: str
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A data stage: capsmed commands run once to make ``output``."""
-
-    name: str
-    output: Path
-    commands: tuple[tuple[str, ...], ...]
-    requires: tuple[Requirement, ...] = ()
-    scratch: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +67,7 @@ class RunSpec:
     train: dict[str, Any]
     evaluations: tuple[Evaluation, ...]
     stage: str | None  # the data stage its ``data`` comes from, if any
+    resources: dict[str, Any] = field(default_factory=dict)  # checked, merged values
 
     def matches(self, selection: Mapping[str, set[str]]) -> bool:
         """Whether every named field has one of the selected values."""
@@ -98,6 +81,7 @@ class Analysis:
     name: str
     output: Path | None  # None: done once its command succeeded (it writes where it says)
     command: tuple[str, ...]
+    resources: dict[str, Any] = field(default_factory=dict)  # checked values
 
 
 @dataclass
@@ -114,42 +98,18 @@ class Pipeline:
     report: dict[str, Any]
     executor: dict[str, Any]
     out: Path
+    resources: dict[str, Any] = field(default_factory=dict)  # every job's defaults
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
-
-
-def _fail(path: Path, message: str) -> CapsmedError:
-    return CapsmedError(f"{path}: {message}")
-
-
-def interpolate(value: Any, names: Mapping[str, Any], where: str, path: Path) -> Any:
-    """Fill ``{name}`` placeholders; a string that is one placeholder keeps its type."""
-    if isinstance(value, str):
-        whole = PLACEHOLDER.fullmatch(value)
-        if whole:
-            return _lookup(whole.group(1), names, where, path)
-        return PLACEHOLDER.sub(lambda m: str(_lookup(m.group(1), names, where, path)), value)
-    if isinstance(value, list):
-        return [interpolate(v, names, where, path) for v in value]
-    if isinstance(value, dict):
-        return {k: interpolate(v, names, where, path) for k, v in value.items()}
-    return value
-
-
-def _lookup(name: str, names: Mapping[str, Any], where: str, path: Path) -> Any:
-    if name not in names:
-        known = ", ".join(sorted(k for k in names if not k.startswith("runs:")))
-        raise _fail(path, f"{where}: unknown variable '{{{name}}}' (known: {known})")
-    return names[name]
 
 
 def _variables(raw: dict[str, Any], overrides: Mapping[str, Any], path: Path) -> dict[str, Any]:
     """YAML defaults < environment ``CAPSMED_<NAME>`` < ``--set``; then filled in order."""
     declared = raw.get("variables") or {}
     if not isinstance(declared, dict):
-        raise _fail(path, "'variables' must be a mapping")
+        raise fail(path, "'variables' must be a mapping")
     unknown = sorted(set(overrides) - set(declared))
     if unknown:
-        raise _fail(path, f"--set: unknown variable(s) {', '.join(unknown)} (the pipeline "
+        raise fail(path, f"--set: unknown variable(s) {', '.join(unknown)} (the pipeline "
                     f"declares: {', '.join(declared) or 'none'})")
     values: dict[str, Any] = {"name": raw["name"]}
     for key, default in declared.items():
@@ -160,42 +120,16 @@ def _variables(raw: dict[str, Any], overrides: Mapping[str, Any], path: Path) ->
     return values
 
 
-def _stages(raw: dict[str, Any], names: dict[str, Any], path: Path) -> dict[str, Stage]:
-    stages: dict[str, Stage] = {}
-    for name, spec in (raw.get("datasets") or {}).items():
-        if not isinstance(spec, dict) or "output" not in spec:
-            raise _fail(path, f"datasets.{name}: needs at least 'output' (the .h5 it makes)")
-        bad = sorted(set(spec) - STAGE_KEYS)
-        if bad:
-            raise _fail(path, f"datasets.{name}: unknown key(s) {', '.join(bad)}")
-        where = f"datasets.{name}"
-        for r in spec.get("requires") or []:
-            if not isinstance(r, dict) or "path" not in r or set(r) - REQUIRE_KEYS:
-                raise _fail(path, f"{where}.requires: each entry is {{path: ..., make: ...}}"
-                            f", got {r!r}")
-        output = Path(str(interpolate(spec["output"], names, where, path)))
-        local = {**names, "output": str(output)}
-        commands = tuple(tuple(str(a) for a in interpolate(c, local, where, path))
-                         for c in spec.get("commands") or [])
-        requires = tuple(Requirement(Path(str(interpolate(r["path"], local, where, path))),
-                                     str(interpolate(r.get("make", ""), local, where, path)))
-                         for r in spec.get("requires") or [])
-        scratch = tuple(Path(str(interpolate(s, local, where, path)))
-                        for s in spec.get("scratch") or [])
-        stages[name] = Stage(name, output, commands, requires, scratch)
-    return stages
-
-
 def _combinations(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     blocks = raw.get("grid")
     if isinstance(blocks, dict):
         blocks = [blocks]
     if not blocks:
-        raise _fail(path, "'grid' is empty: nothing to run")
+        raise fail(path, "'grid' is empty: nothing to run")
     seen, combos = set(), []
     for i, block in enumerate(blocks):
         if not isinstance(block, dict) or not block:
-            raise _fail(path, f"grid block {i + 1}: expected a mapping of axis: [values]")
+            raise fail(path, f"grid block {i + 1}: expected a mapping of axis: [values]")
         axes = [(k, v if isinstance(v, list) else [v]) for k, v in block.items()]
         for values in itertools.product(*(v for _, v in axes)):
             combo = dict(zip((k for k, _ in axes), values, strict=True))
@@ -226,19 +160,19 @@ def _evaluations(items: Any, where: str, path: Path) -> tuple[Evaluation, ...]:
     out = []
     for item in items:
         if not isinstance(item, dict) or set(item) - EVALUATE_KEYS:
-            raise _fail(path, f"{where}: each evaluation is a mapping of "
+            raise fail(path, f"{where}: each evaluation is a mapping of "
                         f"{', '.join(sorted(EVALUATE_KEYS))}")
         bad = [k for k, kind in (("agreement", bool), ("batch_size", int))
                if item.get(k) is not None
                and (not isinstance(item[k], kind) or isinstance(item[k], bool) != (kind is bool))]
         if bad:  # agreement: "no" would be a true string: the Agr evaluation, unasked
-            raise _fail(path, f"{where}: {bad[0]} must be "
+            raise fail(path, f"{where}: {bad[0]} must be "
                         f"{'true or false' if bad[0] == 'agreement' else 'an integer'}, "
                         f"got '{item[bad[0]]}'")
         out.append(Evaluation(**item))
     names = [e.name for e in out]
     if len(set(names)) != len(names):
-        raise _fail(path, f"{where}: evaluation names must differ (got {names})")
+        raise fail(path, f"{where}: evaluation names must differ (got {names})")
     return tuple(out)
 
 
@@ -246,13 +180,15 @@ def _check_rules(raw: dict[str, Any], axes: Mapping[str, list[str]], path: Path)
     """A misspelt field or value in ``when`` or ``exclude`` would match nothing."""
     excluded = raw.get("exclude") or []
     if not isinstance(excluded, list):
-        raise _fail(path, "'exclude' must be a list of {field: value(s)}")
+        raise fail(path, "'exclude' must be a list of {field: value(s)}")
     for i, item in enumerate(excluded):
         check_selection(item, axes, f"exclude[{i}]", path)
     for i, rule in enumerate(raw.get("rules") or []):
-        if not isinstance(rule, dict) or set(rule) - {"when", "set"} or "set" not in rule \
-                or not isinstance(rule["set"], dict):
-            raise _fail(path, f"rules[{i}]: expected 'when' (optional) and 'set' (a mapping)")
+        if not isinstance(rule, dict) or set(rule) - {"when", "set", "resources"} \
+                or not ({"set", "resources"} & set(rule)) \
+                or not isinstance(rule.get("set", {}), dict):
+            raise fail(path, f"rules[{i}]: expected 'when' (optional) and 'set' (a mapping) "
+                        "and/or 'resources'")
         check_selection(rule.get("when") or {}, axes, f"rules[{i}].when", path)
 
 
@@ -268,6 +204,8 @@ def _grid_options(fields: Mapping[str, Any], stages: dict[str, Stage]) -> dict[s
 def _runs(raw: dict[str, Any], names: dict[str, Any], stages: dict[str, Stage],
           combos: list[dict[str, Any]], path: Path) -> list[RunSpec]:
     rules = raw.get("rules") or []
+    defaults = res.check_resources(interpolate(raw.get("resources"), names, "resources",
+                                               path), "resources", path)
     runs = []
     for fields in combos:
         if any(matches_selection(x, fields) for x in raw.get("exclude") or []):
@@ -277,24 +215,29 @@ def _runs(raw: dict[str, Any], names: dict[str, Any], stages: dict[str, Stage],
         from_grid = _grid_options(fields, stages)
         opts.update(from_grid)
         stage = fields.get("dataset") if fields.get("dataset") in stages else None
+        local = {**names, **{k: v for k, v in fields.items()}}
+        resources = dict(defaults)
         for i, rule in enumerate(rules):
             if matches_selection(rule.get("when") or {}, fields):
-                clash = sorted(set(rule["set"]) & set(from_grid))
+                clash = sorted(set(rule.get("set") or {}) & set(from_grid))
                 if clash:
-                    raise _fail(path, f"rules[{i}] sets {', '.join(clash)}, which the grid "
+                    raise fail(path, f"rules[{i}] sets {', '.join(clash)}, which the grid "
                                 f"sets for run {label}: the rule would override the axis "
                                 "(give the values on the grid, or rename the axis)")
-                _merge(opts, rule["set"])
-        local = {**names, **{k: v for k, v in fields.items()}}
+                _merge(opts, rule.get("set") or {})
+                resources = res.merge(resources, res.check_resources(
+                    interpolate(rule.get("resources"), local, f"rules[{i}]", path),
+                    f"rules[{i}].resources", path))
         opts = interpolate(opts, local, f"run {label}", path)
         evaluations = _evaluations(interpolate(opts.pop("evaluate", raw.get("evaluate")),
                                                local, f"run {label}", path),
                                    f"run {label}: evaluate", path)
         TrainConfig.from_dict({**opts, "out": None}, f"{path}: run {label}")  # validates
-        runs.append(RunSpec(fields, label, opts, evaluations, stage))
+        res.build(resources, f"run {label}: resources", path)  # its shape is checked
+        runs.append(RunSpec(fields, label, opts, evaluations, stage, resources))
     labels = [r.label for r in runs]
     if len(set(labels)) != len(labels):
-        raise _fail(path, "two grid combinations give the same run label")
+        raise fail(path, "two grid combinations give the same run label")
     check_distinct_runs(runs, path, sorted(TRAIN_FIELDS))
     return runs
 
@@ -305,7 +248,7 @@ def _analyses(raw: dict[str, Any], names: dict[str, Any], runs: list[RunSpec],
     for i, spec in enumerate(raw.get("analyses") or []):
         if not isinstance(spec, dict) or set(spec) - ANALYSIS_KEYS or not {
                 "name", "command"} <= set(spec):
-            raise _fail(path, f"analyses[{i}]: needs name and command (output optional)")
+            raise fail(path, f"analyses[{i}]: needs name and command (output optional)")
         where = f"analyses.{spec['name']}"
         output = (Path(str(interpolate(spec["output"], names, where, path)))
                   if spec.get("output") else None)
@@ -317,8 +260,10 @@ def _analyses(raw: dict[str, Any], names: dict[str, Any], runs: list[RunSpec],
         for arg in command:
             _check_run_filter(arg, runs, axes, where, path)
         if any(a.name == str(spec["name"]) for a in out):
-            raise _fail(path, f"{where}: two analyses have this name (their records would mix)")
-        out.append(Analysis(str(spec["name"]), output, command))
+            raise fail(path, f"{where}: two analyses have this name (their records would mix)")
+        own = res.check_resources(interpolate(spec.get("resources"), local, where, path),
+                                  f"{where}.resources", path)
+        out.append(Analysis(str(spec["name"]), output, command, own))
     return out
 
 
@@ -328,38 +273,32 @@ def _check_run_filter(arg: str, runs: list[RunSpec], axes: Mapping[str, list[str
     selection = run_filter(arg)
     if selection is None:
         if "{runs:" in arg:
-            raise _fail(path, f"{where}: {arg}: a {{runs:...}} filter must be a whole "
+            raise fail(path, f"{where}: {arg}: a {{runs:...}} filter must be a whole "
                         "argument")
         return
     check_selection(selection, axes, f"{where}: {arg}", path)
     if not any(r.matches(selection) for r in runs):
-        raise _fail(path, f"{where}: {arg} matches no run of the grid")
+        raise fail(path, f"{where}: {arg} matches no run of the grid")
 
 
 def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pipeline:
     """Read and expand ``path``; ``overrides`` are ``--set`` variables."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise _fail(path, f"cannot read pipeline ({exc.strerror})") from exc
-    except yaml.YAMLError as exc:
-        raise _fail(path, f"not valid YAML ({str(exc).splitlines()[0]})") from exc
+    raw = read_pipeline_yaml(path)
     if not isinstance(raw, dict) or not raw.get("name"):
-        raise _fail(path, "a pipeline is a mapping with at least 'name' and 'grid'")
+        raise fail(path, "a pipeline is a mapping with at least 'name' and 'grid'")
     bad = sorted(set(raw) - TOP_KEYS)
     if bad:
-        raise _fail(path, f"unknown key(s) {', '.join(bad)} (allowed: "
+        raise fail(path, f"unknown key(s) {', '.join(bad)} (allowed: "
                     f"{', '.join(sorted(TOP_KEYS))})")
-    bad = sorted(set(raw.get("executor") or {}) - EXECUTOR_KEYS)
-    if bad:  # a misspelt setting would be dropped without a word
-        raise _fail(path, f"executor: unknown key(s) {', '.join(bad)} (allowed: "
-                    f"{', '.join(sorted(EXECUTOR_KEYS))})")
+    if not isinstance(raw.get("executor") or {}, dict):
+        raise fail(path, "'executor' must be a mapping")
+    check_executor_section(raw.get("executor") or {}, path)
     names = _variables(raw, overrides or {}, path)
     # absolute, so Slurm jobs and child processes find it from any working directory
     out = Path(str(names.get("out", f"runs/{raw['name']}"))).absolute()
     names["out"] = str(out)
-    stages = _stages(raw, names, path)
+    stages = read_stages(raw, names, path)
     names.update({f"datasets.{k}": str(s.output) for k, s in stages.items()})
     combos = _combinations(raw, path)
     axes = grid_axes(combos)
@@ -371,4 +310,6 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
                     runs=runs, analyses=_analyses(raw, names, runs, axes, path),
                     report=raw.get("report") or {},
                     executor=interpolate(raw.get("executor") or {}, names, "executor", path),
-                    out=out, raw=raw)
+                    out=out, raw=raw, resources=res.check_resources(
+                        interpolate(raw.get("resources"), names, "resources", path),
+                        "resources", path))

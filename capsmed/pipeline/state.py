@@ -1,41 +1,56 @@
-"""Where a pipeline's runs stand, read from the files they leave (never the scheduler).
+"""Where a pipeline's runs stand, read from the files they leave.
 
 Layout under the pipeline's ``out`` folder:
 
 * ``runs/<label>-<id>/``: one run directory per run (``capsmed train`` + ``evaluate``);
 * ``data/``: what the data stages make (by convention; the YAML names the paths);
 * ``logs/<label>-<id>.log``: every attempt's output;
-* ``.capsmed-run/``: the runner's own records (run configs, attempt counts, the
-  running markers and the lock that keeps two runners off one folder).
+* ``.capsmed-run/``: the runner's own records (run configs, each run's attempts and
+  outcome, the job ledger, cached data digests, the study index, and the lock that
+  keeps two runners off one folder).
 
-A run's identity (:func:`capsmed.pipeline.identity.run_identity`) hashes its resolved
-options and the content digest of its input file, so a run whose options or data change
-gets a new folder and is trained again, while an unchanged one is found finished and
-skipped.
+A run's identity (:func:`capsmed.pipeline.identity.run_identity`) hashes its training
+options and the content of its data file, so a run whose options or data change gets
+a new folder and is trained again, while an unchanged one is found finished and
+skipped. Whether a job is queued or running is the executor's to say (the ledger,
+:mod:`capsmed.pipeline.ledger`); what a run's files hold is said here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import secrets
-import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from capsmed.data.digest import file_digest, keep_digests_in
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.spec import RunSpec
 
-log = logging.getLogger(__name__)
-
-STATES = ("pending", "outdated", "started", "interrupted", "trained", "running", "failed",
+STATES = ("pending", "outdated", "started", "interrupted", "trained", "damaged", "failed",
           "done")
+
+
+def evaluation_current(run_dir: Path, evaluation: Any) -> bool:
+    """The evaluation's report exists and, when it scores another data file, was made
+    from that file as it is now (a remade file is evaluated again)."""
+    report = run_dir / evaluation.name / "report.json"
+    if not report.is_file():
+        return False
+    if not evaluation.data:
+        return True
+    if not Path(evaluation.data).is_file():
+        return False
+    try:
+        made_from = json.loads(report.read_text(encoding="utf-8")).get("data_digest")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return made_from is None or made_from == file_digest(Path(evaluation.data))
 
 
 class PipelineState:
@@ -45,6 +60,14 @@ class PipelineState:
         self.out = Path(out)
         self.records = self.out / ".capsmed-run"
         self._lock_token: str | None = None  # set while this object holds the lock
+        self._verified: Any = None
+        self._index: Any = None
+
+    def keep_digests(self) -> PipelineState:
+        """Keep the data files' content digests in the study's records, so that a later
+        process (status, a job, a rerun) does not read an unchanged file again."""
+        keep_digests_in(self.records / "digests.jsonl")
+        return self
 
     def run_dir(self, run: RunSpec, run_id: str) -> Path:
         return self.out / "runs" / f"{run.label}-{run_id}"
@@ -69,13 +92,33 @@ class PipelineState:
         record = {**self.read_record(run_id), **fields, "updated": time.time()}
         write_text_atomic(self._record_path(run_id), json.dumps(record, indent=1) + "\n")
 
+    def index(self) -> Any:
+        """The study index (:mod:`capsmed.pipeline.index`) of this folder's evaluated
+        runs, read once per PipelineState."""
+        if self._index is None:
+            from capsmed.pipeline.index import StudyIndex
+
+            self._index = StudyIndex(self.records)
+        return self._index
+
+    def damaged(self, run_dir: Path) -> str | None:
+        """Why a trained run's weights are not the ones its training recorded, if so."""
+        if self._verified is None:
+            from capsmed.pipeline.verify import Verified
+
+            self._verified = Verified(self.records)
+        return self._verified.problem(run_dir)
+
     def status(self, run: RunSpec, run_id: str | None) -> str:
-        """pending / started / interrupted / trained / running / failed / done."""
+        """pending / started / interrupted / trained / damaged / failed / done, from the
+        files (damaged: trained, but its weights are not the ones recorded)."""
         if run_id is None:
             return "pending"
         run_dir = self.run_dir(run, run_id)
         if (run_dir / "summary.json").is_file():
-            if all((run_dir / e.name / "report.json").is_file() for e in run.evaluations):
+            if self.damaged(run_dir):
+                return "damaged"
+            if all(evaluation_current(run_dir, e) for e in run.evaluations):
                 return "done"
             state = "trained"
         elif (run_dir / "resume.pt").is_file():
@@ -84,79 +127,73 @@ class PipelineState:
             state = "started"
         else:
             state = "pending"
-        if self.running_on(run_id):
-            return "running"
         return "failed" if self.read_record(run_id).get("outcome") == "failed" else state
 
-    # -- markers of runs in progress, so `capsmed run status` can tell them apart --------
-    def _marker(self, run_id: str) -> Path:
-        return self.records / "running" / run_id
-
-    def mark_running(self, run_id: str) -> None:
-        write_text_atomic(self._marker(run_id), json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(),
-             "job": os.environ.get("SLURM_JOB_ID"), "since": time.time()}))
-
-    def clear_running(self, run_id: str) -> None:
-        self._marker(run_id).unlink(missing_ok=True)
-
-    def running_on(self, run_id: str) -> str | None:
-        """The host a run is in progress on, or None. A killed process leaves its
-        marker behind, so a marker is checked where it can be: on this host its pid,
-        in Slurm its job (squeue). One from another host outside Slurm is trusted."""
-        try:
-            info = json.loads(self._marker(run_id).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        host, job = str(info.get("host")), info.get("job")
-        if host == socket.gethostname():
-            return host if _alive(int(info.get("pid", 0) or 0)) else None
-        if not job:
-            return host
-        alive = slurm_job_alive(str(job))
-        if alive is None:
-            log.warning("run %s is marked running in Slurm job %s on %s, which cannot be "
-                        "checked here (no squeue): its files decide its status", run_id,
-                        job, host)
-        return host if alive else None
-
     # -- one runner per folder -------------------------------------------------------------
-    def acquire_lock(self) -> None:
+    def acquire_lock(self, wait_seconds: float | None = None,
+                     on_wait: Any = None) -> None:
         """Take the folder for this runner. The lock file is created atomically
         (O_EXCL), so of two runners starting at once exactly one gets it; one left by a
         dead runner on this host is taken over; one from another host cannot be
-        checked, so it is refused with the way to remove it."""
+        checked, so it is refused with the way to remove it. With ``wait_seconds``, a
+        live runner's lock is waited for (checked that often; ``on_wait`` is told once)
+        instead of refused."""
         lock = self.records / "runner.lock"
-        lock.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            probe = lock.parent / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:  # read-only, full, or not ours: before anything runs
+            raise CapsmedError(f"{self.out}: cannot write the study's folder "
+                               f"({exc.strerror}); choose another with --set out=DIR"
+                               ) from None
         mine = {"host": socket.gethostname(), "pid": os.getpid(),
                 "token": secrets.token_hex(8), "since": time.time()}
-        for _ in range(3):
+        told, attempts = False, 0
+        while attempts < 3:
             try:
                 fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                self._refuse_or_break(lock)
+                holder = self._refuse_or_break(lock, waiting=wait_seconds is not None)
+                if holder is None:
+                    attempts += 1
+                    continue
+                if on_wait is not None and not told:
+                    on_wait(f"waiting for the runner that holds {self.out} ({holder})")
+                    told = True
+                time.sleep(wait_seconds or 0)
                 continue
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(mine))
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps(mine))
+            except OSError as exc:  # a full disk: no empty lock may stay behind
+                lock.unlink(missing_ok=True)
+                raise CapsmedError(f"{lock}: cannot write ({exc.strerror}); make room "
+                                   "and run again") from None
             self._lock_token = mine["token"]
             return
         raise CapsmedError(f"{lock}: another runner keeps taking this lock; wait for it")
 
-    def _refuse_or_break(self, lock: Path) -> None:
+    def _refuse_or_break(self, lock: Path, waiting: bool = False) -> str | None:
+        """Break a dead runner's lock (None: try again); a live one on this host is
+        refused, or named when ``waiting``; one from another host is refused."""
         info = _read_lock(lock)
         if info is None:
-            return  # removed meanwhile: try again
+            return None  # removed meanwhile: try again
         host, pid = str(info.get("host")), int(info.get("pid", 0) or 0)
         if host == socket.gethostname() and (pid == os.getpid() or not _alive(pid)):
             _remove_stale(lock, info)  # its runner is gone (or was this process)
-        elif host == socket.gethostname():
+            return None
+        if host == socket.gethostname() and waiting:
+            return f"pid {pid}"
+        if host == socket.gethostname():
             raise CapsmedError(f"{self.out}: another capsmed run (pid {pid}) is running "
-                               "this pipeline; wait for it, or see: capsmed run status "
-                               "PIPELINE")
-        else:
-            raise CapsmedError(f"{self.out}: another capsmed run (host {host}, pid {pid}) "
-                               "holds this folder; wait for it (capsmed run status "
-                               f"PIPELINE), or, if it is gone, delete {lock}")
+                               "this pipeline; wait for it (capsmed run wait PIPELINE), "
+                               "or see: capsmed run status PIPELINE")
+        raise CapsmedError(f"{self.out}: another capsmed run (host {host}, pid {pid}) "
+                           "holds this folder; wait for it (capsmed run status "
+                           f"PIPELINE), or, if it is gone, delete {lock}")
 
     def release_lock(self) -> None:
         """Remove the lock if it is still this runner's (never another runner's)."""
@@ -167,9 +204,25 @@ class PipelineState:
         self._lock_token = None
 
 
+def lock_holder(lock: Path) -> int | None:
+    """The pid of the runner of this host that holds ``lock``, if any."""
+    try:
+        info = json.loads(lock.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("host") != socket.gethostname():
+        return None
+    return int(info.get("pid", 0) or 0) or None
+
+
+STALE_EMPTY_LOCK_S = 30.0  # a runner writes its lock within microseconds of making it
+
+
 def _read_lock(lock: Path) -> dict | None:
     """The lock's contents; None if it is gone. A lock being written (empty) is waited
-    for a moment; one that stays unreadable is refused."""
+    for a moment; one that stays unreadable and is older than STALE_EMPTY_LOCK_S was
+    left by a runner that died (or ran out of disk) while writing it: it is removed.
+    A recent one that stays unreadable is refused."""
     for _ in range(20):
         try:
             text = lock.read_text(encoding="utf-8")
@@ -180,6 +233,10 @@ def _read_lock(lock: Path) -> dict | None:
             if isinstance(info, dict):
                 return info
         time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        if time.time() - lock.stat().st_mtime > STALE_EMPTY_LOCK_S:
+            lock.unlink()
+            return None
     raise CapsmedError(f"{lock}: unreadable runner lock; if no capsmed run uses this "
                        "folder, delete it")
 
@@ -196,21 +253,6 @@ def _remove_stale(lock: Path, info: dict) -> None:
         with contextlib.suppress(OSError):
             os.link(aside, lock)
     aside.unlink(missing_ok=True)
-
-
-def slurm_job_alive(job: str) -> bool | None:
-    """Whether Slurm still holds ``job`` (pending, running, requeued); None when this
-    machine cannot tell (no squeue, or squeue failed)."""
-    if shutil.which("squeue") is None:
-        return None
-    try:
-        proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:  # a job Slurm has forgotten is an error, not an empty list
-        return False if "invalid job id" in proc.stderr.lower() else None
-    return bool(proc.stdout.strip())
 
 
 def _alive(pid: int) -> bool:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from capsmed.errors import CapsmedError
-from capsmed.evaluate.aggregate import EvaluatedRun, describe, load_evaluated_run
+from capsmed.evaluate.aggregate import EvaluatedRun, describe
 from capsmed.evaluate.caveats import cell_notes, mark, unfinished
 from capsmed.evaluate.per_class import pooled_per_class
 from capsmed.evaluate.verdicts import WORDS, Verdict, summary, verdict
@@ -59,7 +59,7 @@ def _current_dirs(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSp
 
 def _evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
                evaluation: str) -> list[tuple[RunSpec, EvaluatedRun]]:
-    return [(run, load_evaluated_run(run_dir, evaluation))
+    return [(run, state.index().evaluated(run_dir, evaluation))  # the study index
             for run, run_dir in _current_dirs(pipeline, state, runs)
             if (run_dir / evaluation / "report.json").is_file()]
 
@@ -246,7 +246,7 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     out_dir.mkdir(parents=True, exist_ok=True)
     done = _evaluated(pipeline, state, runs, "report")
     if done:
-        _aggregate([e.path for _, e in done], out_dir / "aggregate",
+        _aggregate(state, [e for _, e in done], out_dir / "aggregate",
                    pipeline.report.get("metric", "macro_f1"))
     else:  # capsmed report reads each run's report/ folder
         shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
@@ -305,10 +305,17 @@ def _why_empty(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineState
             if evaluated else "no finished run yet")
 
 
-def _aggregate(run_dirs: Sequence[Path], out: Path, metric: str) -> None:
+def _aggregate(state: PipelineState, runs: Sequence[EvaluatedRun], out: Path,
+               metric: str) -> None:
+    """``capsmed report`` over ``runs``, as the study index holds them."""
+    from capsmed.evaluate.aggregate import Collection
     from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
 
     try:
-        report_runs(list(run_dirs), out, ReportConfig(metric=metric))
+        stale = [why for r in runs if (why := state.index().stale(r.path))]
+        if stale:  # what capsmed report refuses (it reads the same files)
+            raise CapsmedError(stale[0])
+        report_runs([r.path for r in runs], out, ReportConfig(metric=metric),
+                    Collection(runs=list(runs), skipped=[]))
     except CapsmedError as exc:  # e.g. a metric some datasets lack: the study stands
         log.warning("capsmed report over the runs skipped: %s", exc)

@@ -1,0 +1,80 @@
+"""What ``capsmed run status`` and ``capsmed run --dry-run`` show: the study's runs and
+where they stand, grouped, and for a dry run what each group asks for and how long
+it should take."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from capsmed.pipeline.execute import stage_done
+from capsmed.pipeline.follow import poller
+from capsmed.pipeline.items import job_resources
+from capsmed.pipeline.runner import (
+    RunOptions,
+    executor_for,
+    foreign_run_dirs,
+    needed_stages,
+    plan,
+    select_runs,
+)
+from capsmed.pipeline.spec import Pipeline, RunSpec
+from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.status import RunRow, group_fields, grouped, run_rows, stage_lines
+
+
+@dataclass
+class Overview:
+    pipeline: Pipeline
+    runs: list[RunSpec]
+    rows: list[RunRow]
+    fields: list[str]
+    groups: dict[str, list[RunRow]]
+    stages: list[str]
+    foreign: list[Path]
+    resources: dict[str, str] = field(default_factory=dict)  # group -> resources
+    estimates: dict[str, float] = field(default_factory=dict)  # run label -> seconds
+    estimate_note: str = ""
+
+
+def study_overview(pipeline: Pipeline, options: RunOptions, dry_run: bool) -> Overview:
+    """The runs ``options`` select, as they stand. A dry run asks no scheduler (it
+    reads the ledger only) and adds each group's resources and time estimates."""
+    state = PipelineState(pipeline.out).keep_digests()
+    runs = select_runs(pipeline, options.only, options.exclude)
+    executor = executor_for(pipeline, options)
+    planned = plan(pipeline, runs, state)
+    rows = run_rows(state, planned, None if dry_run else poller(executor))
+    fields = group_fields(runs)
+    groups = grouped(rows, fields)
+    stages = stage_lines(pipeline, state, needed_stages(pipeline, runs),
+                         lambda s: stage_done(state, s))
+    view = Overview(pipeline, runs, rows, fields, groups, stages,
+                    foreign_run_dirs(pipeline, state))
+    if dry_run:
+        here = executor.gpus_available()
+        for key, members in groups.items():
+            kinds = dict.fromkeys(
+                job_resources(r.run.resources, options.resources, f"run {r.label}",
+                              pipeline.path, here, options.allow_cpu).describe()
+                for r in members)
+            view.resources[key] = " | ".join(kinds)
+        _estimates(view, planned, options, here)
+    return view
+
+
+def _estimates(view: Overview, planned: Sequence, options: RunOptions,
+               gpus_here: int | None) -> None:
+    from capsmed.pipeline.estimate import RATES, estimate_run, estimate_summary, user_rates
+
+    rates = [*user_rates(), *RATES]
+    found, shapes = {}, {}
+    for run, _, _ in planned:
+        gpus = job_resources(run.resources, options.resources, f"run {run.label}",
+                             view.pipeline.path, gpus_here, options.allow_cpu).gpus or 0
+        estimate = estimate_run(view.pipeline, run, gpus, rates, shapes)
+        if estimate is not None:
+            found[run.label] = estimate
+    view.estimates = {label: seconds for label, (seconds, _) in found.items()}
+    view.estimate_note = estimate_summary(found, len(planned))

@@ -1,0 +1,37 @@
+"""``{name}`` placeholders in a pipeline file, and its one-line errors."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from capsmed.errors import CapsmedError
+
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.:=,+-]*)\}")
+
+
+def fail(path: Path, message: str) -> CapsmedError:
+    return CapsmedError(f"{path}: {message}")
+
+
+def interpolate(value: Any, names: Mapping[str, Any], where: str, path: Path) -> Any:
+    """Fill ``{name}`` placeholders; a string that is one placeholder keeps its type."""
+    if isinstance(value, str):
+        whole = PLACEHOLDER.fullmatch(value)
+        if whole:
+            return _lookup(whole.group(1), names, where, path)
+        return PLACEHOLDER.sub(lambda m: str(_lookup(m.group(1), names, where, path)), value)
+    if isinstance(value, list):
+        return [interpolate(v, names, where, path) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, names, where, path) for k, v in value.items()}
+    return value
+
+
+def _lookup(name: str, names: Mapping[str, Any], where: str, path: Path) -> Any:
+    if name not in names:
+        known = ", ".join(sorted(k for k in names if not k.startswith("runs:")))
+        raise fail(path, f"{where}: unknown variable '{{{name}}}' (known: {known})")
+    return names[name]

@@ -1,0 +1,103 @@
+"""Child processes of a pipeline's jobs: capsmed commands with their output in a log.
+
+Each piece of work is a ``capsmed`` command in a child process whose output goes to a
+log file, so a failing run never takes the runner down and every executor runs the
+same commands. Children get SIGTERM if the thread that started them dies (Linux
+``PR_SET_PDEATHSIG``): a runner killed with SIGKILL leaves no orphan training behind,
+and the orphan's SIGTERM makes it save ``resume.pt``, so the next runner resumes it.
+
+The children of this process are tracked, so that a job told to stop (Slurm's warning
+before a time limit) can wait until its training has saved its state, and a runner
+stopped with SIGTERM can pass the signal on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_children: dict[int, subprocess.Popen] = {}
+_lock = threading.Lock()
+
+
+def capsmed_argv(*args: str, processes: int = 1) -> list[str]:
+    """The same capsmed as this process, as a command line; ``processes`` > 1 starts
+    that many data-parallel copies through torch.distributed's launcher (torchrun)."""
+    if processes > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={processes}", "-m", "capsmed", *args]
+    return [sys.executable, "-m", "capsmed", *args]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    # not Linux (no libc.so.6): children outlive a killed runner, as with any other tool
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    # Slurm's warning before a time limit (SIGUSR2) reaches every process of a job, and
+    # its default action kills: ignored until the training installs its own handler
+    # (which saves at the next step), it cannot kill a child that is still starting.
+    if hasattr(signal, "SIGUSR2"):
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> int:
+    """Run ``argv`` with stdout and stderr appended to ``log``; returns the exit code."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write(f"\n$ {' '.join(argv)}\n")
+        fh.flush()
+        proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=_die_with_parent if os.name == "posix" else None)
+        with _lock:
+            _children[proc.pid] = proc
+        try:
+            # short waits, never one blocking wait: a signal handler of this process
+            # (a Slurm job's) may then reap the child itself (wait_for_children)
+            while proc.returncode is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.5)
+        finally:
+            with _lock:
+                _children.pop(proc.pid, None)
+    return proc.returncode
+
+
+def signal_children(signum: int) -> None:
+    """Send ``signum`` to every child process this process started."""
+    with _lock:
+        pids = list(_children)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def wait_for_children(timeout: float) -> bool:
+    """Wait until every child has exited (True) or ``timeout`` seconds pass (False).
+
+    Safe inside a signal handler that interrupted :func:`run_logged`: children are
+    reaped with non-blocking ``waitpid`` calls, and their exit codes kept."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with _lock:
+            procs = [p for p in _children.values() if p.returncode is None]
+        for proc in procs:
+            try:
+                pid, status = os.waitpid(proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = proc.pid, 0
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+        if all(p.returncode is not None for p in procs):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)

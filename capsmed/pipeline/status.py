@@ -1,0 +1,122 @@
+"""Where a study stands: one row per run, from its files, the job ledger and one poll of
+the executor that holds its live jobs; then grouped, so that 10,000 runs read as a
+page (``--list`` gives every row).
+
+A run is ``finished`` (its folder says so), ``running`` or ``queued`` (a live job),
+``failed`` (its last job ended without finishing it; the reason is the task's, else
+the scheduler's) or ``not submitted`` (with what its folder holds: interrupted,
+trained but not evaluated, or its data still to be made).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from capsmed.pipeline.ledger import Entry, Ledger, job_states
+from capsmed.pipeline.spec import Pipeline, RunSpec
+from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.work import FAILED, QUEUED, RUNNING, Job, JobState
+
+FINISHED, NOT_SUBMITTED = "finished", "not submitted"
+ORDER = (FINISHED, RUNNING, QUEUED, FAILED, NOT_SUBMITTED)
+REPETITIONS = ("seed", "fold")  # fields a group is summed over first
+WAITING = {"pending": "", "started": "", "interrupted": "interrupted, resumes",
+           "trained": "trained, not evaluated", "outdated": "its data will be made again",
+           "damaged": "its weights are damaged: trains again"}
+
+
+@dataclass
+class RunRow:
+    run: RunSpec
+    run_id: str | None
+    status: str
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.run.label
+
+
+Plan = Sequence[tuple[RunSpec, str | None, str]]
+Poll = Callable[[str, Sequence[Job]], dict[str, JobState]]
+
+
+def run_rows(state: PipelineState, planned: Plan, poll: Poll | None) -> list[RunRow]:
+    """One row per planned run (``runner.plan``); ``poll`` asks executors about the
+    ledger's open jobs (None: the ledger's own record only, as a dry run reads it)."""
+    entries = Ledger(state.records).entries()
+    open_jobs = {k: e.job for k, e in entries.items() if e.ended is None}
+    states = job_states(open_jobs, poll) if open_jobs and poll is not None else {}
+    return [_row(state, run, run_id, status, entries.get(f"run:{run.label}"),
+                 states.get(f"run:{run.label}")) for run, run_id, status in planned]
+
+
+def _row(state: PipelineState, run: RunSpec, run_id: str | None, files: str,
+         entry: Entry | None, now: JobState | None) -> RunRow:
+    if files == "done":
+        return RunRow(run, run_id, FINISHED)
+    job = entry.job.job_id if entry is not None else ""
+    if now is not None and now.live:
+        detail = f"job {job}" + (f", {now.reason}" if now.reason else "")
+        return RunRow(run, run_id, now.state, detail)
+    ended = now or (entry.ended if entry is not None else None)
+    if ended is not None and ended.state == FAILED:
+        return RunRow(run, run_id, FAILED, ended.reason or f"job {job} failed")
+    if files == "failed":
+        record = state.read_record(run_id) if run_id else {}
+        return RunRow(run, run_id, FAILED, str(record.get("reason") or "failed"))
+    return RunRow(run, run_id, NOT_SUBMITTED, WAITING.get(files, files))
+
+
+def counts(rows: Sequence[RunRow]) -> dict[str, int]:
+    out = {s: 0 for s in ORDER}
+    for row in rows:
+        out[row.status] = out.get(row.status, 0) + 1
+    return {s: n for s, n in out.items() if n}
+
+
+def describe_counts(found: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {s}" for s, n in found.items())
+
+
+def group_fields(runs: Sequence[RunSpec], most: int = 24) -> list[str]:
+    """The grid fields a summary groups by: every field but the repetitions, then,
+    while there are more than ``most`` groups, without the field of most values."""
+    fields = list(dict.fromkeys(k for r in runs for k in r.fields if k not in REPETITIONS))
+    while len(fields) > 1:
+        groups = {tuple(str(r.fields.get(f)) for f in fields) for r in runs}
+        if len(groups) <= most:
+            break
+        widest = max(fields[::-1], key=lambda f: len({str(r.fields.get(f)) for r in runs}))
+        fields.remove(widest)
+    return fields
+
+
+def grouped(rows: Sequence[RunRow], fields: Sequence[str]) -> dict[str, list[RunRow]]:
+    """Rows by their values of ``fields`` (``tupac16 capsnet``), in grid order."""
+    out: dict[str, list[RunRow]] = {}
+    for row in rows:
+        key = " ".join(str(row.run.fields.get(f, "-")) for f in fields) or "all runs"
+        out.setdefault(key, []).append(row)
+    return out
+
+
+def stage_lines(pipeline: Pipeline, state: PipelineState, stages: Sequence[Any],
+                done: Callable[[Any], bool]) -> list[str]:
+    """One line per data stage and analysis job the ledger knows, for status."""
+    entries = Ledger(state.records).entries()
+    lines = []
+    for stage in stages:
+        entry = entries.get(f"stage:{stage.name}")
+        if done(stage):
+            what = "made"
+        elif entry is not None and entry.ended is None:
+            what = f"job {entry.job.job_id}"
+        elif entry is not None and entry.ended is not None and entry.ended.state == FAILED:
+            what = f"failed: {entry.ended.reason}"
+        else:
+            what = "to make"
+        lines.append(f"data stage {stage.name}: {what}")
+    return lines
