@@ -1,4 +1,5 @@
-"""Wall time, CPU time and peak memory of ``capsmed preprocess`` at full dataset scale.
+"""Wall time, CPU time and peak memory of ``capsmed preprocess`` at full dataset scale,
+beside its floor.
 
 Synthesises (untimed) TUPAC16 as 73 cases x one 2000x2000 image and DIARETDB1 as 89
 images of 1500x1152 -- the real datasets' sizes -- then preprocesses each with default
@@ -12,8 +13,14 @@ sets of the whole process tree, sampled from ``/proc`` every 50 ms (Linux only; 
 library pages count once per process, so it is an upper bound). CPU time is user + sys
 of the tree; on a shared machine compare it, not only the wall time.
 
+The floor is what any preprocessing of these files must do, timed in the same run on
+one core: read every image and apply the per-pixel transform (TUPAC16: ``rgb2hed``;
+DIARETDB1: CLAHE on LAB lightness). Each full set is preprocessed with one worker (to
+set beside the single-core floor) and with the default worker count (one per CPU),
+which must never be slower than one worker.
+
     .venv/bin/python benchmarks/preprocess.py [--only tupac16|diaretdb1]
-        [--workdir bench_out] [--workers 2] [--profile]
+        [--workdir bench_out] [--profile]
 """
 
 from __future__ import annotations
@@ -109,6 +116,35 @@ def measure(name: str, raw: Path, out: Path, workers: int, profile: bool) -> dic
     return result
 
 
+FLOOR = """
+import json, sys, time
+from pathlib import Path
+name, raw = sys.argv[1], Path(sys.argv[2])
+t = time.perf_counter()
+if name == "tupac16":
+    from skimage.color import rgb2hed
+    from capsmed.data.images import read_rgb_tiff
+    for tif in sorted(raw.rglob("*.tif")):
+        rgb2hed(read_rgb_tiff(tif))
+else:
+    import cv2
+    from capsmed.data.sources.diaretdb1.layout import read_rgb_png
+    clahe = cv2.createCLAHE(clipLimit=3.0, tileGridSize=(8, 8))
+    for png in sorted(raw.rglob("ddb1_fundusimages/*.png")):
+        clahe.apply(cv2.cvtColor(read_rgb_png(png), cv2.COLOR_RGB2LAB)[..., 0])
+print(json.dumps({"floor_s": time.perf_counter() - t}))
+"""
+
+
+def floor(name: str, raw: Path) -> float:
+    """Seconds to read every image and apply the per-pixel transform (one process,
+    OpenMP/BLAS at one thread, as a worker runs)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", FLOOR, name, str(raw)], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["floor_s"])
+
+
 SYNTH = """
 import sys
 from pathlib import Path
@@ -173,7 +209,6 @@ def main() -> None:
                         help="Benchmark only this dataset (repeatable).")
     parser.add_argument("--workdir", type=Path, default=Path("bench_out"),
                         help="Where synthetic data, outputs and results go (reused).")
-    parser.add_argument("--workers", type=int, default=2, help="Worker processes.")
     parser.add_argument("--results", type=Path, default=None,
                         help="JSON-lines file to append to [WORKDIR/preprocess.jsonl].")
     parser.add_argument("--profile", action="store_true",
@@ -182,24 +217,27 @@ def main() -> None:
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     results = args.results or args.workdir / "preprocess.jsonl"
-    print(f"machine: {machine()}; workers: {args.workers}\n")
-    print("| dataset | images | command wall s | preprocess s | CPU s | tree peak MiB "
-          "| main peak MiB | worker peak MiB | load | target |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print(f"machine: {machine()}\n")
+    print("| dataset | images | workers | floor s | preprocess s | x floor | CPU s "
+          "| tree peak MiB | main peak MiB | worker peak MiB | load | target |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name in args.only or sorted(FULL):
         raw = synthesise(name, args.workdir)
-        for count in (FULL[name], SMALL[name]):
+        for count, workers in ((FULL[name], 1), (FULL[name], 0), (SMALL[name], 0)):
             source = raw if count == FULL[name] else subset(name, raw, count)
-            r = measure(name, source, args.workdir / f"{name}-{count}.h5", args.workers, False)
-            r.update(dataset=name, images=count, workers=args.workers, machine=machine(),
-                     time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            low = floor(name, source) if workers == 1 else None
+            r = measure(name, source, args.workdir / f"{name}-{count}.h5", workers, False)
+            r.update(dataset=name, images=count, workers=workers or os.cpu_count(),
+                     floor_s=low, machine=machine(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
             with results.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(r) + "\n")
             target = (f"<= {TARGET_S[name]} s: "
                       f"{'met' if r['process_s'] <= TARGET_S[name] else 'missed'}"
-                      if count == FULL[name] else "")
-            print(f"| {name} | {count} | {r['process_s']:.1f} | {r['preprocess_s']:.1f} | "
-                  f"{r['cpu_s']:.1f} | {r['tree_peak_mib']:.0f} | {r['main_peak_mib']:.0f} | "
+                      if count == FULL[name] and workers == 0 else "")
+            ratio = f"{r['preprocess_s'] / low:.2f}" if low else ""
+            print(f"| {name} | {count} | {r['workers']} | {low or 0:.1f} | "
+                  f"{r['preprocess_s']:.1f} | {ratio} | {r['cpu_s']:.1f} | "
+                  f"{r['tree_peak_mib']:.0f} | {r['main_peak_mib']:.0f} | "
                   f"{r['worker_peak_mib']:.0f} | {r['load_before']:.1f} | {target} |",
                   flush=True)
         if args.profile:

@@ -35,7 +35,7 @@ app = typer.Typer(
     help="Capsule networks vs ConvNets for medical image classification: "
          "preprocess raw datasets into HDF5, train, and report per-class metrics.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     # Help texts give defaults in [brackets]; as rich markup they would vanish.
     rich_markup_mode=None,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
 
 from capsmed.cli.common import handles_errors, parse_key_values
+from capsmed.cli.json_output import json_option, print_json
 from capsmed.cli.options import device_option, option
 from capsmed.io import user_data_dir
 from capsmed.train.config import TrainConfig
@@ -51,6 +53,7 @@ def train(
     num_classes: int = typer.Option(None, help="Classes [the paper's]."),
     model_arg: list[str] = typer.Option(None, help="Architecture option key=value."),
     results: Path = typer.Option(None, help=RESULTS_HELP),
+    as_json: bool = json_option(),
 ) -> None:
     """Training and evaluation images/s, step time and peak memory per architecture."""
     from capsmed.tables import Column, Table, text_column
@@ -64,6 +67,7 @@ def train(
                    *map(Column, ("train img/s", "step ms", "eval img/s", "peak MiB"))], [])
     kwargs = parse_key_values(model_arg, "--model-arg")
     results = results or DEFAULT_RESULTS
+    measured = []
     for name in arch:
         r = bench_train(name, batch_size=batch_size, device=device, steps=steps,
                         warmup=warmup, precision=precision, channels_last=channels_last,
@@ -71,6 +75,7 @@ def train(
                         input_size=input_size,
                         channels=channels, num_classes=num_classes, model_kwargs=kwargs)
         append_result(r, results)
+        measured.append(r)
         table.notes = [f"device: {r.device}; float32 = IEEE fp32 (TF32 off); peak: " + (
             "GPU memory allocated" if "cpu" not in r.device else
             "process RSS so far (one --arch per command for per-model figures)")]
@@ -78,5 +83,8 @@ def train(
                            r.precision, f"{r.train_images_per_s:,.0f}",
                            f"{r.train_step_ms:.1f}", f"{r.eval_images_per_s:,.0f}",
                            f"{r.peak_memory_mib:,.0f}"])
-    print_tables([table])
-    typer.echo(f"appended to {results}")
+    if as_json:  # the results as appended to the file (without the host name)
+        print_json([dataclasses.asdict(r) for r in measured])
+    else:
+        print_tables([table])
+    typer.echo(f"appended to {results}", err=as_json)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import echo_wrapped, handles_errors, only_set
+from capsmed.cli.json_output import json_option, print_json_file
 from capsmed.cli.options import device_option, option
 from capsmed.train.config import TrainConfig
 
@@ -28,6 +29,7 @@ def evaluate(
                                     "another name keeps an evaluation on other --data "
                                     "apart from the run's own (capsmed report reads "
                                     "'report')."),
+    as_json: bool = json_option(),
 ) -> None:
     """Per-class precision, sensitivity, specificity, F1, AUC and support; Acc, balanced
     Acc, macro/weighted F1; confusion matrices and report.html in RUN_DIR/report/."""
@@ -40,6 +42,9 @@ def evaluate(
                           device="auto" if device is None else device, agreement=agreement,
                           grids=grids, report_name=report_name,
                           **only_set(batch_size=batch_size))
+    if as_json:  # report.json, as written
+        print_json_file(result.report_dir / "report.json")
+        return
     console = Console()
     console.print(rich_table(result.report, result.title, result.agreement))
     if result.agreement is not None:

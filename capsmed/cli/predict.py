@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import echo_wrapped, handles_errors, only_set
+from capsmed.cli.json_output import json_option, print_json_file
 from capsmed.cli.options import OUTPUT_FLAGS, device_option, option
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides, PredictOptions
@@ -50,6 +51,7 @@ def predict(
                                     "(listed in summary.json; exit code 1) instead of "
                                     "stopping with nothing written."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it exists."),
+    as_json: bool = json_option(),
 ) -> None:
     """Apply a trained run to new images, folders or whole slides, replaying the exact
     preprocessing it was trained with (stain, CLAHE, patch size, resize)."""
@@ -66,8 +68,11 @@ def predict(
         overwrite=overwrite, **only_set(threshold=threshold, shape=shape,
                                         batch_size=batch_size, device=device))
     result = run_predict(run_dir, inputs, out, options)
-    Console().print(summary_table(result))
-    echo_wrapped(f"predictions written to {result.out_dir}/")
+    if as_json:  # OUT/summary.json, as written
+        print_json_file(result.out_dir / "summary.json")
+    else:
+        Console().print(summary_table(result))
+        echo_wrapped(f"predictions written to {result.out_dir}/")
     if result.failed:
         raise CapsmedError(f"{len(result.failed)} of {len(result.failed) + len(result.results)}"
                            f" input(s) failed (listed in {result.out_dir}/summary.json); "

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from capsmed.cli.common import echo_wrapped, handles_errors, only_set
+from capsmed.cli.json_output import json_option, print_json_file
 from capsmed.cli.options import OUTPUT_FLAGS
 
 
@@ -31,6 +32,7 @@ def report(
                                   "confusion matrices, paper 001) or mean (mean +- std "
                                   "over runs); both are written. Default: pooled."),
     digits: int = typer.Option(None, help="Decimals in the tables. Default: 3."),
+    as_json: bool = json_option(),
 ) -> None:
     """Aggregate evaluated runs: tables in the papers' layouts, tests, plots, summary.json."""
     from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
@@ -40,6 +42,9 @@ def report(
                                      archs=tuple(arch) if arch else None,
                                      per_class=per_class, digits=digits))
     result = report_runs(runs, out, config)
+    if as_json:  # OUT/summary.json, as written
+        print_json_file(result.out_dir / "summary.json")
+        return
     print_tables(result.printed)
     skipped = f", {len(result.skipped)} skipped" if result.skipped else ""
     echo_wrapped(f"{result.runs} run(s) in {result.groups} group(s){skipped}; report written "

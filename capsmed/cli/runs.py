@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from capsmed.cli.common import handles_errors
+from capsmed.cli.json_output import json_option, print_json
 
 app = typer.Typer(help="List and inspect training runs.", no_args_is_help=True)
 
 
 @app.command("ls")
 @handles_errors
-def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs.")) -> None:
+def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs."),
+       as_json: bool = json_option()) -> None:
     """Runs below ROOT: architecture, dataset, protocol, best epoch, validation metrics."""
     from capsmed.errors import CapsmedError
     from capsmed.runs.index import find_runs
@@ -22,10 +26,19 @@ def ls(root: Path = typer.Argument(Path("runs"), help="Folder to search for runs
     if not root.is_dir():
         raise CapsmedError(f"{root}: no such folder")
     runs = find_runs(root)
+    if as_json:  # a list, empty when there are no runs
+        print_json([_run_record(r, root) for r in runs])
+        return
     if not runs:
         typer.echo(f"no runs under {root} (train one with: capsmed train ...)")
         return
     print_tables([_runs_table(runs, root)])
+
+
+def _run_record(run: Any, root: Path) -> dict[str, Any]:
+    """A run as ``--json`` lists it: the table's values, unformatted."""
+    return {"run": str(run.path.relative_to(root)) or ".", **dataclasses.asdict(run),
+            "report_stale": run.report_stale}
 
 
 def _runs_table(runs: list, root: Path):

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from capsmed.data.output import raise_if_interrupted
 from capsmed.data.resume import ResultCache, input_digests
+from capsmed.processes import pid_alive
 from capsmed.progress import track
 
 log = logging.getLogger(__name__)
@@ -81,19 +82,9 @@ def _worker_init(main: int) -> None:
     # the signals were blocked while the parent started us (see _submit); unblocking
     # delivers a pending SIGTERM now, and a pending SIGINT is ignored
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    if os.getppid() == 1 or not _alive(main):  # a parent died before prctl took effect
+    if os.getppid() == 1 or not pid_alive(main):  # a parent died before prctl took effect
         os._exit(1)
     _one_thread()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _one_thread() -> None:

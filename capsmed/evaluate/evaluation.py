@@ -15,10 +15,11 @@ from capsmed.evaluate.capsule_grids import capsule_grids, write_capsule_grids
 from capsmed.evaluate.html import write_html
 from capsmed.evaluate.metrics import ClassificationReport, classification_report
 from capsmed.evaluate.plots import plot_confusion_matrix
-from capsmed.evaluate.run_report import write_report
+from capsmed.evaluate.run_report import tracked_metrics, write_report
 from capsmed.io import replace_dir, writing
 from capsmed.runs import OpenRun, open_run
 from capsmed.runs.scores import class_probabilities, predict_scores
+from capsmed.train.handlers.mlflow_tracking import log_report
 from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,10 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         _write_files(staging, run_dir, report, title, context, agr, capsules,
                      info.class_names, meta["arch"])
         files = sorted(p.name for p in staging.iterdir() if not p.name.startswith("."))
+    # a run trained with --mlflow: its MLflow run gets the report too
+    log_report(run_dir, tracked_metrics(report, split if report_name == "report" else
+                                        f"{report_name}/{split}", agr),
+               report_dir, meta["epoch"])
     for note in report.notes[:MAX_LOGGED_NOTES]:
         log.warning(note)
     if len(report.notes) > MAX_LOGGED_NOTES:  # many-class sets: the rest are in the report

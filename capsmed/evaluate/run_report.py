@@ -9,6 +9,7 @@ tables; the report's notes say why each one is undefined.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,26 @@ def write_report(report: ClassificationReport, out_dir: Path, title: str,
                                  allow_nan=False))
     write_text_atomic(out_dir / "report.csv", render("csv", [per_class_table(report)]))
     write_text_atomic(out_dir / "report.md", markdown(report, title, agreement))
+
+
+def tracked_metrics(report: ClassificationReport, prefix: str,
+                    agreement: AgreementResult | None = None) -> dict[str, float]:
+    """The report's numbers as an experiment tracker's metrics, grouped under ``prefix``
+    (e.g. ``test/accuracy``, ``test/precision.NGS``): the overall ones, then each
+    class's precision, sensitivity, specificity, F1 and AUC. Undefined values (None)
+    are left out; the report's notes say why. (Not ``test/auc/NGS``: MLflow's file
+    store keeps ``test/auc`` as a file, which cannot also be a folder.)"""
+    values: dict[str, float | None] = {f"{prefix}/{k}": v for k, v in report.summary().items()}
+    if agreement is not None:
+        values[f"{prefix}/agreement"] = agreement.agreement
+    for name, per_class in report.per_class.items():
+        for k in RATIOS:
+            values[f"{prefix}/{k}.{_metric_word(name)}"] = per_class[k]
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def _metric_word(name: str) -> str:
+    """A class name as the end of a metric name (trackers allow letters, digits and
+    ``_-. ``; a slash would make it a path)."""
+    word = re.sub(r"[^\w.\- ]", "_", name)
+    return "_" if word in ("", ".", "..") else word

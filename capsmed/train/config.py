@@ -91,6 +91,14 @@ class TrainConfig:
             GPU memory or 4 GiB of host memory).
         loader_workers: Reader processes when streaming.
         tensorboard: Also write TensorBoard event files to ``RUN_DIR/tensorboard``.
+        mlflow: Track the run in MLflow: a tracking URI (``http://host:5000``,
+            ``file:/path``, ``databricks``) or a local folder (an MLflow file store);
+            needs ``capsmed[mlflow]``; None = not tracked.
+        mlflow_experiment: The MLflow experiment the run is logged in; None = the
+            dataset's name.
+        wandb: Log the run to Weights & Biases in this project (needs
+            ``capsmed[wandb]``; ``WANDB_MODE=offline`` logs locally, for ``wandb sync``
+            later); None = not logged.
         transfer_from: A run directory whose checkpoint initialises the parameters
             named by ``transfer_layers`` (paper 003's AnB / BnB transfer).
         transfer_layers: Parameter-name prefixes copied from ``transfer_from`` (e.g.
@@ -132,6 +140,9 @@ class TrainConfig:
     data_loading: str = "auto"
     loader_workers: int = 2
     tensorboard: bool = False
+    mlflow: str | None = None
+    mlflow_experiment: str | None = None
+    wandb: str | None = None
     transfer_from: str | None = None
     transfer_layers: list[str] = field(default_factory=list)
     freeze_transferred: bool = True

@@ -43,7 +43,8 @@ PROTOCOL_FIELDS = ("fraction", "imbalance", "augment", "augment_recipe", "sample
 REPETITION_KEYS = frozenset({"seed", "fold", "out", "data", "device", "eval_batch_size",
                              "channels_last", "compile", "data_loading", "loader_workers",
                              "tensorboard", "transfer_from", "state_every_minutes",
-                             "cuda_graph"})
+                             "cuda_graph", "mlflow", "mlflow_experiment",
+                             "wandb"})
 
 
 def _defaults() -> dict[str, Any]:

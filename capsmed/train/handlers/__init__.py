@@ -17,10 +17,12 @@ from capsmed.train.handlers.best_checkpoint import BestCheckpoint
 from capsmed.train.handlers.display import ProgressDisplay
 from capsmed.train.handlers.early_stopping import EarlyStopping
 from capsmed.train.handlers.metrics_file import MetricsFile
+from capsmed.train.handlers.mlflow_tracking import MLflowTracking
 from capsmed.train.handlers.resumable_state import ResumableState
 from capsmed.train.handlers.stop_signal import StopOnSignal
 from capsmed.train.handlers.summary import RunSummary
 from capsmed.train.handlers.tensorboard import TensorBoard
+from capsmed.train.handlers.wandb_tracking import WandbTracking
 
 if TYPE_CHECKING:
     from capsmed.train.config import TrainConfig
@@ -34,6 +36,8 @@ HANDLERS: tuple[type[LoopHandler], ...] = (
     EarlyStopping,  # --patience
     StopOnSignal,  # Ctrl-C, SIGTERM, SIGUSR2
     RunSummary,  # curves.png, summary.json
+    MLflowTracking,  # --mlflow: after the summary, whose files it logs at the end
+    WandbTracking,  # --wandb: after the summary too
     ResumableState,  # resume.pt: last, once everything else of the event is written
 )
 
