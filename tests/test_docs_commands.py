@@ -2,10 +2,11 @@
 real options, each option that takes a value given one (a number where it is a
 number).
 
-docs/sources.md's blocks also run end to end (tests/faults/test_sources_doc.py); this
-test is the cheap net over the rest, where a renamed option would otherwise leave a
-command in the docs that no longer runs as written. Commands are read from fenced and
-indented code blocks and from inline ``code`` spans that start with ``capsmed``.
+The ```bash blocks also run end to end, in order (tests/test_docs_run.py, a slow
+test); this one is the cheap net that also covers synopses and the ``capsmed ...``
+spans in the prose, where a renamed option would otherwise leave a command in the
+docs that no longer runs as written. Commands are read from fenced and indented code
+blocks and from inline ``code`` spans that start with ``capsmed``.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def _check(line: str, whole: bool = True) -> None:
             continue
         assert i + 1 < len(rest) and not rest[i + 1].startswith("--"), f"{name}: no value"
         value, kind = rest[i + 1], param.type_descriptor.annotation
-        if kind in (int, float) and not re.fullmatch(r"[A-Z_]+", value):  # NAME: a placeholder
+        # NAME is a placeholder, $name a shell variable (a loop over seeds)
+        if kind in (int, float) and not re.fullmatch(r"[A-Z_]+|\$\{?\w+\}?", value):
             try:
                 kind(value)
             except ValueError:
