@@ -65,3 +65,26 @@ def test_the_runners_notes_and_summary_wrap_at_80_columns_in_a_log(tmp_path):
     assert note in text and text.count(f"training failed; see {path}") >= 1
     assert any(line.strip() == path or line.endswith(path) for line in lines)
     assert "smoke: 1 failed, 0 done (0.1 min). Failed:" in lines
+
+
+def test_each_wrote_line_is_said_once_within_80_columns(tmp_path, monkeypatch):
+    """`preprocess digits`, `synth medmnist` and `preprocess medmnist` logged "wrote X"
+    and echoed it again on one line of 120 columns and more."""
+    monkeypatch.chdir(tmp_path)
+    folder = "a-folder-whose-name-is-long-enough-to-matter"
+    said = []
+    for args in (["preprocess", "digits", "-o", f"{folder}/digits-dataset.h5"],
+                 ["synth", "medmnist", f"{folder}/npz", "--train", "20", "--val", "8",
+                  "--test", "8"],
+                 ["preprocess", "medmnist", f"{folder}/npz/bloodmnist.npz", "-o",
+                  f"{folder}/bloodmnist-dataset.h5"]):
+        result = runner.invoke(app, args, terminal_width=80, env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output + result.stderr
+        said.append(result.stdout + result.stderr)
+    text = "\n".join(said)
+    long = [line for line in text.splitlines() if len(line) > 80]
+    assert not long, "\n".join(long)
+    words = " ".join(text.split())  # a wrapped line read as one
+    for name in ("digits-dataset.h5", "npz/bloodmnist.npz", "bloodmnist-dataset.h5"):
+        assert words.count(f"wrote {folder}/{name}") == 1, name
+    assert words.count("inspect it with: capsmed data info") == 2
