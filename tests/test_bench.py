@@ -54,7 +54,7 @@ def test_bench_train_writes_to_the_user_data_folder_not_the_current_one(tmp_path
                                       "hidden=[8]"])
     assert result.exit_code == 0, result.output
     assert json.loads(expected.read_text())["arch"] == "lenet"
-    assert f"appended to {expected}" in result.output
+    assert f"appended to {expected}" in " ".join(result.output.split())  # wrapped at 80
     assert not (tmp_path / "benchmarks").exists()
 
 

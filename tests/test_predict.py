@@ -140,7 +140,7 @@ def test_predict_on_a_folder_writes_csv_heatmaps_geojson_and_summary(tupac_runs,
     with open(out / "predictions.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == summary["windows"]
-    assert {r["predicted"] for r in rows} <= {"mitosis", "non-mitosis"}
+    assert {r["predicted"] for r in rows} == {"mitosis"}  # threshold 0 calls every window
     # the highest threshold (no softmax of these windows reaches 1): empty
     # FeatureCollections, still one per input
     assert max(float(r["score_mitosis"]) for r in rows) < 1
@@ -151,6 +151,27 @@ def test_predict_on_a_folder_writes_csv_heatmaps_geojson_and_summary(tupac_runs,
     assert not (tmp_path / "high" / "heatmaps").exists()
     empty = json.loads((tmp_path / "high" / "geojson" / "01_01.geojson").read_text())
     assert empty == {"type": "FeatureCollection", "features": []}
+
+
+def test_a_capsnets_csv_geojson_and_counts_call_the_same_windows(tupac_runs, tiny_raw,
+                                                                  tmp_path):
+    """Issue 23: capsule lengths are independent, so both classes of a window can exceed
+    0.5; GeoJSON 'mitosis' detections had predicted=non-mitosis in the CSV. The called
+    class at --threshold decides the CSV, the GeoJSON and the counts alike."""
+    out = tmp_path / "pred"
+    result = runner.invoke(app, ["-q", "predict", str(tupac_runs["capsnet"]), str(tiny_raw),
+                                 "-o", str(out), "--device", "cpu", "--threshold", "0.3",
+                                 "--no-heatmaps"])
+    assert result.exit_code == 0, result.output
+    with open(out / "predictions.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    called = [float(r["score_mitosis"]) >= 0.3 for r in rows]
+    assert [r["predicted"] == "mitosis" for r in rows] == called
+    assert 0 < sum(called) < len(rows)
+    features = [f for path in (out / "geojson").iterdir()
+                for f in json.loads(path.read_text())["features"]]
+    assert len(features) == sum(called) == json.loads(
+        (out / "summary.json").read_text())["positives"]
 
 
 def test_predict_works_after_the_dataset_file_is_gone(tupac_runs, tiny_h5, tiny_raw,

@@ -98,6 +98,7 @@ def test_the_table_takes_absolute_and_relative_inputs(tmp_path, monkeypatch):
     from capsmed.predict.engine import Prediction
     from capsmed.predict.outputs import InputResult
     from capsmed.predict.report import summary_table
+    from capsmed.tables.terminal import print_tables
 
     monkeypatch.chdir(tmp_path)
     names = ["a/01.tif", str(tmp_path / "b" / "02.tif")]
@@ -106,6 +107,36 @@ def test_the_table_takes_absolute_and_relative_inputs(tmp_path, monkeypatch):
     done = Prediction(tmp_path, results, [], "mitosis", 0.5, {"normal": 0, "mitosis": 2},
                       per_input=[{"input": n, "windows": 1} for n in names])
     console = Console(width=80, record=True)
-    console.print(summary_table(done))
+    print_tables([summary_table(done)], console)
     text = console.export_text()
     assert "a/01.tif" in text and "b/02.tif" in text
+
+
+def test_the_table_shortens_long_input_names_at_80_columns_never_splits_them(tmp_path):
+    """Issue 23 (80 columns): predict's table folded an input's name over two lines,
+    and its 'inputs under' caption split the folder's path mid-word."""
+    from rich.console import Console
+
+    from capsmed.predict.engine import Prediction
+    from capsmed.predict.outputs import InputResult
+    from capsmed.predict.report import summary_table
+    from capsmed.tables.terminal import print_tables
+
+    root = tmp_path / "slides"
+    names = [str(root / f"case-{i:04d}-haematoxylin-eosin-scan-with-a-long-name-{i:06d}.tif")
+             for i in range(3)]
+    results = [InputResult(n, (8, 8), np.array([4]), np.array([4]), 8.0,
+                           np.array([[0.2, 0.8]])) for n in names]
+    done = Prediction(tmp_path, results, [], "mitosis", 0.5, {"normal": 0, "mitosis": 3},
+                      per_input=[{"input": n, "windows": 1, "positives": 1} for n in names])
+    console = Console(width=80, record=True)
+    print_tables([summary_table(done)], console)
+    lines = console.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = [line for line in lines if line.startswith("case-")]
+    assert len(rows) == 3  # one line per input, none folded onto a second
+    for i, row in enumerate(rows):
+        shown = row.split()[0]
+        assert "…" in shown and shown.endswith(f"-{i:06d}.tif"), row
+        assert all(piece in os.path.basename(names[i]) for piece in shown.split("…"))
+    assert f"{root}/" in lines  # the shared folder on a line of its own, whole

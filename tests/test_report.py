@@ -530,3 +530,14 @@ def test_report_at_80_columns_keeps_every_header_and_number_whole(runs_root, tmp
     means = [f"{g['metrics']['macro_f1']['mean']:.3f}" for g in summary["groups"]]
     body = "\n".join(lines)
     assert all(m in body for m in means)
+    # the main table (issue 23: squeezed to a 21-character column) is shown in parts if
+    # need be, each row on one line: its label whole, then whole 'mean ± std (n=N)' cells
+    main = lines[lines.index("Macro F1: mean ± std over repetitions (paper 000 Table 2 "
+                             "layout)"):]
+    end = next(i for i, line in enumerate(main) if line.startswith("'-': no evaluated"))
+    rows = [line for line in main[:end] if line.startswith("tupac16 ")]
+    for group in summary["groups"]:
+        f1 = group["metrics"]["macro_f1"]
+        if f1.get("std") is not None:
+            cell = f"{f1['mean']:.3f} ± {f1['std']:.3f} (n={f1['n']})"
+            assert any(cell in row for row in rows), (cell, rows)

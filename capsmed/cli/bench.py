@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, parse_key_values
+from capsmed.cli.common import echo_wrapped, handles_errors, parse_key_values
 from capsmed.cli.json_output import json_option, print_json
 from capsmed.cli.options import device_option, option
 from capsmed.io import user_data_dir
@@ -85,6 +85,7 @@ def train(
                            f"{r.peak_memory_mib:,.0f}"])
     if as_json:  # the results as appended to the file (without the host name)
         print_json([dataclasses.asdict(r) for r in measured])
+        typer.echo(f"appended to {results}", err=True)
     else:
         print_tables([table])
-    typer.echo(f"appended to {results}", err=as_json)
+        echo_wrapped(f"appended to {results}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 
 
 @handles_errors
@@ -28,7 +28,7 @@ def demo(
     console = Console()
     console.print(Columns([rich_table(e.report, e.title) for _, e in evaluations]))
     for _, e in evaluations:
-        console.print(f"{e.title}: report in {e.report_dir}/, curves in "
-                      f"{e.report_dir.parent / 'curves.png'}")
-    console.print(f"predictions on new images (CSV, heatmaps, QuPath GeoJSON) in "
-                  f"{workdir / 'predictions'}/")
+        echo_wrapped(f"{e.title}: report in {e.report_dir}/, curves in "
+                     f"{e.report_dir.parent / 'curves.png'}")
+    echo_wrapped(f"predictions on new images (CSV, heatmaps, QuPath GeoJSON) in "
+                 f"{workdir / 'predictions'}/")

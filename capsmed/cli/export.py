@@ -32,5 +32,4 @@ def export(
     preprocessing as metadata; the file is loaded back and checked before it is kept."""
     from capsmed.runs.export import export_run
 
-    path = export_run(run_dir, output, fmt, overwrite=overwrite)
-    typer.echo(f"wrote {path} ({fmt})")
+    export_run(run_dir, output, fmt, overwrite=overwrite)  # logs "wrote <file> (...)" once

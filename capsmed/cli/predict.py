@@ -55,10 +55,9 @@ def predict(
 ) -> None:
     """Apply a trained run to new images, folders or whole slides, replaying the exact
     preprocessing it was trained with (stain, CLAHE, patch size, resize)."""
-    from rich.console import Console
-
     from capsmed.predict.engine import predict as run_predict
     from capsmed.predict.report import summary_table
+    from capsmed.tables.terminal import print_tables
 
     options = PredictOptions(
         overrides=Overrides(stride=stride, min_tissue=min_tissue, level=level, mpp=mpp,
@@ -71,7 +70,7 @@ def predict(
     if as_json:  # OUT/summary.json, as written
         print_json_file(result.out_dir / "summary.json")
     else:
-        Console().print(summary_table(result))
+        print_tables([summary_table(result)])
         echo_wrapped(f"predictions written to {result.out_dir}/")
     if result.failed:
         raise CapsmedError(f"{len(result.failed)} of {len(result.failed) + len(result.results)}"

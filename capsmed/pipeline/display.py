@@ -23,6 +23,17 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "~"
 
 
+def _wrap(text: str, width: int, indent: str = "") -> Text:
+    """``text`` wrapped at spaces to ``width`` (80 in a log), its later lines indented:
+    a word (a path, a run's name) is never split; only one wider than a line runs
+    past it."""
+    import textwrap
+
+    return Text(textwrap.fill(text, width=max(40, width), initial_indent=indent,
+                              subsequent_indent=indent + "  ", break_long_words=False,
+                              break_on_hyphens=False))
+
+
 class RunBoard:
     """Counts of runs pending / running / done / failed, and the runs in progress."""
 
@@ -68,10 +79,10 @@ class RunBoard:
         """An event or note, whole: wrapped at the terminal's width, never cut (a cut
         line lost the run it was about); plain text, not rich markup."""
         if self.live is not None:
-            self.live.console.print(Text(text))
+            self.live.console.print(_wrap(text, self.live.console.width), soft_wrap=True)
             self.live.update(self._render())
         else:
-            self.console.print(Text(text), soft_wrap=True)
+            self.console.print(_wrap(text, self.console.width), soft_wrap=True)
 
     def note(self, text: str) -> None:
         self._line(text)
@@ -96,17 +107,17 @@ class RunBoard:
             self._line(f"{count} FAILED {label}")
 
     def summary(self, failures: Mapping[str, str], seconds: float, state: Any) -> None:
-        minutes = f"{seconds / 60:.1f} min"
+        minutes, width = f"{seconds / 60:.1f} min", self.console.width
         if not failures:
-            self.console.print(f"{self.name}: all {self.total} runs done ({minutes}); "
-                               f"results in {state.out}")
+            self.console.print(_wrap(f"{self.name}: all {self.total} runs done ({minutes}); "
+                                     f"results in {state.out}", width), soft_wrap=True)
             return
-        self.console.print(f"{self.name}: {len(failures)} failed, {len(self.done)} done "
-                           f"({minutes}). Failed:")
+        self.console.print(_wrap(f"{self.name}: {len(failures)} failed, {len(self.done)} "
+                                 f"done ({minutes}). Failed:", width), soft_wrap=True)
         for label, reason in failures.items():
-            self.console.print(f"  {label}: {reason}", soft_wrap=True)
-        self.console.print("Rerun the same command to retry them (finished runs are "
-                           "skipped).")
+            self.console.print(_wrap(f"{label}: {reason}", width, "  "), soft_wrap=True)
+        self.console.print(_wrap("Rerun the same command to retry them (finished runs "
+                                 "are skipped).", width), soft_wrap=True)
 
 
 def summary_table(groups: Mapping[str, Sequence[Any]], header: str,

@@ -233,8 +233,8 @@ def start_in_background(argv: Sequence[str], pipeline: Pipeline, timeout: float 
     from capsmed.pipeline.state import lock_holder
 
     state = PipelineState(pipeline.out).keep_digests()
+    state.check_writable()  # a read-only folder is one line, not a traceback
     log_path = state.records / "runner.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a", encoding="utf-8") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "capsmed", *argv], stdout=log_file,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -130,6 +130,20 @@ class PipelineState:
         return "failed" if self.read_record(run_id).get("outcome") == "failed" else state
 
     # -- one runner per folder -------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Make the runner's records folder and write a file there, or say in one line
+        why the study's folder cannot be written (read-only, full, not ours), before
+        anything runs or is started in the background."""
+        try:
+            self.records.mkdir(parents=True, exist_ok=True)
+            probe = self.records / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise CapsmedError(f"{self.out}: cannot write the study's folder "
+                               f"({exc.strerror}); choose another with --set out=DIR"
+                               ) from None
+
     def acquire_lock(self, wait_seconds: float | None = None,
                      on_wait: Any = None) -> None:
         """Take the folder for this runner. The lock file is created atomically
@@ -139,15 +153,7 @@ class PipelineState:
         live runner's lock is waited for (checked that often; ``on_wait`` is told once)
         instead of refused."""
         lock = self.records / "runner.lock"
-        try:
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            probe = lock.parent / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:  # read-only, full, or not ours: before anything runs
-            raise CapsmedError(f"{self.out}: cannot write the study's folder "
-                               f"({exc.strerror}); choose another with --set out=DIR"
-                               ) from None
+        self.check_writable()
         mine = {"host": socket.gethostname(), "pid": os.getpid(),
                 "token": secrets.token_hex(8), "since": time.time()}
         told, attempts = False, 0

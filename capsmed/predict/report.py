@@ -1,43 +1,44 @@
-"""The terminal table ``capsmed predict`` prints (80 columns wide at most)."""
+"""The terminal table ``capsmed predict`` prints, through the one table model
+(:mod:`capsmed.tables`): at 80 columns an input's name is shortened at its separators,
+never split mid-word."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from capsmed.predict.engine import Prediction
+from capsmed.tables import Column, Table, text_column
 
 SHOWN = 20  # inputs listed before "... and N more"
 
 
-def summary_table(result: Prediction) -> Any:
-    """Per input: windows, positives of the chosen class and the most frequent class."""
-    from rich.table import Table
+def _most_predicted(predicted: list[int], names: list[str]) -> str:
+    counts: dict[int, int] = {}
+    for k in predicted:
+        counts[k] = counts.get(k, 0) + 1
+    return names[max(counts, key=counts.__getitem__)] if counts else "-"
 
+
+def summary_table(result: Prediction) -> Table:
+    """Per input: windows, positives of the chosen class and the most frequent class;
+    the inputs named below the folder they share (a note says which)."""
     # absolute first: commonpath refuses a mix of absolute and relative paths
     inputs = [Path(os.path.abspath(r.name)) for r in result.results]
     root = Path(os.path.commonpath([p.parent for p in inputs])) if inputs else Path()
-    title = f"positives: {result.class_name} >= {result.threshold:g}"
-    table = Table(title=title, title_justify="left", caption_justify="left",
-                  caption=f"inputs under {root}/" if str(root) not in ("", ".") else None)
-    table.add_column("input", overflow="fold", max_width=44)
-    table.add_column("windows", justify="right")
-    table.add_column("positives", justify="right")
-    table.add_column("most predicted", overflow="fold", max_width=16)
     names = list(result.counts)
+    rows = []
     for row, res in zip(result.per_input[:SHOWN], result.results, strict=False):
-        counts = {}
-        for k in res.predicted.tolist():
-            counts[k] = counts.get(k, 0) + 1
-        top = max(counts, key=counts.get) if counts else None
         shown = Path(os.path.abspath(row["input"])).relative_to(root).as_posix()
-        table.add_row(shown, str(row["windows"]),
-                      str(row.get("positives", "-")),
-                      "-" if top is None else names[top])
+        rows.append([shown, str(row["windows"]), str(row.get("positives", "-")),
+                     _most_predicted(res.predicted.tolist(), names)])
     if len(result.results) > SHOWN:
-        table.add_row(f"... and {len(result.results) - SHOWN} more", "", "", "")
-    top = max(result.counts, key=result.counts.get) if result.results else "-"
-    table.add_row("all inputs", str(sum(len(r.x) for r in result.results)),
-                  str(result.positives), top, style="bold")
-    return table
+        rows.append([f"... and {len(result.results) - SHOWN} more", "", "", ""])
+    top = max(result.counts, key=result.counts.__getitem__) if result.results else "-"
+    rows.append(["all inputs", str(sum(len(r.x) for r in result.results)),
+                 str(result.positives), top])
+    return Table(title=f"positives: {result.class_name} >= {result.threshold:g}",
+                 columns=[text_column("input"), Column("windows"), Column("positives"),
+                          text_column("most predicted", short="top class")],
+                 rows=rows, total_rows=1,
+                 notes=[f"inputs under {root}/"] if str(root) not in ("", ".") else [])

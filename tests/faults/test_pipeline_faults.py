@@ -89,10 +89,11 @@ def test_an_output_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypat
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(pathlib.Path, "mkdir", read_only)
-    result = invoke(["run", path])
-    assert_refused(result, out, text="cannot write the study's folder (Read-only file "
-                   "system); choose another with --set out=DIR")
-    assert not out.exists()
+    for extra in ([], ["--detach"]):  # --detach starts the runner in the background
+        result = invoke(["run", path, *extra])
+        assert_refused(result, out, text="cannot write the study's folder (Read-only "
+                       "file system); choose another with --set out=DIR")
+        assert not out.exists()
 
 
 def test_a_finished_run_with_damaged_weights_is_not_done_and_trains_again(tmp_path):

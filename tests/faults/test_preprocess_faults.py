@@ -125,6 +125,18 @@ def _rename_bytes(path: Path, name: bytes) -> Path:
     return Path(os.fsdecode(target))
 
 
+def _greyscale(path: Path) -> Path:
+    """Save ``path`` again as an 8-bit greyscale image in its own format."""
+    import cv2
+    import tifffile
+
+    if path.suffix.lower() in (".tif", ".tiff"):
+        tifffile.imwrite(path, tifffile.imread(path)[..., 1])
+    else:
+        cv2.imwrite(str(path), cv2.imread(str(path), cv2.IMREAD_GRAYSCALE))
+    return path
+
+
 # (id, source, break it -> (the path the error names, text in the error), extra args)
 Breaker = Callable[[Path], tuple[object, str]]
 REFUSED: list[tuple[str, str, Breaker, list[str]]] = [
@@ -153,6 +165,14 @@ REFUSED: list[tuple[str, str, Breaker, list[str]]] = [
     ("diaretdb1-map-claims-200000x200000", "diaretdb1", lambda raw: (
         _png_header(p := _first(raw, "hemorrhages/*.png"), 200_000, 200_000) or p,
         "claims 200000x200000 pixels"), []),
+    # issue 23 item 3: a colour source refuses a greyscale image in every format
+    ("tupac16-greyscale-tif", "tupac16", lambda raw: (
+        _greyscale(_first(raw, "*.tif")), "expected an RGB image"), []),
+    ("aml-greyscale-tiff", "aml", lambda raw: (
+        _greyscale(_first(raw, "*.tiff")), "expected an RGB(A) image"), []),
+    ("diaretdb1-greyscale-png", "diaretdb1", lambda raw: (
+        _greyscale(_first(raw, "ddb1_fundusimages/*.png")), "expected an 8-bit RGB image"),
+     []),
     # item 11: image symlink loops and broken links
     ("tupac16-broken-link-tif", "tupac16", lambda raw: (
         _symlink(_first(raw, "*.tif"), "nowhere.tif"), "broken symbolic link"), []),

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.options import (
     OUTPUT,
     fraction_option,
@@ -41,4 +39,4 @@ def preprocess_digits(
                                      fractions=split_fractions(DigitsConfig, train, val,
                                                                test)))
     path = run(None, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")  # "wrote" is logged

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from capsmed.cli.common import handles_errors, only_set
+from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.fetch import app as fetch_app
 from capsmed.cli.options import OUTPUT, flag, option, overwrite_option
 from capsmed.cli.preprocess import app as preprocess_app
@@ -32,8 +32,8 @@ def fetch_medmnist(
     from capsmed.data.sources.medmnist.reader import remote
 
     paths = fetch_dataset(remote(set_name, size), out_dir, mirror=mirror, timeout=timeout)
-    typer.echo(f"{paths[0]} verified; next: capsmed preprocess medmnist {paths[0]} "
-               f"-o {set_name}.h5")
+    echo_wrapped(f"{paths[0]} verified; next: capsmed preprocess medmnist {paths[0]} "
+                 f"-o {set_name}.h5")
 
 
 @synth_app.command("medmnist")
@@ -52,10 +52,9 @@ def synth_medmnist(
     """Class-coded discs in a MedMNIST .npz (the published arrays, dtypes and shapes)."""
     from capsmed.data.sources.medmnist.synth import write_medmnist
 
-    summary = write_medmnist(out_dir, set_name=set_name, size=size, train=train, val=val,
-                             test=test, seed=seed)
-    typer.echo(f"wrote {summary.path} (" + ", ".join(f"{k} {v}" for k, v in
-                                                     summary.counts.items()) + ")")
+    # its "wrote <file> (train=..., ...)" is logged once, by the writer
+    write_medmnist(out_dir, set_name=set_name, size=size, train=train, val=val, test=test,
+                   seed=seed)
 
 
 @preprocess_app.command("medmnist")
@@ -82,4 +81,4 @@ def preprocess_medmnist(
     config = MedmnistConfig(**only_set(set_name=set_name,
                                        ordinal_as_classes=ordinal_as_classes, domain=domain))
     path = run(npz_file, output, config, overwrite=overwrite)
-    typer.echo(f"wrote {path}; inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {path}")  # "wrote" is logged
