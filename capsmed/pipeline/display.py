@@ -144,6 +144,7 @@ def print_overview(view: Any, console: Console, list_all: bool, dry_run: bool) -
     asks for and how long it should take."""
     from capsmed.pipeline.estimate import human
     from capsmed.pipeline.status import FAILED, counts, describe_counts
+    from capsmed.pipeline.study_claims import claim_lines
 
     name, rows = view.pipeline.name, view.rows
     console.print(Text(f"{name}: {len(rows)} runs ({describe_counts(counts(rows))}); "
@@ -175,6 +176,8 @@ def print_overview(view: Any, console: Console, list_all: bool, dry_run: bool) -
                            "them"))
     if dry_run:
         console.print(Text(view.estimate_note))
+        for line in claim_lines(view.pipeline.claims, min(console.width, 80)):
+            console.print(Text(line), soft_wrap=True)
 
 
 def _group_estimate(members: Sequence[Any], estimates: Mapping[str, float], human: Any
