@@ -239,7 +239,8 @@ def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpe
         tables.append(table)
         data.append({"title": spec["title"], "kind": kind, "runs": len(found), **numbers})
         curve = out_dir / f"curve_{i + 1}.png" if out_dir is not None else None
-        if curve is not None and kind == "metric" and draw_table_curves(spec, found, curve):
+        if curve is not None and kind == "metric" \
+                and draw_table_curves(spec, found, curve, default_metric):
             data[-1]["curve"] = curve.name
     return tables, data
 
@@ -320,7 +321,7 @@ def study_markdown(pipeline: Pipeline, parts: StudyParts, ending: str) -> str:
         if table.title in curves:
             text += f"![{table.title}: ours beside the paper's]({curves[table.title]})\n\n"
     if parts.claims:
-        text += "## Claims\n\n" + render("md", [claims_table(parts.claims)]) + "\n" \
+        text += render("md", [claims_table(parts.claims)]) + "\n" \
             + claims_markdown(parts.claims) + "\n"
     if parts.routing:
         text += render("md", parts.routing) + "\n"
@@ -348,8 +349,7 @@ def study_page(pipeline: Pipeline, parts: StudyParts, done: Sequence[EvaluatedRu
             body.append(figure_html("ours (lines, ± 1 std) beside the paper's points "
                                     "(hollow markers)", out_dir / curves[table.title]))
     if parts.claims:
-        body += ["<h2>Claims</h2>", html_table(claims_table(parts.claims), 3),
-                 claims_html(parts.claims)]
+        body += [html_table(claims_table(parts.claims)), claims_html(parts.claims)]
     body += [html_table(t) for t in parts.routing]
     plots = [("capsmed report: the metric against the training fraction", p.name, p)
              for p in sorted((out_dir / "aggregate").glob("fraction_*.png"))]

@@ -123,6 +123,11 @@ def _number(value: float | None, digits: int = 3) -> str:
     return "< 0.001" if 0 <= value < 0.001 else f"{value:.{digits}f}"
 
 
+def _p(value: float | None) -> str:
+    number = _number(value)
+    return "p -" if value is None else f"p {number}" if number[0] == "<" else f"p = {number}"
+
+
 def _effect(result: ClaimResult) -> str:
     if result.effect is None:
         return "-"
@@ -131,14 +136,15 @@ def _effect(result: ClaimResult) -> str:
 
 def claims_table(results: Sequence[ClaimResult]) -> Table:
     """One row per claim: its verdict, effect, Holm-corrected p-value and pairs."""
-    table = Table("Claims of the paper, tested on these runs",
+    table = Table("Claims",
                   [text_column("claim"), Column("verdict", align="left"),
                    Column("effect"), Column("p (Holm)", short="p"),
                    Column("pairs", priority=1)], [])
     for r in results:
         table.rows.append([r.claim.name, r.verdict, _effect(r), _number(r.p_adjusted),
                            str(r.pairs)])
-    table.notes.append(claims_note(results) + ". Effect: the mean paired difference "
+    table.notes.append(claims_note(results) + ", each claim as the paper states it "
+                       "below. Effect: the mean paired difference "
                        "better - than (a trend: the slope of the gap per step along "
                        "its values); p: one-sided, in the claimed direction.")
     return table
@@ -148,8 +154,8 @@ def claim_paragraphs(results: Sequence[ClaimResult]) -> list[tuple[str, str, str
     """``(heading, quote, what was tested and found)`` per claim."""
     out = []
     for r in results:
-        found = (f"{r.verdict}: effect {_effect(r)}, p = {_number(r.p_adjusted)} "
-                 f"(Holm; {_number(r.p_value)} alone), {r.pairs} pairs"
+        found = (f"{r.verdict}: effect {_effect(r)}, {_p(r.p_adjusted)} (Holm-"
+                 f"corrected; {_p(r.p_value)} alone), {r.pairs} pairs"
                  + (f"; {r.note}" if r.note else ""))
         out.append((f"{r.claim.name} ({r.claim.source})", r.claim.quote,
                     f"Tested: {statement(r.claim)}. {found[0].upper()}{found[1:]}."))
@@ -176,8 +182,8 @@ def claim_lines(claims: Sequence[Claim], width: int = 80) -> list[str]:
     """What ``capsmed run --dry-run`` lists: each claim, its source and the test."""
     if not claims:
         return []
-    lines = [f"{len(claims)} claim(s) to test (one-sided paired t-tests over the "
-             "repetitions, Holm-corrected):"]
+    lines = textwrap.wrap(f"{len(claims)} claim(s) to test (one-sided paired t-tests "
+                          "over the repetitions, Holm-corrected):", width)
     for claim in claims:
         lines += textwrap.wrap(f"{claim.name} ({claim.source}): {statement(claim)}",
                                width, initial_indent="  ", subsequent_indent="      ",

@@ -64,7 +64,8 @@ def _positions(spec: Mapping[str, Any], rows_by: str,
 
 
 def draw_table_curves(table_spec: Mapping[str, Any], found: Sequence[tuple[Any, float]],
-                      path: Path) -> dict[str, int] | None:
+                      path: Path, default_metric: str = "macro_f1"
+                      ) -> dict[str, int] | None:
     """Draw a ``metric`` table's numbers (``(run, value)``) as curves into ``path``;
     None when the table asks for none or no row has a position."""
     spec = curve_spec(table_spec.get("curve"))
@@ -86,7 +87,7 @@ def draw_table_curves(table_spec: Mapping[str, Any], found: Sequence[tuple[Any, 
     xlabel = spec.get("xlabel") or ("training data (%)" if spec["x"] == "fraction"
                                     else str(spec["x"]) if isinstance(spec["x"], str)
                                     else rows_by)
-    metric = table_spec.get("metric") or table_spec.get("key") or "metric"
+    metric = table_spec.get("metric") or table_spec.get("key") or default_metric
     return plot_curves(path, _short(str(table_spec.get("title", ""))), x, ours, paper,
                        xlabel=xlabel, ylabel=str(metric).replace("_", " "),
                        log_x=bool(spec.get("log_x", True)),
