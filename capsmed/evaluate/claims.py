@@ -291,7 +291,9 @@ def judge_claims(claims: Sequence[Claim], records: Sequence[Sequence[Record]]
     for r, p_adj, q_adj in zip(results, adjusted, opposite, strict=True):
         r.p_adjusted, r.p_opposite_adjusted = p_adj, q_adj
         if r.p_value is None:
-            r.note = f"too few paired runs ({r.pairs}) to decide"
+            r.note = (f"paired runs at fewer than 3 of its {r.claim.along_field} values "
+                      "(or fewer than 4 pairs) to decide" if r.claim.kind == "trend"
+                      else f"too few paired runs ({r.pairs}) to decide")
         elif p_adj is not None and p_adj < ALPHA:
             r.verdict = "holds"
         elif q_adj is not None and q_adj < ALPHA:

@@ -154,7 +154,8 @@ def claim_paragraphs(results: Sequence[ClaimResult]) -> list[tuple[str, str, str
     """``(heading, quote, what was tested and found)`` per claim."""
     out = []
     for r in results:
-        found = (f"{r.verdict}: effect {_effect(r)}, {_p(r.p_adjusted)} (Holm-"
+        found = (f"{r.verdict}: {r.pairs} pairs, {r.note}" if r.p_value is None else
+                 f"{r.verdict}: effect {_effect(r)}, {_p(r.p_adjusted)} (Holm-"
                  f"corrected; {_p(r.p_value)} alone), {r.pairs} pairs"
                  + (f"; {r.note}" if r.note else ""))
         out.append((f"{r.claim.name} ({r.claim.source})", r.claim.quote,
