@@ -101,6 +101,27 @@ def test_a_table_marked_as_a_curve_is_drawn_beside_the_paper(tmp_path):
     assert page.count("data:image/png;base64,") >= 1 and "hollow markers" in page
 
 
+def test_reference_numbers_on_other_data_are_shown_but_never_judged(tmp_path):
+    """``verdicts: false`` (digits-lowdata beside paper 000's MNIST numbers): the paper
+    number stays in the cell and on the curve, with no verdict and no summary line."""
+    def change(raw, judge):
+        table = raw["report"]["tables"][0]
+        table["paper"] = {"half": {"capsnet": 0.9, "lenet": 0.8}}
+        if not judge:
+            table["verdicts"] = False
+    for judge in (True, False):
+        (tmp_path / str(judge)).mkdir()
+        pipeline, state = _toy_study(tmp_path / str(judge),
+                                     lambda raw, judge=judge: change(raw, judge))
+        path = write_study_report(pipeline, state, pipeline.runs)
+        table = json.loads((path.parent / "study.json").read_text())["tables"][0]
+        cell = table["cells"]["half|capsnet"]
+        assert cell["paper"] == 0.9
+        assert ("verdict" in cell) == judge and ("verdicts" in table) == judge
+        assert ("[paper 0.9: " in path.read_text()) == judge
+        assert "[paper 0.9]" in path.read_text() or judge
+
+
 def test_the_page_shows_the_routing_of_the_analysed_capsule_runs(tmp_path, monkeypatch):
     pipeline, state = _toy_study(tmp_path)
     monkeypatch.setattr(execute, "run_logged", lambda argv, log, env=None: 0)

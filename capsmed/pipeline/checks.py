@@ -19,7 +19,7 @@ from capsmed.pipeline.identity import RunLike, identity_payload
 
 REPORT_KEYS = {"metric", "tables"}
 TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
-              "scale", "note", "file", "key", "curve"}
+              "scale", "note", "file", "key", "curve", "verdicts"}
 
 
 def _fail(path: Path, message: str) -> CapsmedError:
@@ -158,6 +158,9 @@ def _check_table(spec: Any, where: str, runs: list[RunLike],
     chosen = [r for r in runs if matches_selection(spec.get("where") or {}, r.fields)]
     if not chosen:
         raise _fail(path, f"{where}: 'where' matches no run of the grid")
+    if not isinstance(spec.get("verdicts", True), bool):
+        raise _fail(path, f"{where}.verdicts: expected true or false, got "
+                    f"{spec['verdicts']!r}")
     if spec.get("curve") not in (None, False):
         _check_curve_of(spec, kind, chosen, where, path)
     if kind == "metric" and spec.get("file"):

@@ -130,16 +130,18 @@ def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineSta
 
 
 def _metric_cell(values: Sequence[float], paper: Any, scale: float,
-                 runs: Sequence[EvaluatedRun]) -> tuple[str, dict[str, Any], Verdict | None]:
+                 runs: Sequence[EvaluatedRun], judge: bool = True
+                 ) -> tuple[str, dict[str, Any], Verdict | None]:
     """A cell's text (mean ± std (n) [paper X: verdict], † when a run is unfinished),
-    its JSON and its verdict (None without a paper number)."""
+    its JSON and its verdict (None without a paper number, or when the table's paper
+    numbers are a reference on other data: ``verdicts: false``)."""
     digits = 1 if scale == 100 else 3
     stat = describe(values)
     text = _number(stat.mean, scale, digits)
     if stat.std is not None:
         text += f" ± {_number(stat.std, scale, digits)}"
     text += f" (n={stat.n})" if stat.n > 1 else ""
-    judged = (verdict(values, paper, scale) if isinstance(paper, int | float)
+    judged = (verdict(values, paper, scale) if judge and isinstance(paper, int | float)
               and not isinstance(paper, bool) else None)
     if paper is not None:
         text += f" [paper {paper}" + (f": {judged.word}]" if judged else "]")
@@ -179,7 +181,8 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
                 out.append("-" if paper is None else f"- (paper {paper})")
                 continue
             text, cells[f"{row}|{col}"], judged = _metric_cell(
-                values, paper, scale, reports.get(f"{row} / {col}", []))
+                values, paper, scale, reports.get(f"{row} / {col}", []),
+                judge=spec.get("verdicts", True))
             out.append(text)
             verdicts += [judged] if judged else []
         table.rows.append(out)
