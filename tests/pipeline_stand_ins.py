@@ -33,3 +33,26 @@ def finish_run(run_dir: Path, evaluations: tuple[str, ...] = ("report",),
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(value))
     return run_dir
+
+
+def evaluated_run(run_dir: Path, arch: str, seed: int, macro_f1: float,
+                  files: dict | None = None) -> Path:
+    """A run folder as ``capsmed evaluate`` leaves it, scoring ``macro_f1`` on a toy
+    two-class test split (what the study index and capsmed report read)."""
+    finish_run(run_dir, (), files)
+    (run_dir / "config.yaml").write_text(
+        f"train: {{arch: {arch}, seed: {seed}, data: x.h5, epochs: 1}}\n"
+        "dataset: {name: tupac16}\n")
+    (run_dir / "metrics.jsonl").write_text(json.dumps(
+        {"epoch": 1, "val_loss": 0.5, "val_acc": macro_f1}) + "\n")
+    per_class = {name: {"precision": macro_f1, "sensitivity": macro_f1, "f1": macro_f1,
+                        "support": 50} for name in ("a", "b")}
+    report = {"arch": arch, "split": "test", "checkpoint_epoch": 1, "class_names": ["a", "b"],
+              "per_class": per_class, "total": {"precision": macro_f1, "sensitivity": macro_f1,
+                                                "f1": macro_f1, "support": 100},
+              "accuracy": macro_f1, "balanced_accuracy": macro_f1,
+              "confusion_matrix": [[round(50 * macro_f1), 50 - round(50 * macro_f1)],
+                                   [50 - round(50 * macro_f1), round(50 * macro_f1)]]}
+    (run_dir / "report").mkdir(parents=True, exist_ok=True)
+    (run_dir / "report" / "report.json").write_text(json.dumps(report))
+    return run_dir

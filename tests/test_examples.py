@@ -47,7 +47,7 @@ def test_custom_pipeline_example(tmp_path):
                                  f"out={tmp_path}", "--set", "epochs=1", "--only", "seed=0"])
     assert result.exit_code == 0, result.output
     study = json.loads((tmp_path / "report" / "study.json").read_text())
-    assert study[0]["runs"] == 4 and len(study[0]["cells"]) == 4
+    assert study["tables"][0]["runs"] == 4 and len(study["tables"][0]["cells"]) == 4
 
 
 @pytest.mark.slow

@@ -112,7 +112,7 @@ def test_slurm_example_pipeline(tmp_path):
     result = _run(example, "--set", f"out={tmp_path}", env=SLURM)
     assert result.returncode == 0, result.stdout + result.stderr
     study = json.loads((tmp_path / "report" / "study.json").read_text())
-    assert study[0]["runs"] == 4
+    assert study["tables"][0]["runs"] == 4
 
 
 def _wait_for(predicate, seconds: float) -> bool:

@@ -69,7 +69,7 @@ def test_the_study_page_links_each_evaluated_runs_report(tmp_path):
     from pathlib import Path
 
     from capsmed.evaluate.aggregate import EvaluatedRun
-    from capsmed.pipeline.study import study_page
+    from capsmed.pipeline.study import StudyParts, study_page
     from capsmed.tables import Column, Table, text_column
 
     out = tmp_path / "out" / "report"
@@ -82,7 +82,8 @@ def test_the_study_page_links_each_evaluated_runs_report(tmp_path):
                   [["f1", "0.944 [paper 0.943: reproduced]"]], notes=["1 of 1 ..."])
     pipeline = SimpleNamespace(name="study <1>", description="what it checks",
                                path=Path("pipelines/x.yaml"))
-    page = study_page(pipeline, [table], runs, out, "Cells: ...")
+    page = study_page(pipeline, StudyParts([table], [], [], [], []), runs, out,
+                      "Cells: ...")
     assert "<title>study &lt;1&gt;</title>" in page and "pipelines/x.yaml" in page
     assert page.index('href="../runs/a-seed0/report/report.html"') < page.index(
         'href="../runs/b-seed1/report/report.html"')

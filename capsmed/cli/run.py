@@ -137,7 +137,7 @@ def _show(pipeline, options, dry_run: bool, list_all: bool) -> None:
     from rich.console import Console
 
     from capsmed.pipeline import runner
-    from capsmed.pipeline.display import print_overview
+    from capsmed.pipeline.display import print_claims, print_overview
     from capsmed.pipeline.overview import study_overview
     from capsmed.pipeline.preflight import MissingInputs
 
@@ -147,6 +147,9 @@ def _show(pipeline, options, dry_run: bool, list_all: bool) -> None:
             runner.prepare(pipeline, options, _commands())
         except MissingInputs as exc:  # the plan is still worth seeing (sizes, estimates)
             missing = exc
+        except CapsmedError:  # refused: what the study would test is still worth seeing
+            print_claims(pipeline.claims, Console(highlight=False))
+            raise
     print_overview(study_overview(pipeline, options, dry_run), Console(highlight=False),
                    list_all, dry_run)
     if missing is not None:

@@ -13,7 +13,11 @@ A claim quotes the paper's sentence and states it as a comparison over runs, e.g
       scope: pooled                       # or: every (each cell on its own)
 
 Runs are paired by everything but the compared field: the same dataset, condition and
-seed (or fold), so a pair differs only in what the claim compares. Two kinds:
+seed (or fold), so a pair differs only in what the claim compares; ``ignore: [n]`` also
+leaves out fields that change along with it (paper 001's networks each at their own
+number of branches ``n``). The number compared is ``metric`` of each run's evaluation
+``report`` (``evaluation:`` names another), or, with ``file:`` (an analysis' JSON in the
+run folder), the number at ``key:`` (default: ``metric``) in it. Two kinds:
 
 * **better** (default): the metric of ``better`` exceeds that of each ``than``. A one-
   sided paired t-test over the pairs (``scope: pooled``), or over each cell's pairs with
@@ -45,7 +49,7 @@ ALPHA = 0.05
 REPETITION_FIELDS = ("seed", "fold")
 VERDICTS = ("holds", "fails", "undecided")
 _KEYS = {"name", "quote", "source", "metric", "better", "than", "where", "scope", "kind",
-         "along", "direction"}
+         "along", "direction", "ignore", "evaluation", "file", "key"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,10 @@ class Claim:
     along: tuple[str, ...] = ()
     along_field: str = ""
     direction: str = "decreasing"
+    ignore: tuple[str, ...] = ()  # fields left out of the pairing, besides ``field``
+    evaluation: str = "report"  # the evaluation whose report.json holds ``metric``
+    file: str = ""  # or: a JSON file in each run folder ...
+    key: str = ""  # ... and the dotted path of the number in it (default: ``metric``)
 
 
 @dataclass
@@ -93,11 +101,13 @@ def statement(c: Claim) -> str:
     """The claim as capsmed tests it, in words."""
     than = " and ".join(c.than)
     where = "; ".join(f"{k} in {', '.join(v)}" for k, v in c.where.items())
+    metric = (c.metric if c.evaluation == "report" and not c.file
+              else f"{c.metric} ({c.file or c.evaluation})")
     if c.kind == "trend":
-        return (f"{c.metric} gap {c.better} - {than} is {c.direction} along "
+        return (f"{metric} gap {c.better} - {than} is {c.direction} along "
                 f"{c.along_field} {', '.join(c.along)}" + (f" ({where})" if where else ""))
     scope = "in every cell" if c.scope == "every" else "over all pairs"
-    return (f"{c.metric} of {c.field} {c.better} > {than} {scope}"
+    return (f"{metric} of {c.field} {c.better} > {than} {scope}"
             + (f" ({where})" if where else ""))
 
 
@@ -139,6 +149,7 @@ def parse_claims(raw: Any, origin: str) -> list[Claim]:
                                f"with others of the same field")
         kind = str(item.get("kind", "better"))
         scope = str(item.get("scope", "pooled"))
+        ignore = _values(item.get("ignore") or [])
         if kind not in ("better", "trend") or scope not in ("pooled", "every"):
             raise CapsmedError(f"{where}: kind must be better or trend, scope pooled or "
                                "every")
@@ -163,7 +174,10 @@ def parse_claims(raw: Any, origin: str) -> list[Claim]:
                          better=better[0], than=than,
                          where={str(k): _values(v) for k, v in selection.items()},
                          scope=scope, kind=kind, along=along, along_field=along_field,
-                         direction=direction))
+                         direction=direction, ignore=ignore,
+                         evaluation=str(item.get("evaluation", "report")),
+                         file=str(item.get("file") or ""),
+                         key=str(item.get("key") or item["metric"])))
     return out
 
 
@@ -183,7 +197,8 @@ def _pairs(claim: Claim, records: Sequence[Record], than: str
         who = fields.get(claim.field)
         if value is None or who not in (claim.better, than):
             continue
-        key = tuple(sorted((k, v) for k, v in fields.items() if k != claim.field))
+        key = tuple(sorted((k, v) for k, v in fields.items()
+                           if k != claim.field and k not in claim.ignore))
         by_key.setdefault(key, {})[who] = float(value)
     cells: dict[tuple, list[tuple[float, float]]] = {}
     for key, values in by_key.items():
@@ -258,17 +273,27 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
 
 def evaluate_claims(claims: Sequence[Claim], records: Sequence[Record]) -> list[ClaimResult]:
     """Each claim's verdict over ``records`` (the study's finished runs)."""
+    return judge_claims(claims, [records] * len(claims))
+
+
+def judge_claims(claims: Sequence[Claim], records: Sequence[Sequence[Record]]
+                 ) -> list[ClaimResult]:
+    """Each claim's verdict over its own records (``records[i]`` for ``claims[i]``: the
+    numbers each claim reads may come from different reports or files), corrected
+    together."""
     results = []
-    for claim in claims:
+    for claim, own in zip(claims, records, strict=True):
         test = _trend if claim.kind == "trend" else _better
-        p, q, effect, pairs = test(claim, records)
+        p, q, effect, pairs = test(claim, own)
         results.append(ClaimResult(claim, "undecided", p, None, effect, pairs, q))
     adjusted = holm([r.p_value for r in results])
     opposite = holm([r.p_opposite for r in results])
     for r, p_adj, q_adj in zip(results, adjusted, opposite, strict=True):
         r.p_adjusted, r.p_opposite_adjusted = p_adj, q_adj
         if r.p_value is None:
-            r.note = f"too few paired runs ({r.pairs}) to decide"
+            r.note = (f"paired runs at fewer than 3 of its {r.claim.along_field} values "
+                      "(or fewer than 4 pairs) to decide" if r.claim.kind == "trend"
+                      else f"too few paired runs ({r.pairs}) to decide")
         elif p_adj is not None and p_adj < ALPHA:
             r.verdict = "holds"
         elif q_adj is not None and q_adj < ALPHA:

@@ -45,7 +45,8 @@ def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
-def _figure(caption: str, path: Path) -> str:
+def figure_html(caption: str, path: Path) -> str:
+    """One PNG as a self-contained `<figure>` (the image inlined as base64)."""
     return (f'<figure><img src="{data_uri(path)}" alt="{esc(caption)}">'
             f"<figcaption>{esc(caption)}</figcaption></figure>")
 
@@ -56,7 +57,7 @@ def figure_sections(figures: Sequence[tuple[str, str, Path]]) -> list[str]:
     sections: dict[str, list[str]] = {}
     for heading, caption, path in figures:
         if Path(path).is_file():
-            sections.setdefault(heading, []).append(_figure(caption, path))
+            sections.setdefault(heading, []).append(figure_html(caption, path))
     parts = []
     for heading, drawn in sections.items():
         parts += [f"<h2>{esc(heading)}</h2>",

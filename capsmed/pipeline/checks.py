@@ -19,7 +19,7 @@ from capsmed.pipeline.identity import RunLike, identity_payload
 
 REPORT_KEYS = {"metric", "tables"}
 TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
-              "scale", "note", "file", "key"}
+              "scale", "note", "file", "key", "curve", "verdicts"}
 
 
 def _fail(path: Path, message: str) -> CapsmedError:
@@ -158,6 +158,11 @@ def _check_table(spec: Any, where: str, runs: list[RunLike],
     chosen = [r for r in runs if matches_selection(spec.get("where") or {}, r.fields)]
     if not chosen:
         raise _fail(path, f"{where}: 'where' matches no run of the grid")
+    if not isinstance(spec.get("verdicts", True), bool):
+        raise _fail(path, f"{where}.verdicts: expected true or false, got "
+                    f"{spec['verdicts']!r}")
+    if spec.get("curve") not in (None, False):
+        _check_curve_of(spec, kind, chosen, where, path)
     if kind == "metric" and spec.get("file"):
         return
     if "metric" in spec:
@@ -167,3 +172,17 @@ def _check_table(spec: Any, where: str, runs: list[RunLike],
     if evaluation not in names:
         raise _fail(path, f"{where}: evaluation '{evaluation}' is not an evaluation of "
                     f"its runs ({', '.join(names)})")
+
+
+def _check_curve_of(spec: dict[str, Any], kind: str, chosen: list[RunLike], where: str,
+                    path: Path) -> None:
+    import dataclasses
+
+    from capsmed.pipeline.study_curves import check_curve
+    from capsmed.train.config import TrainConfig
+
+    if kind != "metric":
+        raise _fail(path, f"{where}.curve: only a metric table is drawn as curves")
+    rows = list(dict.fromkeys(str(r.fields.get(spec["rows"])) for r in chosen))
+    check_curve(spec["curve"], rows, {f.name for f in dataclasses.fields(TrainConfig)},
+                where, path)

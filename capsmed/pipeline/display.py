@@ -186,6 +186,7 @@ def print_overview(view: Any, console: Console, list_all: bool, dry_run: bool) -
                            "them"))
     if dry_run:
         console.print(Text(view.estimate_note))
+        print_claims(view.pipeline.claims, console)
 
 
 def _group_estimate(members: Sequence[Any], estimates: Mapping[str, float], human: Any
@@ -194,3 +195,11 @@ def _group_estimate(members: Sequence[Any], estimates: Mapping[str, float], huma
     known = [estimates[r.label] for r in members if r.label in estimates]
     return human(sum(known)) + ("" if len(known) == len(members) else
                                 f" ({len(known)} of {len(members)})")
+
+
+def print_claims(claims: Sequence[Any], console: Console) -> None:
+    """The paper's claims the study will test (``--dry-run``), wrapped at 80 columns."""
+    from capsmed.pipeline.study_claims import claim_lines
+
+    for line in claim_lines(claims, min(console.width, 80)):
+        console.print(Text(line), soft_wrap=True)

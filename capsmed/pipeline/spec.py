@@ -6,7 +6,8 @@ axes (``dataset``, ``arch``, ``seed``, ... and labels such as ``condition``), ``
 holds every run's options and ``rules`` add options to the runs their ``when``
 matches. ``{name}`` in any string is a variable, a grid field of the run, or
 ``{datasets.NAME}``, the output of a data stage. ``resources`` (top level, in a rule,
-a data stage or an analysis) say what each job asks for (:mod:`.resources`).
+a data stage or an analysis) say what each job asks for (:mod:`.resources`); ``claims``
+quote the paper's sentences as comparisons over the runs (:mod:`.study_claims`).
 
 Nothing here runs anything; :mod:`capsmed.pipeline.runner` does.
 """
@@ -25,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from capsmed.evaluate.claims import Claim
 from capsmed.pipeline import resources as res
 from capsmed.pipeline.checks import (
     check_distinct_runs,
@@ -37,11 +39,13 @@ from capsmed.pipeline.checks import (
 from capsmed.pipeline.executors import check_executor_section
 from capsmed.pipeline.placeholders import fail, interpolate
 from capsmed.pipeline.stages import Stage, read_stages
+from capsmed.pipeline.study_claims import read_claims
 from capsmed.pipeline.yamlfile import read_pipeline_yaml
 from capsmed.train.config import TrainConfig
 
 TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "exclude",
-            "train", "rules", "evaluate", "analyses", "report", "executor", "resources"}
+            "train", "rules", "evaluate", "analyses", "report", "claims", "executor",
+            "resources"}
 EVALUATE_KEYS = {"name", "split", "data", "agreement", "batch_size"}
 ANALYSIS_KEYS = {"name", "output", "command", "note", "resources"}
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -100,6 +104,7 @@ class Pipeline:
     out: Path
     resources: dict[str, Any] = field(default_factory=dict)  # every job's defaults
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    claims: list[Claim] = field(default_factory=list)  # the paper's, checked on the grid
 
 
 def _variables(raw: dict[str, Any], overrides: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -305,6 +310,7 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     _check_rules(raw, axes, path)
     runs = _runs(raw, names, stages, combos, path)
     check_report(raw.get("report") or {}, runs, axes, path)
+    claims = read_claims(raw.get("claims"), axes, runs, path)
     return Pipeline(path=path, name=str(raw["name"]), description=str(raw.get("description",
                     "")).strip(), variables=names, stages=stages,
                     runs=runs, analyses=_analyses(raw, names, runs, axes, path),
@@ -312,4 +318,4 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
                     executor=interpolate(raw.get("executor") or {}, names, "executor", path),
                     out=out, raw=raw, resources=res.check_resources(
                         interpolate(raw.get("resources"), names, "resources", path),
-                        "resources", path))
+                        "resources", path), claims=claims)

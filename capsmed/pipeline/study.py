@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.aggregate import EvaluatedRun, describe
 from capsmed.evaluate.caveats import cell_notes, mark, unfinished
+from capsmed.evaluate.claims import ClaimResult
 from capsmed.evaluate.per_class import pooled_per_class
 from capsmed.evaluate.verdicts import WORDS, Verdict, summary, verdict
 from capsmed.io import write_text_atomic
@@ -40,6 +42,15 @@ from capsmed.pipeline.checks import matches_selection
 from capsmed.pipeline.execute import analysed_run_dirs, current_identity, remade_outputs
 from capsmed.pipeline.spec import Pipeline, RunSpec
 from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.study_claims import (
+    claim_source,
+    claims_html,
+    claims_markdown,
+    claims_table,
+    judge_study_claims,
+)
+from capsmed.pipeline.study_curves import draw_table_curves
+from capsmed.pipeline.study_routing import routing_tables
 from capsmed.tables import Column, Table, render, text_column
 
 log = logging.getLogger(__name__)
@@ -119,16 +130,18 @@ def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineSta
 
 
 def _metric_cell(values: Sequence[float], paper: Any, scale: float,
-                 runs: Sequence[EvaluatedRun]) -> tuple[str, dict[str, Any], Verdict | None]:
+                 runs: Sequence[EvaluatedRun], judge: bool = True
+                 ) -> tuple[str, dict[str, Any], Verdict | None]:
     """A cell's text (mean ± std (n) [paper X: verdict], † when a run is unfinished),
-    its JSON and its verdict (None without a paper number)."""
+    its JSON and its verdict (None without a paper number, or when the table's paper
+    numbers are a reference on other data: ``verdicts: false``)."""
     digits = 1 if scale == 100 else 3
     stat = describe(values)
     text = _number(stat.mean, scale, digits)
     if stat.std is not None:
         text += f" ± {_number(stat.std, scale, digits)}"
     text += f" (n={stat.n})" if stat.n > 1 else ""
-    judged = (verdict(values, paper, scale) if isinstance(paper, int | float)
+    judged = (verdict(values, paper, scale) if judge and isinstance(paper, int | float)
               and not isinstance(paper, bool) else None)
     if paper is not None:
         text += f" [paper {paper}" + (f": {judged.word}]" if judged else "]")
@@ -168,7 +181,8 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
                 out.append("-" if paper is None else f"- (paper {paper})")
                 continue
             text, cells[f"{row}|{col}"], judged = _metric_cell(
-                values, paper, scale, reports.get(f"{row} / {col}", []))
+                values, paper, scale, reports.get(f"{row} / {col}", []),
+                judge=spec.get("verdicts", True))
             out.append(text)
             verdicts += [judged] if judged else []
         table.rows.append(out)
@@ -198,9 +212,10 @@ def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, Eval
     return table, {"per_class": pooled["per_class"], "runs": len(found)}
 
 
-def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
-                 ) -> tuple[list[Table], list[dict[str, Any]]]:
-    """The tables of ``report.tables`` (one without runs says why) and their JSON."""
+def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
+                 out_dir: Path | None = None) -> tuple[list[Table], list[dict[str, Any]]]:
+    """The tables of ``report.tables`` (one without runs says why) and their JSON; with
+    ``out_dir``, a table marked ``curve`` is drawn there too (its JSON names the PNG)."""
     default_metric = pipeline.report.get("metric", "macro_f1")
     tables, data = [], []
     analysed = analysed_run_dirs(pipeline, state)
@@ -226,15 +241,22 @@ def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpe
         table.notes[:0] = [spec["note"]] if spec.get("note") else []
         tables.append(table)
         data.append({"title": spec["title"], "kind": kind, "runs": len(found), **numbers})
+        curve = out_dir / f"curve_{i + 1}.png" if out_dir is not None else None
+        if curve is not None and kind == "metric" \
+                and draw_table_curves(spec, found, curve, default_metric):
+            data[-1]["curve"] = curve.name
     return tables, data
 
 
 def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
                        ) -> Path | None:
-    """Write ``OUT/report/study.md`` (+ json) and ``capsmed report``'s tables; returns
-    the Markdown path, or None when no run is evaluated yet."""
+    """Write ``OUT/report/study.md``, ``study.html`` and ``study.json`` (the tables, their
+    curves, the claims' verdicts, the routing of the capsule runs) and ``capsmed
+    report``'s tables; returns the Markdown path, or None when no run is evaluated yet."""
     out_dir = state.out / "report"
-    tables, data = study_tables(pipeline, state, runs)
+    for old in out_dir.glob("curve_*.png"):  # a table no longer drawn leaves none behind
+        old.unlink()
+    tables, data = study_tables(pipeline, state, runs, out_dir)
     if not data and not _any_evaluated(pipeline, state, runs):
         # nothing of this pipeline to show: an older study.md must not pass for its report
         for stale in ("study.md", "study.json", "study.html"):
@@ -252,38 +274,93 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
         shutil.rmtree(out_dir / "aggregate", ignore_errors=True)
         log.warning("%s: no aggregate/ tables: capsmed report reads each run's evaluation "
                     "named 'report', and no run has one yet", pipeline.path)
+    parts = _study_parts(pipeline, state, runs, tables, data)
     ending = ("Cells: mean ± sample std over the repetitions (n), [the paper's number: "
               "verdict]. "
               + ("All runs grouped by dataset, architecture and protocol: aggregate/."
                  if done else ""))
     path = out_dir / "study.md"
-    write_text_atomic(path, f"# {pipeline.name}\n\n{pipeline.description.strip()}\n\n"
-                      + render("md", tables) + f"\n{ending.strip()}\n")
+    write_text_atomic(path, study_markdown(pipeline, parts, ending))
     write_text_atomic(out_dir / "study.html",
-                      study_page(pipeline, tables, [e for _, e in done], out_dir, ending))
-    write_text_atomic(out_dir / "study.json", json.dumps(data, indent=1, default=str))
+                      study_page(pipeline, parts, [e for _, e in done], out_dir, ending))
+    write_text_atomic(out_dir / "study.json", json.dumps(
+        {"tables": data, "claims": [r.to_dict() for r in parts.claims],
+         "routing": parts.routing_data}, indent=1, default=str))
     return path
 
 
-def study_page(pipeline: Pipeline, tables: Sequence[Table], done: Sequence[EvaluatedRun],
+@dataclass
+class StudyParts:
+    """What a study page shows, in its order."""
+
+    tables: list[Table]
+    data: list[dict[str, Any]]  # the tables' JSON; ``curve`` names a table's PNG
+    claims: list[ClaimResult]
+    routing: list[Table]
+    routing_data: list[dict[str, Any]]
+
+    def curves(self) -> list[tuple[str, str]]:
+        """``(table title, PNG file name)`` of each table drawn as curves."""
+        return [(d["title"], d["curve"]) for d in self.data if d.get("curve")]
+
+
+def _study_parts(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
+                 tables: list[Table], data: list[dict[str, Any]]) -> StudyParts:
+    analysed = analysed_run_dirs(pipeline, state)
+    claims = judge_study_claims(pipeline.claims, runs, lambda claim, chosen: table_values(
+        claim_source(claim), pipeline, state, chosen, claim.metric, analysed))
+    routing, routing_data = routing_tables(
+        [(r.label, d) for r, d in _current_dirs(pipeline, state, runs)], analysed)
+    return StudyParts(tables, data, claims, routing, routing_data)
+
+
+def study_markdown(pipeline: Pipeline, parts: StudyParts, ending: str) -> str:
+    """``study.md``: the tables (a curve's PNG linked under its table), the claims with
+    their quotes, the routing tables."""
+    text = f"# {pipeline.name}\n\n{pipeline.description.strip()}\n\n"
+    curves = dict(parts.curves())
+    for table in parts.tables:
+        text += render("md", [table]) + "\n"
+        if table.title in curves:
+            text += f"![{table.title}: ours beside the paper's]({curves[table.title]})\n\n"
+    if parts.claims:
+        text += render("md", [claims_table(parts.claims)]) + "\n" \
+            + claims_markdown(parts.claims) + "\n"
+    if parts.routing:
+        text += render("md", parts.routing) + "\n"
+    return text + f"{ending.strip()}\n"
+
+
+def study_page(pipeline: Pipeline, parts: StudyParts, done: Sequence[EvaluatedRun],
                out_dir: Path, ending: str) -> str:
     """``study.html``: self-contained like report.html, with what made it (pipeline file,
-    capsmed version), every table with its verdicts and notes, capsmed report's fraction
-    plots, and a link to each evaluated run's report.html."""
+    capsmed version), every table with its verdicts and notes and its curves, the
+    claims, the routing of the capsule runs, capsmed report's fraction plots, and a link
+    to each evaluated run's report.html."""
     from capsmed import __version__
-    from capsmed.evaluate.html import about_table, esc, figure_sections, page
+    from capsmed.evaluate.html import about_table, esc, figure_html, figure_sections, page
     from capsmed.tables.html import html_table
 
     facts = {"pipeline file": pipeline.path, "capsmed version": __version__,
              "written (UTC)": datetime.now(UTC).isoformat(timespec="seconds"),
              "evaluated runs": len(done)}
+    curves = dict(parts.curves())
+    body = []
+    for table in parts.tables:
+        body.append(html_table(table))
+        if table.title in curves and (out_dir / curves[table.title]).is_file():
+            body.append(figure_html("ours (lines, ± 1 std) beside the paper's points "
+                                    "(hollow markers)", out_dir / curves[table.title]))
+    if parts.claims:
+        body += [html_table(claims_table(parts.claims)), claims_html(parts.claims)]
+    body += [html_table(t) for t in parts.routing]
     plots = [("capsmed report: the metric against the training fraction", p.name, p)
              for p in sorted((out_dir / "aggregate").glob("fraction_*.png"))]
     links = [f'<li><a href="{esc(os.path.relpath(e.path / "report" / "report.html", out_dir))}'
              f'">{esc(e.path.name)}</a></li>' for e in sorted(done, key=lambda e: e.path)]
     return page(pipeline.name, [
         f'<p class="lead">{esc(pipeline.description.strip())}</p>', about_table(facts),
-        *(html_table(t) for t in tables), *figure_sections(plots),
+        *body, *figure_sections(plots),
         f"<p>{esc(ending.strip())}</p>", "<h2>Runs (their report.html)</h2>",
         f'<ul class="runs">{"".join(links)}</ul>'], "capsmed run")
 
