@@ -40,7 +40,7 @@ class StageTask:
     def __call__(self, placement: Placement) -> str | None:
         try:
             state = PipelineState(self.out).keep_digests()
-            return execute_stage(state, self.stage, placement.env)
+            return execute_stage(state, self.stage, placement.env, placement.persistent)
         except CapsmedError as exc:  # a full disk while writing its record
             return str(exc)
 
@@ -138,7 +138,8 @@ class AnalysisTask:
         try:
             argv = self.argv(state)
             return execute_analysis(state, self.analysis, argv,
-                                    inputs_of(self.stages, argv), placement.env)
+                                    inputs_of(self.stages, argv), placement.env,
+                                    placement.persistent)
         except CapsmedError as exc:
             return str(exc)
 
