@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,7 @@ class RunTask:
         log = str(state.log_path(self.run, run_id))
         state.write_record(run_id, label=self.run.label, fields=self.run.fields,
                            attempts=attempts, outcome="running", reason=None, log=log,
-                           job=os.environ.get("SLURM_JOB_ID"))
+                           job=os.environ.get("SLURM_JOB_ID"), started=time.time())
         try:
             reason = execute_run(state, self.run, run_id, placement)
         except CapsmedError as exc:  # e.g. a full disk while writing its config
