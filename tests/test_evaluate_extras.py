@@ -382,3 +382,22 @@ def test_report_html_lays_several_figures_of_a_section_side_by_side(tmp_path):
     assert page.count('<div class="figures">') == 1
     assert page.index('<div class="figures">') > page.index("Capsule dimension")
     assert "<h2>Per-class metrics</h2>" in page and '<tr class="total">' in page
+
+
+def test_the_terminal_headline_says_which_auc_it_gives():
+    """Binary: the positive class's AUC, named; several classes: the macro AUC."""
+    from rich.console import Console
+
+    from capsmed.evaluate.metrics import classification_report
+    from capsmed.evaluate.run_report import rich_table
+
+    rng = np.random.default_rng(0)
+    for names, want in ((["non-mitosis", "mitosis"], "AUC (mitosis) "),
+                        (["a", "b", "c"], "macro AUC ")):
+        y = np.arange(30) % len(names)
+        scores = rng.random((30, len(names)))
+        report = classification_report(y, scores.argmax(1), names, scores=scores)
+        console = Console(width=80, record=True)
+        console.print(rich_table(report, "t", width=80))
+        text = console.export_text()
+        assert want in text and f"{want}{report.auc:.3f}" in text

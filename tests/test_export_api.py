@@ -6,6 +6,8 @@ capsmed itself reports, with the classes and preprocessing as metadata."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -82,6 +84,14 @@ def test_onnx_runs_in_onnx_runtime_with_the_runs_scores(api_run, tmp_path):
         props = {p.key: p.value for p in onnx.load(str(tmp_path / f"{arch}.onnx")
                                                    ).metadata_props}
         assert json.loads(props["capsmed"])["class_names"] == meta["class_names"]
+    # as a user runs it: torch's exporter's warnings (torchvision operators capsmed does
+    # not use, each a 130-column line) are not shown
+    done = subprocess.run([sys.executable, "-m", "capsmed", "export", str(runs["lenet"]),
+                           "-o", str(tmp_path / "cli.onnx")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "torchvision" not in done.stderr
+    assert all(len(line) <= 80 or str(tmp_path) in line  # a long path is kept whole
+               for line in (done.stdout + done.stderr).splitlines())
 
 
 def test_export_refuses_bad_requests(api_run, tmp_path):

@@ -193,7 +193,7 @@ def test_a_new_executor_is_one_module_and_one_registry_line(tmp_path, monkeypatc
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
-    def make(state, stage, env):
+    def make(state, stage, env, persistent=False):
         stage.output.parent.mkdir(parents=True, exist_ok=True)
         stage.output.write_bytes(b"data")
 

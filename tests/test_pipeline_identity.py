@@ -106,3 +106,28 @@ def test_an_added_evaluation_or_remade_data_trains_nothing_again(tmp_path):
     commands = [line.split(" -m capsmed ")[1].split()[0] for line in log.splitlines()
                 if line.startswith("$ ")]
     assert commands == ["train", "evaluate", "evaluate"]  # report-val added, once
+
+
+def test_reporting_and_state_options_keep_a_run_s_identity(tmp_path):
+    """Tracking (MLflow, W&B), how often the resume state is saved and the speed modes
+    change nothing a run computes; its precision and its seed do."""
+    from dataclasses import replace
+
+    from capsmed.pipeline.identity import run_identity
+    from capsmed.pipeline.spec import load_pipeline
+
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["variables"]["out"] = str(tmp_path / "out")
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    run = load_pipeline(path).runs[0]
+    data = _h5(tmp_path / "d.h5", "x")
+    run = replace(run, train={**run.train, "data": str(data)})
+    same = {"mlflow": "file:/tmp/m", "mlflow_experiment": "x", "wandb": "offline",
+            "state_every_minutes": 0.5, "cuda_graph": True, "tensorboard": True}
+    for key, value in same.items():
+        assert run_identity(replace(run, train={**run.train, key: value})) == \
+            run_identity(run), key
+    for key, value in {"precision": "bf16", "seed": 7}.items():
+        assert run_identity(replace(run, train={**run.train, key: value})) != \
+            run_identity(run), key

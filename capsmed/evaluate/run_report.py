@@ -98,8 +98,10 @@ def rich_table(report: ClassificationReport, title: str,
     first = [f"accuracy {fmt(report.accuracy)}",
              f"balanced accuracy {fmt(report.balanced_accuracy)}"]
     second = [f"macro F1 {fmt(report.macro_f1)}", f"weighted F1 {fmt(report.weighted_f1)}"]
-    if report.auc_method is not None:
-        first.append(f"AUC {fmt(report.auc)}")
+    if report.auc_method is not None:  # which AUC: the positive class's, or the macro
+        binary = len(report.class_names) == 2
+        which = f"AUC ({report.class_names[1]})" if binary else "macro AUC"
+        first.append(f"{which} {fmt(report.auc)}")
     if agreement is not None:
         second.append(f"Agr {fmt(agreement.agreement)}")
     width = width or Console().width

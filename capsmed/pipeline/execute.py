@@ -29,6 +29,7 @@ from capsmed.pipeline.processes import capsmed_argv, run_logged
 from capsmed.pipeline.spec import Analysis, Pipeline, RunSpec, Stage
 from capsmed.pipeline.state import PipelineState, evaluation_current
 from capsmed.pipeline.work import Placement
+from capsmed.pipeline.workers import run_in_worker
 
 INTERRUPTED = 130  # capsmed's exit code for a stop on request (the state is saved)
 INTERRUPTED_REASON = "interrupted (its state is saved; the next run resumes it)"
@@ -105,8 +106,10 @@ def current_identity(run: RunSpec, remade: set[str]) -> str | None:
     return None if str(run.train.get("data")) in remade else run_identity(run)
 
 
-def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) -> str | None:
-    """Make a stage's output; returns None, or the reason it failed."""
+def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str],
+                  persistent: bool = False) -> str | None:
+    """Make a stage's output; returns None, or the reason it failed. ``persistent``:
+    see :func:`run_command`."""
     log = state.out / "logs" / f"data-{stage.name}.log"
     for path in stage.scratch:  # a half-made raw folder from an interrupted attempt
         shutil.rmtree(path, ignore_errors=True)
@@ -117,7 +120,7 @@ def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str]) ->
     if stage.output.is_file():
         os.replace(stage.output, previous)
     for argv in stage.commands:
-        if run_logged(capsmed_argv(*argv), log, env) != 0:
+        if run_command(capsmed_argv(*argv), log, env, persistent) != 0:
             _restore(previous, stage.output)
             return f"'capsmed {' '.join(argv[:2])}' failed; see {log}"
     if not stage.output.is_file():
@@ -186,7 +189,7 @@ def execute_run(state: PipelineState, run: RunSpec, run_id: str,
         return (f"training failed (rank {placement.rank}); see {log}"
                 if argv and run_logged(argv, log, placement.env) != 0 else None)
     argv = training_argv(state, run, run_id, placement)
-    code = run_logged(argv, log, placement.env) if argv else 0
+    code = run_command(argv, log, placement.env, placement.persistent) if argv else 0
     if code == INTERRUPTED:
         return f"{INTERRUPTED_REASON}; see {log}"
     if code != 0:
@@ -199,9 +202,21 @@ def execute_run(state: PipelineState, run: RunSpec, run_id: str,
         args += ["--data", e.data] if e.data else []
         args += ["--agreement"] if e.agreement else []
         args += ["--batch-size", str(e.batch_size)] if e.batch_size else []
-        if run_logged(capsmed_argv(*args), log, placement.env) != 0:
+        code = run_command(capsmed_argv(*args), log, placement.env, placement.persistent)
+        if code != 0:
             return f"evaluation '{e.name}' failed; see {log}"
     return state.damaged(run_dir)  # weights read once here: later checks only stat them
+
+
+def run_command(argv: Sequence[str], log: Path, env: Mapping[str, str],
+                persistent: bool = False) -> int:
+    """A ``capsmed`` command (``argv`` from :func:`capsmed_argv`) with its output in
+    ``log``: in the executor's long-lived worker when it keeps them (``persistent``)
+    and the command is one process, else in a fresh child process."""
+    plain = capsmed_argv()
+    if persistent and list(argv[:len(plain)]) == plain:
+        return run_in_worker(argv[len(plain):], log, env)
+    return run_logged(argv, log, env)
 
 
 def analysis_runs(analysis: Analysis, runs: Sequence[RunSpec]) -> list[RunSpec]:
@@ -268,10 +283,11 @@ def analysed_run_dirs(pipeline: Pipeline, state: PipelineState) -> set[str]:
 
 
 def execute_analysis(state: PipelineState, analysis: Analysis, argv: Sequence[str],
-                     inputs: Mapping[str, str], env: Mapping[str, str]) -> str | None:
+                     inputs: Mapping[str, str], env: Mapping[str, str],
+                     persistent: bool = False) -> str | None:
     log = state.out / "logs" / f"analysis-{analysis.name}.log"
     started = time.monotonic()
-    if run_logged(capsmed_argv(*argv), log, env) != 0:
+    if run_command(capsmed_argv(*argv), log, env, persistent) != 0:
         return f"analysis '{analysis.name}' failed; see {log}"
     write_text_atomic(state.records / "analyses" / f"{analysis.name}.json", json.dumps(
         {"command": command_hash([argv]), "inputs": dict(inputs),

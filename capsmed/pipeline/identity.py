@@ -26,9 +26,11 @@ from typing import Any, Protocol
 from capsmed.data.digest import dataset_digest
 from capsmed.train.protocol import PROTOCOL_REVISION
 
-# Options that change how fast a run goes or where it writes, not what it computes.
+# Options that change how fast a run goes, where it writes or what it reports to, not
+# what it computes (how often the resume state is saved: a resume is exact).
 NOT_IDENTITY = frozenset({"out", "device", "data_loading", "loader_workers", "tensorboard",
-                          "compile", "channels_last", "eval_batch_size"})
+                          "compile", "cuda_graph", "channels_last", "eval_batch_size",
+                          "state_every_minutes", "mlflow", "mlflow_experiment", "wandb"})
 
 
 class RunLike(Protocol):

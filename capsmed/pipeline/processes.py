@@ -37,7 +37,7 @@ def capsmed_argv(*args: str, processes: int = 1) -> list[str]:
     return [sys.executable, "-m", "capsmed", *args]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     # not Linux (no libc.so.6): children outlive a killed runner, as with any other tool
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -56,9 +56,8 @@ def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = N
         fh.flush()
         proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                                preexec_fn=_die_with_parent if os.name == "posix" else None)
-        with _lock:
-            _children[proc.pid] = proc
+                                preexec_fn=die_with_parent if os.name == "posix" else None)
+        track(proc)
         try:
             # short waits, never one blocking wait: a signal handler of this process
             # (a Slurm job's) may then reap the child itself (wait_for_children)
@@ -66,9 +65,19 @@ def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = N
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=0.5)
         finally:
-            with _lock:
-                _children.pop(proc.pid, None)
+            untrack(proc)
     return proc.returncode
+
+
+def track(proc: subprocess.Popen) -> None:
+    """Count ``proc`` among the children that signals are passed on to."""
+    with _lock:
+        _children[proc.pid] = proc
+
+
+def untrack(proc: subprocess.Popen) -> None:
+    with _lock:
+        _children.pop(proc.pid, None)
 
 
 def signal_children(signum: int) -> None:

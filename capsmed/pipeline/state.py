@@ -31,6 +31,7 @@ from capsmed.data.digest import file_digest, keep_digests_in
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.spec import RunSpec
+from capsmed.processes import pid_alive
 
 STATES = ("pending", "outdated", "started", "interrupted", "trained", "damaged", "failed",
           "done")
@@ -188,7 +189,7 @@ class PipelineState:
         if info is None:
             return None  # removed meanwhile: try again
         host, pid = str(info.get("host")), int(info.get("pid", 0) or 0)
-        if host == socket.gethostname() and (pid == os.getpid() or not _alive(pid)):
+        if host == socket.gethostname() and (pid == os.getpid() or not pid_alive(pid)):
             _remove_stale(lock, info)  # its runner is gone (or was this process)
             return None
         if host == socket.gethostname() and waiting:
@@ -260,14 +261,3 @@ def _remove_stale(lock: Path, info: dict) -> None:
             os.link(aside, lock)
     aside.unlink(missing_ok=True)
 
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

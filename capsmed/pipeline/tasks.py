@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ class StageTask:
     def __call__(self, placement: Placement) -> str | None:
         try:
             state = PipelineState(self.out).keep_digests()
-            return execute_stage(state, self.stage, placement.env)
+            return execute_stage(state, self.stage, placement.env, placement.persistent)
         except CapsmedError as exc:  # a full disk while writing its record
             return str(exc)
 
@@ -76,7 +77,7 @@ class RunTask:
         log = str(state.log_path(self.run, run_id))
         state.write_record(run_id, label=self.run.label, fields=self.run.fields,
                            attempts=attempts, outcome="running", reason=None, log=log,
-                           job=os.environ.get("SLURM_JOB_ID"))
+                           job=os.environ.get("SLURM_JOB_ID"), started=time.time())
         try:
             reason = execute_run(state, self.run, run_id, placement)
         except CapsmedError as exc:  # e.g. a full disk while writing its config
@@ -138,7 +139,8 @@ class AnalysisTask:
         try:
             argv = self.argv(state)
             return execute_analysis(state, self.analysis, argv,
-                                    inputs_of(self.stages, argv), placement.env)
+                                    inputs_of(self.stages, argv), placement.env,
+                                    placement.persistent)
         except CapsmedError as exc:
             return str(exc)
 

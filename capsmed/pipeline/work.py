@@ -29,13 +29,16 @@ class Placement:
     ``processes``: how many training processes the task starts itself on this machine
     (the local executor gives a multi-GPU run its GPUs and lets it launch one process
     per GPU); 1 where the scheduler started one task per process and ``rank`` says
-    which of the ``world`` this is.
+    which of the ``world`` this is. ``persistent``: a run's train and evaluate
+    commands may run in a long-lived worker process of this executor
+    (:mod:`capsmed.pipeline.workers`) instead of a fresh process each.
     """
 
     env: Mapping[str, str] = field(default_factory=dict)
     processes: int = 1
     rank: int = 0
     world: int = 1
+    persistent: bool = False
 
 
 class Task(Protocol):

@@ -126,13 +126,22 @@ def _onnx(module: nn.Module, example: torch.Tensor, path: Path, metadata: str) -
     except ImportError:
         raise CapsmedError("--format onnx needs onnx and onnxscript: pip install "
                            "'capsmed[export]'") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # optimize=False: onnxscript's graph rewrites moved capsule lengths by 1e-5;
-        # unoptimised, ONNX Runtime matches PyTorch to 1e-9 (tests/test_export_api.py)
-        program = torch.onnx.export(module, (example,), dynamo=True, input_names=["images"],
-                                    output_names=["scores"], verbose=False, optimize=False,
-                                    dynamic_shapes=({0: torch.export.Dim("batch")},))
+    # torch's exporter logs one 130-column warning per torchvision operator it cannot
+    # register (capsmed does not use torchvision): not the user's concern
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # optimize=False: onnxscript's graph rewrites moved capsule lengths by 1e-5;
+            # unoptimised, ONNX Runtime matches PyTorch to 1e-9 (tests/test_export_api.py)
+            program = torch.onnx.export(
+                module, (example,), dynamo=True, input_names=["images"],
+                output_names=["scores"], verbose=False, optimize=False,
+                dynamic_shapes=({0: torch.export.Dim("batch")},))
+    finally:
+        registration.setLevel(level)
     proto = program.model_proto
     entry = proto.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, metadata

@@ -125,14 +125,16 @@ def _wait_for(predicate, seconds: float) -> bool:
 
 
 def _training_child(runner: int) -> int | None:
-    """The pid of the runner's ``capsmed train`` child, if it runs."""
+    """The pid of the runner's child that trains: its worker (capsmed.cli.worker) or
+    a ``capsmed train`` process, if it runs."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
             cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == runner and b"\0train\0" in cmdline:
+        if int(fields[1]) == runner and (b"\0train\0" in cmdline
+                                         or b"capsmed.cli.worker" in cmdline):
             return int(stat.parent.name)
     return None
 

@@ -7,6 +7,9 @@ concurrent jobs (``OMP_NUM_THREADS``). A job starts once the jobs it waits for h
 finished, in the order it was submitted. Jobs are threads of the runner, each running
 its task's capsmed commands as child processes, so they end with the runner: the
 ledger then shows them as ended with it, and the next ``capsmed run`` resumes them.
+A run's train and evaluate commands go to a long-lived worker process per slot
+(:mod:`capsmed.pipeline.workers`), which saves a fresh Python's start-up per command;
+``executor: {local: {worker: false}}`` gives every command a fresh process.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from capsmed.pipeline.work import (
     Placement,
     WorkItem,
 )
+from capsmed.pipeline.workers import close_workers
+from capsmed.processes import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,7 @@ class LocalExecutor:
     """Runs jobs in threads of this process (see the module's docstring)."""
 
     name: ClassVar[str] = "local"
-    OPTIONS: ClassVar[frozenset[str]] = frozenset()
+    OPTIONS: ClassVar[frozenset[str]] = frozenset({"worker"})
     detached: ClassVar[bool] = False
     refresh_seconds: ClassVar[float] = 0.5
 
@@ -80,6 +85,11 @@ class LocalExecutor:
         self._host = socket.gethostname()
         self._dispatcher: threading.Thread | None = None
         self._markers = settings.records / "local"
+        worker = settings.options.get("worker", True)
+        if not isinstance(worker, bool):
+            raise CapsmedError(f"executor.local.worker: expected true or false, got "
+                               f"{worker!r}")
+        self._persistent = worker
 
     @property
     def devices(self) -> list[str]:
@@ -152,6 +162,7 @@ class LocalExecutor:
             signal_children(signal.SIGTERM)
         for thread in list(self._threads):
             thread.join()
+        close_workers()
 
     # -- inside ----------------------------------------------------------------------------
     def _device_note(self) -> str:
@@ -165,7 +176,7 @@ class LocalExecutor:
         pid = int(rest.partition(":")[0] or 0)
         if host != self._host:
             return JobState(RUNNING)  # cannot be checked from here
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and pid_alive(pid):
             marker = self._markers / job.job_id.replace(":", "_")
             return JobState(RUNNING if marker.exists() else QUEUED)
         return JobState(FAILED, f"ended with its runner (pid {pid})")
@@ -218,7 +229,7 @@ class LocalExecutor:
             share = (os.cpu_count() or 1) // max(1, self.jobs) // res.processes
             threads = str(max(1, share))
             env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
-        return Placement(env=env, processes=res.processes)
+        return Placement(env=env, processes=res.processes, persistent=self._persistent)
 
     def _work(self, entry: _Entry) -> None:
         marker = self._markers / entry.job_id.replace(":", "_")
@@ -241,15 +252,3 @@ class LocalExecutor:
             self._states[entry.job_id] = (JobState(FINISHED) if reason is None
                                           else JobState(FAILED, reason))
             self._cond.notify_all()
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,12 +66,24 @@ class _Result:
     dropped: int  # inside the fundus, but too few lesion pixels to be lesion, marked anyway
 
 
-@functools.lru_cache(maxsize=2)
 def _fundus(path: Path) -> tuple[np.ndarray, tuple[slice, slice], np.ndarray]:
     """The fundus mask as 0/1 uint8, its bounding box and its integral image.
 
-    Read once per worker process: DIARETDB1 has one mask for every image.
+    Read once per worker process: DIARETDB1 has one mask for every image. Cached by
+    the file's size and modification time as well, so that a long-lived process
+    (capsmed run's worker) never keeps the mask of a file rewritten since.
     """
+    try:
+        stat = os.stat(path)
+        stamp = stat.st_size, stat.st_mtime_ns
+    except OSError:  # read_fundus_mask names the problem
+        stamp = -1, -1
+    return _read_fundus(Path(path), *stamp)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_fundus(path: Path, size: int, mtime_ns: int
+                 ) -> tuple[np.ndarray, tuple[slice, slice], np.ndarray]:
     mask = read_fundus_mask(path).view(np.uint8)
     rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
     box = (slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1))

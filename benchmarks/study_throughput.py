@@ -1,0 +1,235 @@
+"""A whole study's throughput, not a benchmark step: K runs of each of paper 000's
+three architectures (capsnet, lenet, baseline) through ``capsmed run``, on synthetic
+data of MNIST's size, at the paper's batch (128), with validation and evaluation.
+
+Reports, per architecture: the training rate inside epochs (training and validation
+images per second), the device-busy fraction (the runs' epoch seconds over the study's
+wall time), the seconds per run outside its epochs (start-up, data loading,
+evaluation, saving) and the checkpoint writes' share of them; then the GPU-hours of
+paper 000's whole 432-run study (``pipelines/jimenez2018.yaml``: 50 epochs, its
+declared split sizes) extrapolated from those figures.
+
+    PYTHONPATH=. python benchmarks/study_throughput.py --workdir /tmp/st --device cuda
+    PYTHONPATH=. python benchmarks/study_throughput.py --workdir /tmp/st --toy
+
+``--toy`` (the test suite's size: 256 images, reduced widths, CPU) checks the script,
+not the speed. ``--fresh-processes`` runs every command in its own process (the
+behaviour before capsmed run's worker), for a side-by-side figure. Writes
+``WORKDIR/study_throughput.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHS = ("capsnet", "lenet", "baseline")
+TOY_WIDTHS = {  # reduced widths (--toy): seconds on a CPU
+    "capsnet": {"conv_channels": 16, "primary_types": 4, "primary_dim": 4, "class_dim": 8},
+    "baseline": {"channels": [8, 8, 8], "hidden": [32, 16]},
+}
+PAPER_STUDY = ROOT / "pipelines" / "jimenez2018.yaml"
+
+
+def capsmed(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "capsmed", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})})
+    if proc.returncode:
+        raise SystemExit(f"capsmed {' '.join(args)}: exit {proc.returncode}\n"
+                         f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def make_data(work: Path, train: int, val: int, test: int) -> Path:
+    data = work / "data" / f"mnist-{train}.h5"
+    if not data.is_file():
+        raw = work / f"raw-{train}"
+        shutil.rmtree(raw, ignore_errors=True)
+        capsmed("synth", "mnist", str(raw), "--train", str(train + val), "--test",
+                str(test), "--seed", "0")
+        capsmed("preprocess", "mnist", str(raw), "-o", str(data), "--val", str(val),
+                "--seed", "0")
+    return data
+
+
+def pipeline_file(work: Path, data: Path, args: argparse.Namespace) -> Path:
+    train = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": 1.0e-3,
+             "device": args.device, "precision": args.precision, "patience": None}
+    train |= {"compile": True} if args.compile else {}
+    train |= {"cuda_graph": True} if args.cuda_graph else {}
+    raw = {"name": "throughput", "variables": {"out": str(work / "out")},
+           "datasets": {"mnist": {"output": str(data), "commands": []}},
+           "grid": [{"dataset": ["mnist"], "arch": list(args.archs),
+                     "seed": list(range(args.runs))}],
+           "train": train,
+           "rules": [{"when": {"arch": arch}, "set": {"model_kwargs": widths}}
+                     for arch, widths in TOY_WIDTHS.items()
+                     if args.toy and arch in args.archs],
+           "evaluate": [{"name": "report", "split": "test"}],
+           "report": {"metric": "accuracy", "tables": [
+               {"title": "Accuracy", "rows": "seed", "columns": "arch"}]}}
+    if args.fresh_processes:
+        raw["executor"] = {"local": {"worker": False}}
+    path = work / "throughput.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def write_seconds(path: Path, repeats: int = 3) -> float:
+    """Seconds to write this checkpoint again (read, then written as training does)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    copy = path.with_name("rewrite.safetensors")
+    started = time.perf_counter()
+    for _ in range(repeats):
+        save_file(tensors, str(copy))
+        os.sync()
+    copy.unlink()
+    return (time.perf_counter() - started) / repeats
+
+
+def run_figures(out: Path) -> list[dict]:
+    """Per run: its wall time (from the runner's record), epoch seconds, images."""
+    rows = []
+    for record_path in sorted((out / ".capsmed-run" / "runs").glob("*.json")):
+        record = json.loads(record_path.read_text())
+        run_dir = next((out / "runs").glob(f"{record['label']}-*"))
+        epochs = [json.loads(line) for line in
+                  (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]
+        checkpoint = run_dir / "checkpoint.safetensors"
+        rows.append({
+            "arch": record["fields"]["arch"],
+            "wall_s": record["updated"] - record["started"],
+            "epoch_s": sum(e["seconds"] for e in epochs),
+            "epochs": len(epochs),
+            "train_images": summary["train_samples"] * len(epochs),
+            "checkpoint_writes": sum(bool(e.get("best")) for e in epochs),
+            "checkpoint_write_s": write_seconds(checkpoint),
+            "batch_size": config["batch_size"],
+        })
+    return rows
+
+
+def per_arch(rows: list[dict], wall: float) -> dict[str, dict]:
+    out = {}
+    for arch in sorted({r["arch"] for r in rows}):
+        mine = [r for r in rows if r["arch"] == arch]
+        epoch_s = sum(r["epoch_s"] for r in mine)
+        out[arch] = {
+            "runs": len(mine),
+            "images_per_s": sum(r["train_images"] for r in mine) / epoch_s,
+            "epoch_s_per_run": epoch_s / len(mine),
+            "outside_epochs_s_per_run": sum(r["wall_s"] - r["epoch_s"] for r in mine)
+            / len(mine),
+            "checkpoint_s_per_run": sum(r["checkpoint_writes"] * r["checkpoint_write_s"]
+                                        for r in mine) / len(mine),
+            "busy_share_of_study": epoch_s / wall,
+        }
+    return out
+
+
+def paper_study_hours(figures: dict[str, dict]) -> tuple[float, int, int]:
+    """GPU-hours of jimenez2018's runs at these rates (each run: its epochs x its
+    training images per epoch / the rate, plus the seconds outside epochs), and how
+    many of its runs that covers (architectures measured here)."""
+    from capsmed.pipeline.estimate import data_shape, training_images
+    from capsmed.pipeline.spec import load_pipeline
+
+    pipeline = load_pipeline(PAPER_STUDY)
+    seconds, covered = 0.0, 0
+    for run in pipeline.runs:
+        arch = run.train.get("arch")
+        shape = data_shape(pipeline, run)
+        images = training_images(run, (shape or {}).get("splits") or {})
+        if arch not in figures or images is None:
+            continue
+        fig = figures[arch]
+        seconds += (int(run.train.get("epochs", 50)) * images / fig["images_per_s"]
+                    + fig["outside_epochs_s_per_run"])
+        covered += 1
+    return seconds / 3600, covered, len(pipeline.runs)
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS))
+    parser.add_argument("--runs", type=int, default=2, help="runs (seeds) per arch")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--cuda-graph", action="store_true")
+    parser.add_argument("--fresh-processes", action="store_true")
+    parser.add_argument("--toy", action="store_true", help="256 images, reduced widths, "
+                        "CPU: checks the script, not the speed")
+    args = parser.parse_args(argv)
+    if args.toy:
+        args.device, args.batch_size = "cpu", 32
+    sizes = (256, 64, 64) if args.toy else (55_000, 5_000, 10_000)
+    work = args.workdir.absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    data = make_data(work, *sizes)
+    path = pipeline_file(work, data, args)
+    shutil.rmtree(work / "out", ignore_errors=True)
+    started = time.perf_counter()
+    capsmed("run", str(path), "--no-report")
+    wall = time.perf_counter() - started
+    figures = per_arch(run_figures(work / "out"), wall)
+    hours, covered, total = paper_study_hours(figures)
+    result = {
+        "command": " ".join(["PYTHONPATH=. python benchmarks/study_throughput.py",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "device": device_name(args.device), "toy": args.toy,
+        "train_images": sizes[0], "val_images": sizes[1], "test_images": sizes[2],
+        "epochs": args.epochs, "batch_size": args.batch_size,
+        "precision": args.precision, "compile": args.compile,
+        "cuda_graph": args.cuda_graph, "fresh_processes": args.fresh_processes,
+        "study_wall_s": wall,
+        "busy_fraction": sum(f["busy_share_of_study"] for f in figures.values()),
+        "archs": figures,
+        "paper000_gpu_hours": hours, "paper000_runs_covered": f"{covered} of {total}",
+    }
+    (work / "study_throughput.json").write_text(json.dumps(result, indent=1))
+    print(table(result))
+    return result
+
+
+def table(result: dict) -> str:
+    lines = [f"{result['device']}: {result['study_wall_s']:.1f} s wall, device busy "
+             f"{100 * result['busy_fraction']:.0f} %",
+             f"{'arch':<10}{'img/s':>10}{'epochs s/run':>14}{'outside s/run':>15}"
+             f"{'ckpt s/run':>12}"]
+    for arch, f in result["archs"].items():
+        lines.append(f"{arch:<10}{f['images_per_s']:>10.0f}{f['epoch_s_per_run']:>14.1f}"
+                     f"{f['outside_epochs_s_per_run']:>15.1f}"
+                     f"{f['checkpoint_s_per_run']:>12.2f}")
+    lines.append(f"paper 000's study at these rates: {result['paper000_gpu_hours']:.1f} "
+                 f"h ({result['paper000_runs_covered']} runs)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

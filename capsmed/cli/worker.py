@@ -1,0 +1,96 @@
+"""A long-lived capsmed process that runs commands one after another.
+
+``capsmed run`` trains and evaluates many runs; started afresh, each ``capsmed
+train`` and ``capsmed evaluate`` pays the import of torch and capsmed again (about
+3.5 CPU-seconds, longer than a toy run's whole training). The local executor starts
+one of these per slot instead (:mod:`capsmed.pipeline.workers`) and sends it the
+commands, each exactly as ``python -m capsmed ARGS`` would run it: the same click
+entry point, exit code and output, with stdout and stderr sent to the run's log.
+
+Nothing of one command is left for the next: the CLI sets logging and progress
+anew for every command, training seeds every generator and scopes its signal
+handlers and precision flags to the run, so a run trained here is bit-identical
+to one trained by ``capsmed train`` (tests/test_study_worker.py).
+
+Protocol (one JSON object per line): on file descriptor ``--requests`` the runner
+writes ``{"args": [...], "log": PATH}``; this process answers ``{"code": N}`` on
+``--replies`` when the command has ended, and exits at the end of its requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import IO
+
+
+def run_command(args: Sequence[str], log: str) -> int:
+    """Run ``capsmed ARGS`` here with its output appended to ``log``; its exit code."""
+    import typer
+
+    from capsmed.cli import app, whole_summaries
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        try:
+            command = whole_summaries(typer.main.get_command(app))
+            command.main(args=list(args), prog_name="capsmed", standalone_mode=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except KeyboardInterrupt:
+            sys.stderr.write("error: interrupted\n")
+            code = 130
+        except Exception:  # as an uncaught error ends `python -m capsmed`
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+    _release_memory()
+    return code
+
+
+def _release_memory() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def serve(requests: IO[str], replies: IO[str]) -> None:
+    for line in requests:
+        request = json.loads(line)
+        code = run_command(request["args"], request["log"])
+        replies.write(json.dumps({"code": code}) + "\n")
+        replies.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fds = dict(zip(argv[0::2], map(int, argv[1::2]), strict=True))
+    import capsmed.cli  # noqa: F401  (the imports every command needs, once)
+
+    with open(fds["--requests"], encoding="utf-8") as requests, \
+            open(fds["--replies"], "w", encoding="utf-8") as replies, \
+            contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        serve(requests, replies)
+
+
+if __name__ == "__main__":
+    main()

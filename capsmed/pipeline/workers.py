@@ -1,0 +1,191 @@
+"""Long-lived worker processes that train and evaluate run after run.
+
+A run's ``capsmed train`` and ``capsmed evaluate`` would each start a fresh Python
+that imports torch and capsmed again: about 3.5 CPU-seconds per process, most of a
+toy study's wall time and hours of an idle GPU over a paper's 432 runs. The local
+executor hands them instead to a worker (:mod:`capsmed.cli.worker`) kept for the
+slot's environment (its GPUs and thread counts), which runs one command at a time,
+exactly as a fresh process would.
+
+A worker is still a child process: a crash or an out-of-memory kill ends only it (the
+command fails with its exit code, the next one gets a fresh worker), Ctrl-C and the
+runner's SIGTERM reach it as they reach any child (:func:`signal_children`), and it
+dies with the runner (``PR_SET_PDEATHSIG``; started from one long-lived thread,
+since the signal follows the thread that started the child). A worker is retired
+after :data:`MAX_COMMANDS` commands, and after a command it could not finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import select
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from capsmed.pipeline import processes
+
+MAX_COMMANDS = 64  # then a fresh process: whatever a long run of commands leaks ends
+
+
+class Worker:
+    """One worker process; runs one command at a time."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.key = env_key(env)
+        self.commands = 0
+        req_r, self._requests = os.pipe()
+        self._replies, rep_w = os.pipe()
+        argv = [sys.executable, "-m", "capsmed.cli.worker",
+                "--requests", str(req_r), "--replies", str(rep_w)]
+        try:
+            self.proc = _spawn(lambda: subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, pass_fds=(req_r, rep_w),
+                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=processes.die_with_parent if os.name == "posix" else None))
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self._pending = b""
+
+    def run(self, args: Sequence[str], log: Path) -> int:
+        """Run ``capsmed ARGS`` in the worker, its output appended to ``log``."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a", encoding="utf-8") as fh:
+            fh.write(f"\n$ {' '.join(processes.capsmed_argv(*args))}\n")
+        self.commands += 1
+        request = json.dumps({"args": list(args), "log": str(log)}) + "\n"
+        processes.track(self.proc)  # Ctrl-C, SIGTERM and Slurm's signals reach it
+        try:
+            os.write(self._requests, request.encode())
+            return self._reply()
+        except BrokenPipeError:  # it died while idle
+            return self._ended()
+        finally:
+            processes.untrack(self.proc)
+
+    def _reply(self) -> int:
+        # short waits, as processes.run_logged: a signal handler of this thread may run
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([self._replies], [], [], 0.5)
+            if ready:
+                chunk = os.read(self._replies, 4096)
+                if not chunk:
+                    return self._ended()
+                self._pending += chunk
+            elif self.proc.poll() is not None:
+                return self._ended()
+        line, _, self._pending = self._pending.partition(b"\n")
+        return int(json.loads(line)["code"])
+
+    def _ended(self) -> int:
+        """The worker died during its command: that is the command's exit code."""
+        self.proc.wait()
+        return self.proc.returncode if self.proc.returncode != 0 else 1
+
+    @property
+    def usable(self) -> bool:
+        return self.proc.poll() is None and self.commands < MAX_COMMANDS
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End of requests: the worker exits (killed if it does not in ``timeout``)."""
+        for fd in (self._requests, self._replies):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def env_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(env.items()))
+
+
+class WorkerPool:
+    """Idle workers by environment; a command takes one (or starts one) and gives it
+    back when it has ended."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[tuple[str, str], ...], list[Worker]] = {}
+        self._lock = threading.Lock()
+
+    def run(self, args: Sequence[str], log: Path, env: Mapping[str, str]) -> int:
+        worker = self._take(env)
+        code = worker.run(args, log)
+        if code in (0, 1) and worker.usable:  # ended on its own: fit for the next
+            with self._lock:
+                self._idle.setdefault(worker.key, []).append(worker)
+        else:  # killed, interrupted, crashed: a fresh process for the next command
+            worker.close(timeout=2.0)
+        return code
+
+    def _take(self, env: Mapping[str, str]) -> Worker:
+        with self._lock:
+            idle = self._idle.get(env_key(env), [])
+            while idle:
+                worker = idle.pop()
+                if worker.usable:
+                    return worker
+                worker.close(timeout=0)
+        return Worker(env)
+
+    def close(self) -> None:
+        with self._lock:
+            workers = [w for ws in self._idle.values() for w in ws]
+            self._idle.clear()
+        for worker in workers:
+            worker.close()
+
+
+_pool = WorkerPool()
+
+
+def run_in_worker(args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> int:
+    """Run ``capsmed ARGS`` in a worker of this process's pool; its exit code."""
+    return _pool.run(args, log, dict(env or {}))
+
+
+def close_workers() -> None:
+    """Let every idle worker exit (the runner is done with them)."""
+    _pool.close()
+
+
+# -- starting processes from one long-lived thread ---------------------------------------
+_requests: queue.Queue = queue.Queue()
+_spawner: threading.Thread | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn(start: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+    """``start()`` called in a thread that lives as long as this process: a child's
+    death signal fires when the thread that started it ends, and an executor's job
+    threads end after each job."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = threading.Thread(target=_spawn_loop, daemon=True,
+                                        name="capsmed-worker-spawner")
+            _spawner.start()
+    answer: queue.Queue = queue.Queue(maxsize=1)
+    _requests.put((start, answer))
+    ok, value = answer.get()
+    if not ok:
+        raise value
+    return value
+
+
+def _spawn_loop() -> None:
+    while True:
+        start, answer = _requests.get()
+        try:
+            answer.put((True, start()))
+        except BaseException as exc:  # handed to the caller's thread
+            answer.put((False, exc))

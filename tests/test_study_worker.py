@@ -1,0 +1,106 @@
+"""capsmed run's long-lived worker: runs trained one after another in one process are
+bit-identical to ``capsmed train`` in a fresh process, and a worker that fails or
+dies costs only its command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+from safetensors.numpy import load_file
+
+from capsmed.pipeline import workers
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY_CAPS = {"conv_channels": 8, "primary_types": 2, "primary_dim": 4, "class_dim": 4}
+
+
+def _config(tmp_path: Path, name: str, data: Path, **train) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"data": str(data), "epochs": 1, "batch_size": 16,
+                                    "device": "cpu", "seed": 3, **train}))
+    return path
+
+
+def _weights(run_dir: Path) -> dict:
+    return load_file(str(run_dir / "checkpoint.safetensors"))
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_runs_in_one_worker_are_bit_identical_to_fresh_processes(tmp_path, tiny_h5):
+    """A capsnet, then a lenet with augmentation, then an evaluation, all in one worker:
+    the lenet's weights and the evaluation's report equal those of fresh processes."""
+    env = {"OMP_NUM_THREADS": "1"}
+    caps = _config(tmp_path, "caps", tiny_h5, arch="capsnet", model_kwargs=TOY_CAPS)
+    lenet = _config(tmp_path, "lenet", tiny_h5, arch="lenet", augment=True, lr=3e-3)
+    log = tmp_path / "worker.log"
+    try:
+        assert workers.run_in_worker(["train", "--config", str(caps), "--out",
+                                      str(tmp_path / "w-caps")], log, env) == 0
+        assert workers.run_in_worker(["train", "--config", str(lenet), "--out",
+                                      str(tmp_path / "w-lenet")], log, env) == 0
+        assert workers.run_in_worker(["evaluate", str(tmp_path / "w-lenet"), "--no-grids"],
+                                     log, env) == 0
+        [worker] = workers._pool._idle[workers.env_key(env)]  # one process did all three
+        assert worker.commands == 3
+    finally:
+        workers.close_workers()
+    fresh = tmp_path / "f-lenet"
+    for args in (["train", "--config", str(lenet), "--out", str(fresh)],
+                 ["evaluate", str(fresh), "--no-grids"]):
+        subprocess.run([sys.executable, "-m", "capsmed", *args], cwd=ROOT, check=True,
+                       capture_output=True, env={**os.environ, **env})
+    assert _same(_weights(tmp_path / "w-lenet"), _weights(fresh))
+    text = log.read_text()
+    assert text.count("$ ") == 3 and "run saved to" in text  # every command's output
+    worker_report = (tmp_path / "w-lenet" / "report" / "report.csv").read_text()
+    assert worker_report == (fresh / "report" / "report.csv").read_text()
+
+
+def test_a_failing_command_gives_its_code_and_error_and_the_worker_goes_on(tmp_path):
+    log = tmp_path / "w.log"
+    try:
+        code = workers.run_in_worker(["train", "--data", str(tmp_path / "missing.h5"),
+                                      "--out", str(tmp_path / "r")], log)
+        assert code == 1
+        assert "error:" in log.read_text() and "missing.h5" in log.read_text()
+        assert workers.run_in_worker(["models"], log) == 0  # the same worker, still usable
+        [worker] = workers._pool._idle[workers.env_key({})]
+        assert worker.commands == 2
+    finally:
+        workers.close_workers()
+
+
+def test_a_worker_killed_mid_command_fails_that_command_only(tmp_path):
+    """SIGKILL of the worker (the OOM killer): the command's code says so, and the
+    next command gets a fresh worker."""
+    log = tmp_path / "w.log"
+    started = threading.Event()
+    spawn = workers._spawn
+
+    def spawn_and_watch(start):
+        proc = spawn(start)
+        started.proc = proc  # type: ignore[attr-defined]
+        started.set()
+        return proc
+
+    workers._spawn = spawn_and_watch
+    killer = threading.Thread(target=lambda: started.wait(60) and
+                              os.kill(started.proc.pid, signal.SIGKILL))  # type: ignore
+    killer.start()
+    try:
+        code = workers.run_in_worker(["bench", "--help"], log)
+        killer.join()
+        assert code == -signal.SIGKILL
+        assert workers.run_in_worker(["models"], log) == 0
+    finally:
+        workers._spawn = spawn
+        workers.close_workers()
