@@ -15,12 +15,15 @@ to one trained by ``capsmed train`` (tests/test_study_worker.py).
 Protocol (one JSON object per line): on file descriptor ``--requests`` the runner
 writes ``{"args": [...], "log": PATH}``; this process answers ``{"code": N}`` on
 ``--replies`` when the command has ended, and exits at the end of its requests.
+``--preload MODULE,...``: modules imported at start (torch and training for a worker
+that will train), before the first command comes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import json
 import os
 import sys
@@ -83,12 +86,15 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    fds = dict(zip(argv[0::2], map(int, argv[1::2]), strict=True))
-    import capsmed.cli  # noqa: F401  (the imports every command needs, once)
-
-    with open(fds["--requests"], encoding="utf-8") as requests, \
-            open(fds["--replies"], "w", encoding="utf-8") as replies, \
+    options = dict(zip(argv[0::2], argv[1::2], strict=True))
+    with open(int(options["--requests"]), encoding="utf-8") as requests, \
+            open(int(options["--replies"]), "w", encoding="utf-8") as replies, \
             contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        import capsmed.cli  # noqa: F401  (the imports every command needs, once)
+
+        for module in filter(None, options.get("--preload", "").split(",")):
+            with contextlib.suppress(ImportError):  # a speed-up only
+                importlib.import_module(module)  # while the runner has no command for it
         serve(requests, replies)
 
 

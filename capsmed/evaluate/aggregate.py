@@ -31,7 +31,7 @@ from capsmed.train.protocol import (
     protocol_settings,
     protocol_sort_key,
 )
-from capsmed.train.state import RESUME_FILE
+from capsmed.train.run_config import RESUME_FILE
 from capsmed.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)

@@ -38,6 +38,7 @@ from capsmed.pipeline.spec import Pipeline, RunSpec, Stage
 from capsmed.pipeline.state import PipelineState
 from capsmed.pipeline.status import run_rows
 from capsmed.pipeline.work import WorkItem
+from capsmed.pipeline.workers import close_workers
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ def run_pipeline(pipeline: Pipeline, options: RunOptions,
         interrupted = False
         if failures is None:  # detached
             return 0
+        close_workers(wait=False)  # every job has ended: they exit during the report
         if options.report:
             write_report(pipeline, state, board)
     finally:

@@ -33,16 +33,28 @@ from capsmed.pipeline import processes
 MAX_COMMANDS = 64  # then a fresh process: whatever a long run of commands leaks ends
 
 
-class Worker:
-    """One worker process; runs one command at a time."""
+# The commands that train or read a network: their worker imports torch, training and
+# evaluation while it waits for its first command (a data stage's commands do not).
+TORCH_COMMANDS = frozenset({"train", "evaluate", "analyze", "predict", "export", "bench"})
+# Measured: a first training in a worker that had imported only torch took 2.5 s, the
+# next 0.9 s; the rest was these (torch._dynamo: the optimiser's first step; typer's
+# adapters: pydantic, for option parsing).
+PRELOAD = ("torch", "torch._dynamo", "typer._adapters", "capsmed.train.run",
+           "capsmed.train.engine", "capsmed.train.loop", "capsmed.evaluate.evaluation")
 
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self.key = env_key(env)
+
+class Worker:
+    """One worker process; runs one command at a time. ``preload``: it imports
+    :data:`PRELOAD` as soon as it starts."""
+
+    def __init__(self, env: Mapping[str, str], preload: bool = False) -> None:
+        self.key = pool_key(env, preload)
         self.commands = 0
         req_r, self._requests = os.pipe()
         self._replies, rep_w = os.pipe()
         argv = [sys.executable, "-m", "capsmed.cli.worker",
                 "--requests", str(req_r), "--replies", str(rep_w)]
+        argv += ["--preload", ",".join(PRELOAD)] if preload else []
         try:
             self.proc = _spawn(lambda: subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -93,11 +105,16 @@ class Worker:
     def usable(self) -> bool:
         return self.proc.poll() is None and self.commands < MAX_COMMANDS
 
-    def close(self, timeout: float = 10.0) -> None:
-        """End of requests: the worker exits (killed if it does not in ``timeout``)."""
+    def end_requests(self) -> None:
+        """No more commands: the worker exits once it has read this."""
         for fd in (self._requests, self._replies):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End of requests, and wait until the worker has exited (killed if it does not
+        in ``timeout``)."""
+        self.end_requests()
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -105,43 +122,69 @@ class Worker:
             self.proc.wait()
 
 
-def env_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(env.items()))
+def pool_key(env: Mapping[str, str], preload: bool = False) -> tuple:
+    return (tuple(sorted(env.items())), preload)
+
+
+def env_key(env: Mapping[str, str]) -> tuple:
+    """The pool key of a command that trains (the workers that preload torch)."""
+    return pool_key(env, preload=True)
 
 
 class WorkerPool:
-    """Idle workers by environment; a command takes one (or starts one) and gives it
-    back when it has ended."""
+    """Idle workers by environment and preload; a command takes one (or starts one)
+    and gives it back when it has ended."""
 
     def __init__(self) -> None:
-        self._idle: dict[tuple[tuple[str, str], ...], list[Worker]] = {}
+        self._idle: dict[tuple, list[Worker]] = {}
+        self._ending: list[Worker] = []
         self._lock = threading.Lock()
 
     def run(self, args: Sequence[str], log: Path, env: Mapping[str, str]) -> int:
-        worker = self._take(env)
+        worker = self._take(env, preload=bool(args) and args[0] in TORCH_COMMANDS)
         code = worker.run(args, log)
         if code in (0, 1) and worker.usable:  # ended on its own: fit for the next
-            with self._lock:
-                self._idle.setdefault(worker.key, []).append(worker)
+            self._give_back(worker)
         else:  # killed, interrupted, crashed: a fresh process for the next command
             worker.close(timeout=2.0)
         return code
 
-    def _take(self, env: Mapping[str, str]) -> Worker:
+    def prewarm(self, env: Mapping[str, str], count: int = 1) -> None:
+        """Start ``count`` workers that preload torch for ``env`` now (while the
+        runner and the data stages work), unless that many are idle already."""
         with self._lock:
-            idle = self._idle.get(env_key(env), [])
+            missing = count - len(self._idle.get(pool_key(env, True), []))
+        for _ in range(missing):
+            self._give_back(Worker(env, preload=True))
+
+    def _give_back(self, worker: Worker) -> None:
+        with self._lock:
+            self._idle.setdefault(worker.key, []).append(worker)
+
+    def _take(self, env: Mapping[str, str], preload: bool) -> Worker:
+        with self._lock:
+            idle = self._idle.get(pool_key(env, preload), [])
             while idle:
-                worker = idle.pop()
+                worker = idle.pop(0)  # the oldest: prewarmed first
                 if worker.usable:
                     return worker
-                worker.close(timeout=0)
-        return Worker(env)
+                worker.end_requests()
+                self._ending.append(worker)
+        return Worker(env, preload)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Tell every idle worker to exit; ``wait``: until they (and those told
+        before) have."""
         with self._lock:
             workers = [w for ws in self._idle.values() for w in ws]
             self._idle.clear()
+            self._ending += workers
+            ending = list(self._ending) if wait else []
+            if wait:
+                self._ending.clear()
         for worker in workers:
+            worker.end_requests()
+        for worker in ending:
             worker.close()
 
 
@@ -153,9 +196,14 @@ def run_in_worker(args: Sequence[str], log: Path, env: Mapping[str, str] | None 
     return _pool.run(args, log, dict(env or {}))
 
 
-def close_workers() -> None:
-    """Let every idle worker exit (the runner is done with them)."""
-    _pool.close()
+def prewarm_workers(env: Mapping[str, str], count: int = 1) -> None:
+    """Have ``count`` workers for training commands in ``env`` start now."""
+    _pool.prewarm(dict(env), count)
+
+
+def close_workers(wait: bool = True) -> None:
+    """Let every idle worker exit (the runner is done with them); ``wait`` for it."""
+    _pool.close(wait)
 
 
 # -- starting processes from one long-lived thread ---------------------------------------

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from capsmed.train.checkpoint import META
 from capsmed.train.protocol import protocol_label, protocol_settings
-from capsmed.train.run_config import CONFIG, METRICS, metric_records
-from capsmed.train.state import RESUME_FILE
+from capsmed.train.run_config import CONFIG, META, METRICS, RESUME_FILE, metric_records
 from capsmed.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,7 @@ from torch import nn
 
 from capsmed.data.digest import file_digest
 from capsmed.io import atomic_path, write_failure, writing
-
-WEIGHTS, META = "checkpoint.safetensors", "checkpoint.json"
+from capsmed.train.run_config import META, WEIGHTS
 
 
 def save_checkpoint(run_dir: Path, model: nn.Module, meta: dict[str, Any]) -> None:

@@ -23,6 +23,8 @@ from capsmed.yamlfile import read_yaml
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"  # written when training finishes
+WEIGHTS, META = "checkpoint.safetensors", "checkpoint.json"  # capsmed.train.checkpoint
+RESUME_FILE = "resume.pt"  # capsmed.train.state
 SECTIONS = ("train", "model_kwargs", "dataset")
 
 

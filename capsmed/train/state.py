@@ -22,9 +22,8 @@ import torch
 
 from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, write_failure
-from capsmed.train.run_config import SUMMARY
+from capsmed.train.run_config import RESUME_FILE, SUMMARY
 
-RESUME_FILE = "resume.pt"
 STATE_VERSION = 1
 
 

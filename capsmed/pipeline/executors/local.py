@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from capsmed.pipeline.work import (
     Placement,
     WorkItem,
 )
-from capsmed.pipeline.workers import close_workers
+from capsmed.pipeline.workers import close_workers, prewarm_workers
 from capsmed.processes import pid_alive
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ def visible_gpus() -> list[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [g for g in visible.split(",") if g.strip()]
+    if sys.platform == "linux" and not any(
+            os.path.exists(p) for p in ("/proc/driver/nvidia/gpus", "/dev/kfd")):
+        return []  # no NVIDIA or ROCm driver: no GPU, and no 2 s import of torch to say so
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
@@ -69,7 +73,7 @@ class LocalExecutor:
     name: ClassVar[str] = "local"
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"worker"})
     detached: ClassVar[bool] = False
-    refresh_seconds: ClassVar[float] = 0.5
+    refresh_seconds: ClassVar[float] = 0.2  # a poll reads memory only
 
     def __init__(self, settings: ExecutorSettings) -> None:
         self.settings = settings
@@ -130,6 +134,7 @@ class LocalExecutor:
                 known[item.key] = job
                 jobs.append(job)
             self._cond.notify_all()
+        self._prewarm(items)
         if self._dispatcher is None:
             self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
                                                 name="capsmed-local-dispatch")
@@ -222,14 +227,33 @@ class LocalExecutor:
 
     def _placement(self, entry: _Entry) -> Placement:
         res = entry.item.resources
+        return Placement(env=self._env(entry.devices, res.gpus, res.processes),
+                         processes=res.processes, persistent=self._persistent)
+
+    def _env(self, devices: Sequence[str], gpus: int | None, processes: int
+             ) -> dict[str, str]:
+        """The variables of a job given ``devices`` (its GPUs) that asked for ``gpus``."""
         env: dict[str, str] = {}
-        if entry.devices or res.gpus == 0 and self.devices:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(entry.devices)
-        if not entry.devices and "OMP_NUM_THREADS" not in os.environ:
-            share = (os.cpu_count() or 1) // max(1, self.jobs) // res.processes
+        if devices or gpus == 0 and self.devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        if not devices and "OMP_NUM_THREADS" not in os.environ:
+            share = (os.cpu_count() or 1) // max(1, self.jobs) // processes
             threads = str(max(1, share))
             env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
-        return Placement(env=env, processes=res.processes, persistent=self._persistent)
+        return env
+
+    def _prewarm(self, items: Sequence[WorkItem]) -> None:
+        """Start the workers the first runs will train in now, so that their imports
+        (torch, training: seconds) overlap the data stages and the runner's work."""
+        runs = [i for i in items if i.kind == "run" and i.resources.processes == 1
+                and (i.resources.gpus or 0) <= 1]
+        if not self._persistent or not runs:
+            return
+        if self.devices:  # one per GPU a run of one GPU gets, in the order they are given
+            for device in self.devices[:min(self.jobs, len(runs))]:
+                prewarm_workers(self._env([device], 1, 1))
+        else:
+            prewarm_workers(self._env([], None, 1), min(self.jobs, len(runs)))
 
     def _work(self, entry: _Entry) -> None:
         marker = self._markers / entry.job_id.replace(":", "_")
