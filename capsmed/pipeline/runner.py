@@ -167,20 +167,24 @@ class Prepared:
 
 
 def prepare(pipeline: Pipeline, options: RunOptions,
-            commands: set[tuple[str, ...]] | None = None, note: Any = None) -> Prepared:
+            commands: set[tuple[str, ...]] | None = None, note: Any = None,
+            warm: bool = False) -> Prepared:
     """Check everything the run would refuse (``--dry-run`` stops here) and build the
     work items; ``commands``: the capsmed commands that exist (stage commands are
-    checked against them)."""
+    checked against them). ``warm``: let an executor that can get ready for the runs
+    (the local one's workers import torch) start now, while the checks run."""
     check_options(options.retries, options.jobs, options.resources)
     state = PipelineState(pipeline.out).keep_digests()
     runs = select_runs(pipeline, options.only, options.exclude)
     if not runs:
         raise CapsmedError(f"{pipeline.path}: no run matches the selection")
+    executor = executor_for(pipeline, options)
+    if warm and hasattr(executor, "prewarm"):  # an optional capability
+        executor.prewarm(len(runs))
     check_grid(pipeline, runs)
     if commands is not None:
         check_commands(pipeline, commands)
     stages = needed_stages(pipeline, runs)
-    executor = executor_for(pipeline, options)
     todo, finished = [], []
     for run, _, status in plan(pipeline, runs, state):
         (finished if status == "done" else todo).append(run)
@@ -199,12 +203,14 @@ def run_pipeline(pipeline: Pipeline, options: RunOptions,
     started = time.monotonic()
     board = RunBoard(pipeline.name, len(select_runs(pipeline, options.only,
                                                     options.exclude)))
-    ready = prepare(pipeline, options, commands, board.note)
+    ready = prepare(pipeline, options, commands, board.note, warm=not options.detach)
     state, executor = ready.state, ready.executor
     board.done.update(r.label for r in ready.finished)
     if ready.finished:
         board.note(f"{len(ready.finished)} of {len(ready.runs)} runs finished earlier")
     state.acquire_lock()
+    if options.report and not options.detach:
+        import_in_background(*REPORT_MODULES)
     interrupted = True  # until the jobs are followed to their end
     try:
         failures = follow(pipeline, state, executor, ready.items, options, board)
@@ -221,6 +227,26 @@ def run_pipeline(pipeline: Pipeline, options: RunOptions,
             state.release_lock()
     board.summary(failures, time.monotonic() - started, state)
     return 1 if failures else 0
+
+
+# What the study report imports (scipy.stats, matplotlib: 1.5-2 s on a 2-core machine)
+REPORT_MODULES = ("capsmed.pipeline.study", "capsmed.evaluate.aggregate_report")
+
+
+def import_in_background(*modules: str) -> None:
+    """Import ``modules`` in a thread while the runner waits for its jobs, so the
+    report does not wait for them at the end (an import that fails here fails again,
+    with its message, where it is needed)."""
+    import contextlib
+    import importlib
+    import threading
+
+    def load() -> None:
+        for module in modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(module)
+
+    threading.Thread(target=load, daemon=True, name="capsmed-report-imports").start()
 
 
 def start_in_background(argv: Sequence[str], pipeline: Pipeline, timeout: float = 120.0

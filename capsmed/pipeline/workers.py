@@ -184,6 +184,9 @@ class WorkerPool:
                 self._ending.clear()
         for worker in workers:
             worker.end_requests()
+            if worker.commands == 0:  # prewarmed, never used: it may still be importing
+                with contextlib.suppress(OSError):
+                    worker.proc.terminate()
         for worker in ending:
             worker.close()
 

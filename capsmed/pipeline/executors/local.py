@@ -242,18 +242,21 @@ class LocalExecutor:
             env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
         return env
 
-    def _prewarm(self, items: Sequence[WorkItem]) -> None:
-        """Start the workers the first runs will train in now, so that their imports
-        (torch, training: seconds) overlap the data stages and the runner's work."""
-        runs = [i for i in items if i.kind == "run" and i.resources.processes == 1
-                and (i.resources.gpus or 0) <= 1]
-        if not self._persistent or not runs:
+    def prewarm(self, runs: int) -> None:
+        """Start the workers the first of ``runs`` runs will train in now, so that
+        their imports (torch, training: seconds) overlap the runner's checks and the
+        data stages. Workers never used are stopped at the end, unwaited."""
+        if not self._persistent or runs < 1:
             return
         if self.devices:  # one per GPU a run of one GPU gets, in the order they are given
-            for device in self.devices[:min(self.jobs, len(runs))]:
+            for device in self.devices[:min(self.jobs, runs)]:
                 prewarm_workers(self._env([device], 1, 1))
         else:
-            prewarm_workers(self._env([], None, 1), min(self.jobs, len(runs)))
+            prewarm_workers(self._env([], None, 1), min(self.jobs, runs))
+
+    def _prewarm(self, items: Sequence[WorkItem]) -> None:
+        self.prewarm(sum(i.kind == "run" and i.resources.processes == 1
+                         and (i.resources.gpus or 0) <= 1 for i in items))
 
     def _work(self, entry: _Entry) -> None:
         marker = self._markers / entry.job_id.replace(":", "_")
