@@ -160,7 +160,8 @@ def test_an_unknown_study_is_one_line_naming_the_bundled_ones(tmp_path, monkeypa
     from capsmed.bundled import bundled_pipelines
 
     monkeypatch.chdir(tmp_path)
-    names = list(bundled_pipelines())
+    names = list(bundled_pipelines())  # a checkout's (editable install's): the root's
+    assert bundled_pipelines()["smoke"] == SMOKE
     assert names == sorted(p.stem for p in (ROOT / "pipelines").glob("*.yaml"))
     for args in (["smok"], ["status", "pipelines/smoke.yaml"]):  # no such name, no file
         result = runner.invoke(app, ["run", *args])
