@@ -111,6 +111,35 @@ def test_report_prints_its_summary(evaluated_run, tmp_path):
     assert printed == json.loads((out / "summary.json").read_text())
 
 
+def test_run_status_lists_each_run_and_the_counts(tmp_path):
+    """A bundled study by name, one of its runs failed on Slurm (in the ledger only)."""
+    from capsmed.pipeline.ledger import Ledger
+    from capsmed.pipeline.spec import load_pipeline
+    from capsmed.pipeline.state import PipelineState
+    from capsmed.pipeline.tasks import RunTask
+    from capsmed.pipeline.work import FAILED, Job, JobState, WorkItem
+
+    out = tmp_path / "out"
+    pipeline = load_pipeline(Path(__file__).parents[1] / "pipelines" / "smoke.yaml",
+                             {"out": str(out)})
+    failed = pipeline.runs[2]
+    item = WorkItem(f"run:{failed.label}", failed.label, RunTask(pipeline.out, failed), None)
+    ledger, job = Ledger(PipelineState(pipeline.out).records), Job(item.key, "slurm", "7_2")
+    ledger.submitted(item, job)
+    ledger.ended(job, JobState(FAILED, "Slurm: time limit reached"))
+
+    printed = run_json("run", "status", "smoke", "--set", f"out={out}")
+    assert printed["study"] == "smoke" and printed["out"] == str(out)
+    assert printed["counts"] == {"failed": 1, "not submitted": 7}
+    assert [r["label"] for r in printed["runs"]] == [r.label for r in pipeline.runs]
+    row = printed["runs"][2]
+    assert row["fields"] == failed.fields and row["status"] == "failed"
+    assert row["reason"] == "Slurm: time limit reached"
+    assert {r["reason"] for r in printed["runs"] if r is not row} == {""}
+    refused = runner.invoke(app, ["run", "--dry-run", "smoke", "--json"])
+    assert refused.exit_code == 1 and "--json goes with" in refused.stderr
+
+
 def test_shell_completion_is_on_and_completes():
     """What the installed completion script asks: the words after ``capsmed tr``."""
     help_text = runner.invoke(app, ["--help"]).stdout

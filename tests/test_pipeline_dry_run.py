@@ -136,3 +136,37 @@ def test_estimates_come_only_from_the_runs_own_input_size(tmp_path):
     assert rate is at_28 and seconds == run.train["epochs"] * 55000 / 1000.0
     assert estimate_run(pipeline, run, 1, [at_40]) is None  # never from another size
     assert estimate_run(pipeline, run, 0, [at_28]) is None  # nor another device kind
+
+
+def test_a_bundled_study_runs_by_name_and_a_file_wins(tmp_path, monkeypatch):
+    """``capsmed run --dry-run smoke`` from any folder: the study capsmed carries, its
+    ``out:`` (runs/smoke) under the current folder; a file named ``smoke`` there wins."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.chdir(tmp_path)
+    by_name = runner.invoke(app, ["run", "--dry-run", "smoke"])
+    assert by_name.exit_code == 0, by_name.output
+    words = " ".join(by_name.stdout.split())  # the 80-column console wraps the path
+    assert f"smoke: 8 runs (8 not submitted); output: {tmp_path / 'runs' / 'smoke'}" in words
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["name"] = "local-smoke"
+    (tmp_path / "smoke").write_text(yaml.safe_dump(raw, sort_keys=False))
+    status = runner.invoke(app, ["run", "status", "smoke"])
+    assert status.exit_code == 0 and status.stdout.startswith("local-smoke: 8 runs"), \
+        status.output
+
+
+def test_an_unknown_study_is_one_line_naming_the_bundled_ones(tmp_path, monkeypatch):
+    from capsmed.bundled import bundled_pipelines
+
+    monkeypatch.chdir(tmp_path)
+    names = list(bundled_pipelines())  # a checkout's (editable install's): the root's
+    assert bundled_pipelines()["smoke"] == SMOKE
+    assert names == sorted(p.stem for p in (ROOT / "pipelines").glob("*.yaml"))
+    for args in (["smok"], ["status", "pipelines/smoke.yaml"]):  # no such name, no file
+        result = runner.invoke(app, ["run", *args])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 1 and len(lines) == 1, result.output
+        assert "no such pipeline file or bundled study" in lines[0]
+        assert f"(bundled: {', '.join(names)})" in lines[0]
+    assert "jimenez2018" in runner.invoke(app, ["run", "--help"]).stdout

@@ -1,30 +1,36 @@
-"""``capsmed run [status|wait] PIPELINE.yaml``: a whole study (pipelines/) in one command."""
+"""``capsmed run [status|wait] PIPELINE``: a whole study (pipelines/) in one command;
+PIPELINE is a YAML file or the name of a study capsmed carries (``smoke``)."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import typer
 
+from capsmed.bundled import bundled_pipelines
 from capsmed.cli.common import handles_errors, parse_key_values
+from capsmed.cli.json_output import JSON_HELP, print_json
 from capsmed.errors import CapsmedError
 
-EPILOG = ("Examples: capsmed run pipelines/smoke.yaml | capsmed run --dry-run "
-          "pipelines/jimenez2018.yaml --only arch=capsnet,dataset=mnist | capsmed run "
-          "status pipelines/jimenez2018.yaml | capsmed run pipelines/vigueras2021.yaml "
+EPILOG = ("Examples: capsmed run smoke | capsmed run --dry-run "
+          "jimenez2018 --only arch=capsnet,dataset=mnist | capsmed run "
+          "status jimenez2018 --json | capsmed run pipelines/vigueras2021.yaml "
           "--executor slurm --slurm-partition gpu --set data_root=/data --detach | "
           "capsmed run wait pipelines/vigueras2021.yaml")
 MODES = ("status", "wait")
+# a glob of a handful of files: the help names the studies this install carries
+STUDIES = ", ".join(bundled_pipelines()) or "none"
 
 
 @handles_errors  # SIGTERM as Ctrl-C: the trainings save, the lock goes, exit 130
 def run(
     args: list[str] = typer.Argument(..., metavar="[status|wait] PIPELINE",
-                                     help="A pipeline YAML (see pipelines/). 'status "
-                                          "PIPELINE' prints where its runs stand; 'wait "
-                                          "PIPELINE' follows its jobs to their end and "
-                                          "writes the report."),
+                                     help="A pipeline YAML file, or the name of a "
+                                          f"study capsmed carries ({STUDIES}); a file "
+                                          "of that name wins. 'status PIPELINE' prints "
+                                          "where its runs stand; 'wait PIPELINE' "
+                                          "follows its jobs to their end and writes "
+                                          "the report."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check everything the run "
                                  "would refuse; print the runs by group, their status, "
                                  "resources and estimated time; run nothing."),
@@ -63,15 +69,18 @@ def run(
                                            "NAME=VALUE (NAME=true for a flag); repeatable."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the study's "
                                 "tables at the end."),
+    as_json: bool = typer.Option(False, "--json", help=f"With status: {JSON_HELP}"),
 ) -> None:
     """Run a study: data stages once, then every training run of the grid (skipping
     finished ones, resuming interrupted ones), then its analyses and report tables."""
-    from capsmed.pipeline.runner import RunOptions, ensure_path
+    from capsmed.pipeline.runner import RunOptions, pipeline_file
 
     mode, path = _mode(args)
+    if as_json and (mode != "status" or dry_run):
+        raise CapsmedError("--json goes with 'capsmed run status PIPELINE'")
     from capsmed.pipeline.spec import load_pipeline
 
-    pipeline = load_pipeline(ensure_path(Path(path)), parse_key_values(set_, "--set"))
+    pipeline = load_pipeline(pipeline_file(path), parse_key_values(set_, "--set"))
     overrides = {"partition": slurm_partition, "time_min": slurm_time,
                  "account": slurm_account, "qos": slurm_qos, "constraint": slurm_constraint,
                  "gpus": slurm_gpus, "cpus": slurm_cpus, "mem_gb": slurm_mem,
@@ -80,6 +89,11 @@ def run(
                          executor=executor, jobs=jobs, gpus=_gpus(gpus), allow_cpu=allow_cpu,
                          detach=detach, report=report,
                          resources={k: v for k, v in overrides.items() if v is not None})
+    if as_json:
+        from capsmed.pipeline.overview import overview_record, study_overview
+
+        print_json(overview_record(study_overview(pipeline, options, dry_run=False)))
+        return
     _show_or_run(pipeline, options, mode, dry_run, list_all)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from capsmed.pipeline.execute import stage_done
 from capsmed.pipeline.follow import poller
@@ -21,7 +22,14 @@ from capsmed.pipeline.runner import (
 )
 from capsmed.pipeline.spec import Pipeline, RunSpec
 from capsmed.pipeline.state import PipelineState
-from capsmed.pipeline.status import RunRow, group_fields, grouped, run_rows, stage_lines
+from capsmed.pipeline.status import (
+    RunRow,
+    counts,
+    group_fields,
+    grouped,
+    run_rows,
+    stage_lines,
+)
 
 
 @dataclass
@@ -78,3 +86,16 @@ def _estimates(view: Overview, planned: Sequence, options: RunOptions,
             found[run.label] = estimate
     view.estimates = {label: seconds for label, (seconds, _) in found.items()}
     view.estimate_note = estimate_summary(found, len(planned))
+
+
+def overview_record(view: Overview) -> dict[str, Any]:
+    """``capsmed run status --json``: the study, its counts and each run with its
+    grid fields, status and reason (empty where there is none), as the table shows
+    them, unformatted."""
+    return {
+        "study": view.pipeline.name, "pipeline": str(view.pipeline.path),
+        "out": str(view.pipeline.out), "counts": counts(view.rows),
+        "runs": [{"label": r.label, "fields": dict(r.run.fields), "status": r.status,
+                  "reason": r.detail, "run_id": r.run_id} for r in view.rows],
+        "stages": view.stages, "foreign": [str(p) for p in view.foreign],
+    }

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from capsmed.bundled import bundled_pipelines
 from capsmed.errors import CapsmedError
 from capsmed.pipeline.checks import parse_selection
 from capsmed.pipeline.display import RunBoard
@@ -330,7 +331,16 @@ def foreign_run_dirs(pipeline: Pipeline, state: PipelineState) -> list[Path]:
                   and p.name.rpartition("-")[0] not in unknown)
 
 
-def ensure_path(path: Path) -> Path:
-    if not Path(path).is_file():
-        raise CapsmedError(f"{path}: no such pipeline file (see pipelines/ for the studies)")
-    return Path(path)
+def pipeline_file(name_or_path: str) -> Path:
+    """The study ``capsmed run NAME`` means: an existing file, else a bundled study's
+    name (``smoke``, ``jimenez2018``; ``capsmed/bundled.py``)."""
+    path = Path(name_or_path)
+    if path.is_file():  # a file always wins over a bundled study of the same name
+        return path
+    studies = bundled_pipelines()
+    found = studies.get(name_or_path.removesuffix(".yaml"))
+    if found is not None and path.name == name_or_path:  # a bare name, not a/b/smoke
+        return found
+    names = ", ".join(studies) or "none: this capsmed carries no pipelines/"
+    raise CapsmedError(f"{name_or_path}: no such pipeline file or bundled study "
+                       f"(bundled: {names})")
