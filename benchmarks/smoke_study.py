@@ -4,12 +4,13 @@ most 3x the one run).
 
     PYTHONPATH=. python benchmarks/smoke_study.py --workdir /tmp/smoke-bench
 
-Runs, in order: ``capsmed run pipelines/smoke.yaml`` (data stage, 8 runs trained and
-evaluated, 2 analyses, the report) with capsmed run's worker; the same with every
-command in a fresh process (``executor: {local: {worker: false}}``); then ``capsmed
-train`` of the study's first capsnet run (its own config file), in a fresh process, as
-a user types it. Each from an empty output folder. Prints the three wall times and the
-ratios, and writes ``WORKDIR/smoke_study.json``.
+Runs ``--repeat`` times, alternated: ``capsmed run pipelines/smoke.yaml`` (data stage,
+8 runs trained and evaluated, 2 analyses, the report) with capsmed run's worker, then
+``capsmed train`` of the study's first capsnet run (its own config file) in a fresh
+process, as a user types it; then once the study with every command in a fresh
+process (``executor: {local: {worker: false}}``). Each from an empty output folder.
+Prints the medians and the ratios, and writes ``WORKDIR/smoke_study.json`` with every
+time and the load average before each pair.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -62,31 +64,43 @@ def first_capsnet_config(out: Path) -> Path:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="study/train pairs, alternated (medians reported)")
+    parser.add_argument("--no-fresh", action="store_true",
+                        help="skip the (slow) study with a fresh process per command")
     args = parser.parse_args(argv)
     work = args.workdir.absolute()
     work.mkdir(parents=True, exist_ok=True)
-    with_worker, out = study(work, "with-worker", worker=True)
-    fresh, _ = study(work, "fresh-processes", worker=False)
-    one_run = work / "one-run"
-    shutil.rmtree(one_run, ignore_errors=True)
-    train = timed("train", "--config", str(first_capsnet_config(out)), "--out", str(one_run))
+    studies, trains, loads = [], [], []
+    for _ in range(args.repeat):  # side by side: a busy spell hits both alike
+        loads.append(os.getloadavg()[0])
+        seconds, out = study(work, "with-worker", worker=True)
+        studies.append(seconds)
+        one_run = work / "one-run"
+        shutil.rmtree(one_run, ignore_errors=True)
+        trains.append(timed("train", "--config", str(first_capsnet_config(out)),
+                            "--out", str(one_run)))
+    fresh = None if args.no_fresh else study(work, "fresh-processes", worker=False)[0]
+    with_worker, train = statistics.median(studies), statistics.median(trains)
     result = {
         "command": " ".join(["PYTHONPATH=. python benchmarks/smoke_study.py",
                              *(argv if argv is not None else sys.argv[1:])]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "study_with_worker_s": round(with_worker, 1),
-        "study_fresh_processes_s": round(fresh, 1),
-        "one_train_s": round(train, 1),
+        "load_average_before": [round(x, 2) for x in loads],
+        "study_with_worker_s": [round(x, 1) for x in studies],
+        "one_train_s": [round(x, 1) for x in trains],
+        "study_fresh_processes_s": None if fresh is None else round(fresh, 1),
         "ratio_with_worker": round(with_worker / train, 2),
-        "ratio_fresh_processes": round(fresh / train, 2),
+        "ratio_fresh_processes": None if fresh is None else round(fresh / train, 2),
     }
     (work / "smoke_study.json").write_text(json.dumps(result, indent=1))
-    print(f"smoke study, worker:           {with_worker:6.1f} s "
+    print(f"smoke study, worker:           {with_worker:6.1f} s median "
           f"({result['ratio_with_worker']}x one train)")
-    print(f"smoke study, fresh processes:  {fresh:6.1f} s "
-          f"({result['ratio_fresh_processes']}x one train)")
-    print(f"one capsmed train of its runs: {train:6.1f} s")
+    if fresh is not None:
+        print(f"smoke study, fresh processes:  {fresh:6.1f} s "
+              f"({result['ratio_fresh_processes']}x one train)")
+    print(f"one capsmed train of its runs: {train:6.1f} s median")
     return result
 
 
