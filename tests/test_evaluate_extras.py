@@ -11,11 +11,13 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import yaml
 from matplotlib.image import imread
 from sklearn.metrics import roc_auc_score
 from torch import nn
 from typer.testing import CliRunner
 
+import capsmed
 from capsmed.cli import app
 from capsmed.data.contract import DatasetWriter, load_split, read_info
 from capsmed.errors import CapsmedError
@@ -193,6 +195,14 @@ def test_convnet_auc_uses_softmax_and_grids_are_skipped(lenet_run, tiny_h5, capl
     page = (lenet_run / "report" / "report.html").read_text()
     assert "Reconstructions" not in page and "Agreement" not in page
     assert len(re.findall(r'src="data:image/png;base64,', page)) == 2
+    # the page says how the run was trained, with which capsmed, and which AUC it gives
+    config = yaml.safe_load((lenet_run / "config.yaml").read_text())
+    assert "<h2>Training settings</h2>" in page
+    for key in ("arch", "epochs", "batch_size", "seed"):
+        assert f"<th>{key}</th><td>{config['train'][key]}</td>" in page
+    assert f"<th>trained with capsmed</th><td>{config['environment']['capsmed']}</td>" in page
+    assert f"written by capsmed {capsmed.__version__} evaluate" in page
+    assert "ROC AUC of the positive class" in page
 
 
 def test_cli_agreement_flag_and_bad_batch_size(lenet_run, tmp_path):

@@ -12,7 +12,7 @@ from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
 from capsmed.evaluate.capsule_grids import capsule_grids, write_capsule_grids
-from capsmed.evaluate.html import write_html
+from capsmed.evaluate.html import training_facts, write_html
 from capsmed.evaluate.metrics import ClassificationReport, classification_report
 from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.run_report import tracked_metrics, write_report
@@ -20,6 +20,7 @@ from capsmed.io import replace_dir, writing
 from capsmed.runs import OpenRun, open_run
 from capsmed.runs.scores import class_probabilities, predict_scores
 from capsmed.train.handlers.mlflow_tracking import log_report
+from capsmed.train.run_config import read_run_config
 from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
@@ -163,4 +164,9 @@ def _write_files(out: Path, run_dir: Path, report: ClassificationReport, title: 
         figures += [("Capsule dimension perturbations", f"'{class_names[g.class_index]}'"
                      ": each row shifts one dimension by -0.25..+0.25", p)
                     for g, p in zip(perturbations, paths[1:], strict=True)]
-    write_html(out / "report.html", report, title, context, agr, figures)
+    try:
+        config = read_run_config(run_dir)
+    except CapsmedError:  # the page without its settings rather than no page
+        config = {}
+    write_html(out / "report.html", report, title, context, agr, figures,
+               training_facts(config))

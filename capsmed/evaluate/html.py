@@ -83,7 +83,8 @@ def page(title: str, parts: Sequence[str], writer: str) -> str:
 
 def render_html(report: ClassificationReport, title: str, context: dict[str, Any],
                 agreement: AgreementResult | None = None,
-                figures: Sequence[tuple[str, str, Path]] = ()) -> str:
+                figures: Sequence[tuple[str, str, Path]] = (),
+                training: dict[str, Any] | None = None) -> str:
     """The report page as a string.
 
     Args:
@@ -92,14 +93,35 @@ def render_html(report: ClassificationReport, title: str, context: dict[str, Any
         context: What was evaluated (run, data, split, checkpoint ...), shown as a table.
         agreement: Agr and the accuracy by orientation, when computed.
         figures: ``(section, caption, png path)``, see :func:`figure_sections`.
+        training: The run's training settings and the versions that trained it
+            (its ``config.yaml``), shown after the metrics.
     """
+    from capsmed import __version__
+
+    settings = ["<h2>Training settings</h2>", about_table(training)] if training else []
     return page(title, [about_table(context),
                         *(html_table(t) for t in report_tables(report, agreement)),
-                        *figure_sections(figures)], "capsmed evaluate")
+                        *settings, *figure_sections(figures)],
+                f"capsmed {__version__} evaluate")
 
 
 def write_html(path: Path, report: ClassificationReport, title: str,
                context: dict[str, Any], agreement: AgreementResult | None = None,
-               figures: Sequence[tuple[str, str, Path]] = ()) -> None:
+               figures: Sequence[tuple[str, str, Path]] = (),
+               training: dict[str, Any] | None = None) -> None:
     """Write :func:`render_html`'s page to ``path`` atomically."""
-    write_text_atomic(Path(path), render_html(report, title, context, agreement, figures))
+    write_text_atomic(Path(path), render_html(report, title, context, agreement, figures,
+                                              training))
+
+
+def training_facts(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``config.yaml`` as the page shows it: the options that were set (empty
+    and default-off ones left out, the data path and output folder too: the table
+    above names them) and the versions that trained it."""
+    train = config.get("train") or {}
+    shown = {k: v for k, v in train.items() if k not in ("data", "out")
+             and v not in (None, {}, [], False)}
+    env = config.get("environment") or {}
+    shown |= {f"trained with {k}": env[k] for k in ("capsmed", "torch", "device",
+                                                    "precision") if k in env}
+    return shown
