@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from capsmed.evaluate.aggregate import EvaluatedRun, load_evaluated_run
-from capsmed.train.checkpoint import META
-from capsmed.train.run_config import CONFIG
+from capsmed.train.run_config import CONFIG, META
 
 VERSION = 1
 

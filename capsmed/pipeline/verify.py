@@ -17,7 +17,7 @@ from pathlib import Path
 from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError
 from capsmed.runs.checkpoint import checkpoint_meta
-from capsmed.train.checkpoint import WEIGHTS
+from capsmed.train.run_config import WEIGHTS
 
 
 class Verified:
