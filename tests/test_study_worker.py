@@ -49,7 +49,8 @@ def test_runs_in_one_worker_are_bit_identical_to_fresh_processes(tmp_path, tiny_
                                       str(tmp_path / "w-lenet")], log, env) == 0
         assert workers.run_in_worker(["evaluate", str(tmp_path / "w-lenet"), "--no-grids"],
                                      log, env) == 0
-        [worker] = workers._pool._idle[workers.env_key(env)]  # one process did all three
+        # one process did all three
+        [worker] = workers._pool._idle[workers.pool_key(env, preload=True)]
         assert worker.commands == 3
     finally:
         workers.close_workers()
@@ -73,7 +74,7 @@ def test_a_failing_command_gives_its_code_and_error_and_the_worker_goes_on(tmp_p
         assert code == 1
         assert "error:" in log.read_text() and "missing.h5" in log.read_text()
         assert workers.run_in_worker(["train", "--help"], log) == 0  # the same worker
-        [worker] = workers._pool._idle[workers.env_key({})]
+        [worker] = workers._pool._idle[workers.pool_key({}, preload=True)]
         assert worker.commands == 2
     finally:
         workers.close_workers()

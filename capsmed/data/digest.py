@@ -18,6 +18,7 @@ never re-reads an unchanged dataset.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -158,9 +159,8 @@ def _remember(key: str, digest: str) -> None:
     if _store is None:
         return
     _read_store()[key] = digest
-    try:
+    # a read-only folder: the digest is computed again next time, nothing else is lost
+    with contextlib.suppress(OSError):
         _store.parent.mkdir(parents=True, exist_ok=True)
         with _store.open("a", encoding="utf-8") as fh:  # one write: whole lines
             fh.write(json.dumps({"key": key, "digest": digest}) + "\n")
-    except OSError:
-        pass  # a read-only folder: the digest is only not kept

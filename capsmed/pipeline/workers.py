@@ -126,11 +126,6 @@ def pool_key(env: Mapping[str, str], preload: bool = False) -> tuple:
     return (tuple(sorted(env.items())), preload)
 
 
-def env_key(env: Mapping[str, str]) -> tuple:
-    """The pool key of a command that trains (the workers that preload torch)."""
-    return pool_key(env, preload=True)
-
-
 class WorkerPool:
     """Idle workers by environment and preload; a command takes one (or starts one)
     and gives it back when it has ended."""

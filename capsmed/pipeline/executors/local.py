@@ -134,7 +134,6 @@ class LocalExecutor:
                 known[item.key] = job
                 jobs.append(job)
             self._cond.notify_all()
-        self._prewarm(items)
         if self._dispatcher is None:
             self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
                                                 name="capsmed-local-dispatch")
@@ -253,10 +252,6 @@ class LocalExecutor:
                 prewarm_workers(self._env([device], 1, 1))
         else:
             prewarm_workers(self._env([], None, 1), min(self.jobs, runs))
-
-    def _prewarm(self, items: Sequence[WorkItem]) -> None:
-        self.prewarm(sum(i.kind == "run" and i.resources.processes == 1
-                         and (i.resources.gpus or 0) <= 1 for i in items))
 
     def _work(self, entry: _Entry) -> None:
         marker = self._markers / entry.job_id.replace(":", "_")

@@ -323,12 +323,7 @@ def _squeue() -> dict[str, tuple[str, str]]:
                           capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise CapsmedError(f"squeue failed: {proc.stderr.strip()[:200]}")
-    out = {}
-    for line in proc.stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3:
-            out[parts[0]] = (parts[1], parts[2])
-    return out
+    return _id_pairs(proc.stdout)
 
 
 def _sacct(job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -341,8 +336,13 @@ def _sacct(job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
                           timeout=120)
     if proc.returncode != 0:
         return {}
+    return _id_pairs(proc.stdout)
+
+
+def _id_pairs(text: str) -> dict[str, tuple[str, str]]:
+    """``id|a|b`` lines (squeue's and sacct's parsable output) -> id -> (a, b)."""
     out = {}
-    for line in proc.stdout.splitlines():
+    for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) == 3:
             out[parts[0]] = (parts[1], parts[2])
