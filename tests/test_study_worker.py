@@ -105,3 +105,19 @@ def test_a_worker_killed_mid_command_fails_that_command_only(tmp_path):
     finally:
         workers._spawn = spawn
         workers.close_workers()
+
+
+def test_a_bad_worker_option_is_one_line_before_anything_runs(tmp_path):
+    """``executor: {local: {worker: yes-please}}``: exit 1, one error line naming the
+    option, and no study folder made."""
+    raw = yaml.safe_load((ROOT / "pipelines" / "smoke.yaml").read_text())
+    raw["variables"]["out"] = str(tmp_path / "out")
+    raw["executor"] = {"jobs": 2, "local": {"worker": "yes-please"}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "capsmed", "run", str(path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "executor.local.worker" in errors[0], done.stderr
+    assert not (tmp_path / "out").exists()
