@@ -121,3 +121,26 @@ def test_a_bad_worker_option_is_one_line_before_anything_runs(tmp_path):
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "executor.local.worker" in errors[0], done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_made_in_a_worker_records_its_own_command(tmp_path):
+    """Provenance says the command that made the file, as `capsmed ...` (not the
+    worker's own command line, whose pipe numbers change from one study to the next
+    and made a remade dataset's content digest differ)."""
+    import h5py
+
+    from capsmed.data.writer import command_line
+
+    raw, out = tmp_path / "raw", tmp_path / "d.h5"
+    log = tmp_path / "worker.log"
+    args = ["preprocess", "mnist", str(raw), "-o", str(out), "--val", "8", "--seed", "0"]
+    try:
+        assert workers.run_in_worker(["synth", "mnist", str(raw), "--train", "40",
+                                      "--test", "10", "--seed", "0"], log, {}) == 0
+        assert workers.run_in_worker(args, log, {}) == 0, log.read_text()
+    finally:
+        workers.close_workers()
+    with h5py.File(out, "r") as f:
+        recorded = yaml.safe_load(f.attrs["provenance"])["command_line"]
+    assert recorded == command_line(["capsmed", *args])
+    assert sys.argv[0] != "capsmed"  # this process's own argv is left as it was

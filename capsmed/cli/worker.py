@@ -41,8 +41,12 @@ def run_command(args: Sequence[str], log: str) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
+    # sys.argv as `python -m capsmed ARGS` has it: what a dataset's provenance and
+    # a run's record say made them (not this worker's own command line)
+    saved_argv = sys.argv
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        sys.argv = [capsmed_main(), *args]
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         try:
@@ -61,12 +65,20 @@ def run_command(args: Sequence[str], log: str) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
     finally:
+        sys.argv = saved_argv
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for f in (fd, *saved):
             os.close(f)
     _release_memory()
     return code
+
+
+def capsmed_main() -> str:
+    """The path ``python -m capsmed`` puts in ``sys.argv[0]``."""
+    import capsmed
+
+    return os.path.join(os.path.dirname(capsmed.__file__), "__main__.py")
 
 
 def _release_memory() -> None:
