@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.capsmed-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint clean gpu-check reproduce-smoke reproduce-jimenez2018 \
+.PHONY: help install demo test test-fast lint docs clean gpu-check reproduce-smoke reproduce-jimenez2018 \
 	reproduce-vigueras2021 reproduce-gu2021 reproduce-routing2019 reproduce-digits
 
 help: ## List the targets
@@ -79,9 +79,12 @@ GPU_PYTHON ?= python3
 gpu-check: ## On a CUDA machine: correctness and speed check
 	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_check.py --out benchmarks/results
 
+docs: $(STAMP) ## The API reference and guides as a site, in site/ (mkdocs)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 lint: $(STAMP) ## ruff over the package and tests
 	$(VENV)/bin/ruff check capsmed tests benchmarks examples
 
 clean: ## Remove caches, demo output, builds (keeps .venv)
-	rm -rf demo_out build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf demo_out build dist site *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
