@@ -16,9 +16,9 @@ of the tree; on a shared machine compare it, not only the wall time.
 The floor is what any preprocessing of these files must do, timed in the same run on
 one core: read every file the source reads and apply the per-pixel transform
 (TUPAC16: each image, ``rgb2hed``; DIARETDB1: each fundus image and its four lesion
-confidence maps, decoded with OpenCV, CLAHE on LAB lightness). Each full set is preprocessed with one worker (to
-set beside the single-core floor) and with the default worker count (one per CPU),
-which must never be slower than one worker.
+confidence maps, decoded with OpenCV, CLAHE on LAB lightness). Each full set is
+preprocessed with one worker (to set beside the single-core floor) and with the
+default worker count (one per CPU), which must never be slower than one worker.
 
     .venv/bin/python benchmarks/preprocess.py [--only tupac16|diaretdb1]
         [--workdir bench_out] [--profile]
