@@ -1,8 +1,9 @@
 """capsmed: capsule networks vs ConvNets for medical image classification.
 
 The library's face is :mod:`capsmed.api` (``capsmed.preprocess``, ``train_run``,
-``evaluate_run``, ``load_run``, ``predict_inputs``, ``export_run``), imported on first
-use so that ``import capsmed`` (and ``capsmed --help``) stays fast.
+``evaluate_run``, ``load_run``, ``predict_array``, ``predict_inputs``,
+``export_run``), imported on first use so that ``import capsmed`` (and ``capsmed
+--help``) stays fast.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -13,8 +14,8 @@ try:
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0+local"
 
-__all__ = ["__version__", "evaluate_run", "export_run", "load_run", "predict_inputs",
-           "preprocess", "train_run"]
+__all__ = ["__version__", "evaluate_run", "export_run", "load_run", "predict_array",
+           "predict_inputs", "preprocess", "train_run"]
 
 
 def __getattr__(name: str) -> Any:

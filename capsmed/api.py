@@ -8,6 +8,7 @@
     report = capsmed.evaluate_run(run_dir).report      # per-class precision, ...
     run = capsmed.load_run(run_dir)                    # the model, its classes, ...
     scores = run.predict(images)                       # uint8 [N, C, H, W] -> [N, K]
+    found = capsmed.predict_array(run, photo)          # a raw image, preprocessing replayed
     capsmed.export_run(run_dir, "model.onnx")
 
 (``capsmed.train``, ``capsmed.evaluate`` and ``capsmed.predict`` are the packages; the
@@ -22,7 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["evaluate_run", "export_run", "load_run", "predict_inputs", "preprocess", "train_run"]
+__all__ = ["evaluate_run", "export_run", "load_run", "predict_array", "predict_inputs",
+           "preprocess", "train_run"]
 
 
 def preprocess(source: str, inputs: Path | str | list[Path], output: Path | str,
@@ -83,6 +85,18 @@ def predict_inputs(run_dir: Path | str, inputs: list[Path | str], out_dir: Path 
 
     return run_predict(Path(run_dir), [Path(p) for p in inputs], Path(out_dir),
                        PredictOptions(**options))
+
+
+def predict_array(run: Any, images: Any, **options: Any) -> list[Any]:
+    """Class scores of raw images held in memory (NumPy arrays as an image file holds
+    them), the run's preprocessing replayed as ``capsmed predict`` replays it on files:
+    one :class:`~capsmed.predict.arrays.ArrayPrediction` per image (a row per window
+    for patch-level runs). ``run``: a run folder or :func:`load_run`'s result;
+    ``options``: ``stride``, ``min_tissue``, ``fov_mask``, ``batch_size``
+    (:func:`capsmed.predict.arrays.predict_array`)."""
+    from capsmed.predict.arrays import predict_array as run_predict_array
+
+    return run_predict_array(run, images, **options)
 
 
 def export_run(run_dir: Path | str, output: Path | str, format: str = "onnx",
