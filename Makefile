@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.capsmed-installed
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test test-fast lint docs clean gpu-check reproduce-smoke reproduce-jimenez2018 \
-	reproduce-vigueras2021 reproduce-gu2021 reproduce-routing2019 reproduce-digits
+	reproduce-vigueras2021 reproduce-gu2021 reproduce-routing2019 reproduce-digits \
+	reproduce-medmnist
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -72,6 +73,9 @@ reproduce-gu2021: $(STAMP) ## Paper 004: ablations, affNIST, compactness
 
 reproduce-routing2019: $(STAMP) ## Paper 003: routing sweep, manifold, transfer
 	$(RUN) pipelines/routing2019.yaml
+
+reproduce-medmnist: $(STAMP) ## MedMNIST v2: 6 sets, capsnets beside ConvNets
+	$(RUN) pipelines/medmnist.yaml
 
 # The system Python of a GPU machine (torch with CUDA), no install needed; set
 # GPU_PYTHON=.venv/bin/python to use the project's environment instead.

@@ -12,7 +12,7 @@ from capsmed.pipeline.spec import load_pipeline
 
 PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
 RUNS = {"smoke": 8, "jimenez2018": 432, "vigueras2021": 145, "gu2021": 165,
-        "routing2019": 60, "digits-lowdata": 60}
+        "routing2019": 60, "digits-lowdata": 60, "medmnist": 72}
 CLAIMS = {"jimenez2018": 6, "vigueras2021": 3, "gu2021": 7, "digits-lowdata": 3}
 
 
