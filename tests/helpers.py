@@ -38,3 +38,16 @@ TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
         "parallel-dr": {"branches": 3, "stem_channels": 8, "stem_planes": (4,),
                         "branch_planes": 4, "cardinality": 2, "base_width": 32,
                         "primary_dim": 8, "mid_dim": 4, "class_dim": 4}}
+
+
+def folder_dataset(work: Path, images_per_class: int = 10, patients: int = 5) -> Path:
+    """A class-folder set (3 shapes, 32 px, grouped by patient) under ``work/images``,
+    preprocessed through the public API into ``work/shapes.h5`` (28 px grey)."""
+    import capsmed
+    from capsmed.data.sources.folder.synth import write_class_folders
+
+    write_class_folders(work / "images", classes=3, images_per_class=images_per_class,
+                        patients=patients, size=32, seed=0)
+    return capsmed.preprocess("folder", work / "images", work / "shapes.h5", size=28,
+                              channels=1, group_pattern=r"^(P\d+)_", workers=1,
+                              fractions={"train": 0.6, "val": 0.2, "test": 0.2})

@@ -14,11 +14,10 @@ import pytest
 
 import capsmed
 from capsmed.data.contract import load_split
-from capsmed.data.sources.folder.synth import write_class_folders
 from capsmed.errors import CapsmedError
 from capsmed.runs.export import load_exported
 from tests.faults.common import assert_refused, invoke
-from tests.helpers import TINY
+from tests.helpers import TINY, folder_dataset
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +25,7 @@ def api_run(tmp_path_factory):
     """A class-folder set and a tiny lenet and capsnet trained on it, all through the
     public API."""
     work = tmp_path_factory.mktemp("api")
-    write_class_folders(work / "images", classes=3, images_per_class=10, patients=5,
-                        size=32, seed=0)
-    data = capsmed.preprocess("folder", work / "images", work / "shapes.h5", size=28,
-                              channels=1, group_pattern=r"^(P\d+)_", workers=1,
-                              fractions={"train": 0.6, "val": 0.2, "test": 0.2})
+    data = folder_dataset(work)
     runs = {arch: capsmed.train_run(data, arch, epochs=1, batch_size=8, seed=0, device="cpu",
                                 out=str(work / arch), model_kwargs=TINY[arch])
             for arch in ("lenet", "capsnet")}

@@ -9,13 +9,12 @@ import pytest
 
 import capsmed
 from capsmed.data.images import read_image, read_rgb_tiff
-from capsmed.data.sources.folder.synth import write_class_folders
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.helpers import TINY
+from tests.helpers import TINY, folder_dataset
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +28,7 @@ def tupac_lenet(tiny_h5, tmp_path_factory):
 @pytest.fixture(scope="module")
 def folder_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("array-folder")
-    write_class_folders(work / "images", classes=3, images_per_class=6, patients=3,
-                        size=32, seed=0)
-    data = capsmed.preprocess("folder", work / "images", work / "shapes.h5", size=28,
-                              channels=1, group_pattern=r"^(P\d+)_", workers=1,
-                              fractions={"train": 0.6, "val": 0.2, "test": 0.2})
+    data = folder_dataset(work, images_per_class=6, patients=3)
     run = capsmed.train_run(data, "lenet", epochs=1, batch_size=8, seed=0, device="cpu",
                             out=str(work / "lenet"), model_kwargs=TINY["lenet"])
     return run, sorted((work / "images").rglob("*.png"))[:4]
