@@ -242,6 +242,50 @@ def test_status_asks_the_executor_of_each_open_job_once(tmp_path):
     assert _rows(pipeline, state)[0].status == "not submitted"  # dry run: no poll
 
 
+def test_a_failed_job_of_other_options_is_not_this_runs_status(tmp_path):
+    """The ledger is keyed by label: a job that ran the label under other options (another
+    identity) does not make the run of the current options 'failed' (CI: a runner
+    killed mid-study, then a dry run with other epochs showed one run failed)."""
+    from capsmed.pipeline.ledger import Ledger
+    from capsmed.pipeline.tasks import RunTask
+    from capsmed.pipeline.work import FAILED, Job, JobState, WorkItem
+
+    pipeline, state = _pipeline(tmp_path)
+    ledger = Ledger(state.records)
+    died = JobState(FAILED, "ended with its runner (pid 1)")
+    runs = pipeline.runs[:3]
+
+    def submit(run, job, task=None):
+        item = WorkItem(f"run:{run.label}", run.label, task or RunTask(pipeline.out, run),
+                        None)
+        ledger.submitted(item, Job(item.key, "local", job))
+        ledger.ended(Job(item.key, "local", job), died)
+
+    class Unknown:  # a run submitted before its data existed: identity not yet known
+        kind = "run"
+
+        def identity(self):
+            return None
+
+    # 0: the job recorded another identity; 1: no identity recorded, and a record of
+    # another identity started after it; 2: no identity and nothing started (the job
+    # died before its run began): that failure is the run's
+    submit(runs[0], "a")
+    ledger.path.write_text(ledger.path.read_text().replace(
+        run_identity(runs[0]), "0ther1dentity"))
+    submit(runs[1], "b", Unknown())
+    state.write_record("0ther1dentit2", label=runs[1].label, started=time.time() + 1)
+    submit(runs[2], "c", Unknown())
+    rows = {r.label: r for r in _rows(pipeline, state)}
+    assert rows[runs[0].label].status == "not submitted"
+    assert rows[runs[1].label].status == "not submitted"
+    assert (rows[runs[2].label].status, rows[runs[2].label].detail) == (
+        "failed", "ended with its runner (pid 1)")
+    # the job's own identity: its failure stands
+    submit(runs[0], "d")
+    assert {r.label: r for r in _rows(pipeline, state)}[runs[0].label].status == "failed"
+
+
 def _lock(state: PipelineState) -> Path:
     return state.records / "runner.lock"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ class Entry:
     kind: str
     submitted: float
     ended: JobState | None = None
+    identity: str | None = None  # the run's, where it was known at submission
 
 
 class Ledger:
@@ -39,8 +40,10 @@ class Ledger:
         self.path = Path(records) / "ledger.jsonl"
 
     def submitted(self, item: WorkItem, job: Job) -> None:
-        self._append({"key": item.key, "label": item.label, "kind": item.kind,
-                      "executor": job.executor, "job": job.job_id, "submitted": time.time()})
+        line = {"key": item.key, "label": item.label, "kind": item.kind,
+                "executor": job.executor, "job": job.job_id, "submitted": time.time()}
+        identity = getattr(item.task, "identity", lambda: None)()
+        self._append({**line, "identity": identity} if identity else line)
 
     def ended(self, job: Job, state: JobState) -> None:
         self._append({"key": job.key, "job": job.job_id, "state": state.state,
@@ -67,13 +70,14 @@ class Ledger:
                 continue
             key = str(line["key"])
             if "submitted" in line:
+                identity = line.get("identity")
                 out[key] = Entry(Job(key, str(line["executor"]), str(line["job"])),
                                  str(line.get("label", key)), str(line.get("kind", "")),
-                                 float(line["submitted"]))
+                                 float(line["submitted"]),
+                                 identity=str(identity) if identity else None)
             elif key in out and out[key].job.job_id == str(line.get("job")):
-                old = out[key]
-                out[key] = Entry(old.job, old.label, old.kind, old.submitted,
-                                 JobState(str(line["state"]), line.get("reason")))
+                out[key] = replace(out[key], ended=JobState(str(line["state"]),
+                                                            line.get("reason")))
         return out
 
     def open_jobs(self) -> dict[str, Job]:

@@ -49,8 +49,42 @@ def run_rows(state: PipelineState, planned: Plan, poll: Poll | None) -> list[Run
     entries = Ledger(state.records).entries()
     open_jobs = {k: e.job for k, e in entries.items() if e.ended is None}
     states = job_states(open_jobs, poll) if open_jobs and poll is not None else {}
-    return [_row(state, run, run_id, status, entries.get(f"run:{run.label}"),
-                 states.get(f"run:{run.label}")) for run, run_id, status in planned]
+    started = _Starts(state)
+    rows = []
+    for run, run_id, status in planned:
+        key = f"run:{run.label}"
+        entry = entries.get(key)
+        if entry is not None and not started.ran(entry, run_id):
+            entry = None  # the label's latest job ran another identity (other options)
+        rows.append(_row(state, run, run_id, status, entry,
+                         states.get(key) if entry is not None else None))
+    return rows
+
+
+class _Starts:
+    """Which identity a ledger job ran: the one it recorded at submission, else the
+    one of its label whose record started after the job was submitted."""
+
+    def __init__(self, state: PipelineState) -> None:
+        self.state = state
+        self._by_label: dict[str, list[tuple[str, float]]] | None = None
+
+    def ran(self, entry: Entry, run_id: str | None) -> bool:
+        if entry.identity is not None or run_id is None:
+            return entry.identity in (None, run_id)
+        later = {rid for rid, t in self._starts().get(entry.label, [])
+                 if t >= entry.submitted}
+        return not later or run_id in later
+
+    def _starts(self) -> dict[str, list[tuple[str, float]]]:
+        if self._by_label is None:  # read once, and only when a job recorded no identity
+            self._by_label = {}
+            for path in (self.state.records / "runs").glob("*.json"):
+                record = self.state.read_record(path.stem)
+                if record.get("started") is not None:
+                    self._by_label.setdefault(str(record.get("label")), []).append(
+                        (path.stem, float(record["started"])))
+        return self._by_label
 
 
 def _row(state: PipelineState, run: RunSpec, run_id: str | None, files: str,

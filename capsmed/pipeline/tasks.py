@@ -89,6 +89,10 @@ class RunTask:
             _index(state, self.run, run_id)
         return reason
 
+    def identity(self) -> str | None:
+        """The run's identity as of now (None while its data file is not made)."""
+        return run_identity(self.run)
+
     def progress(self) -> object:
         """The run's saved state: written at every epoch end and when the training is
         told to stop, so a new token means steps that a resume keeps."""
