@@ -73,8 +73,30 @@ def test_an_image_level_run_gives_one_row_per_image_as_predict_does(folder_run, 
             np.concatenate([a.scores for a in arrays]))
 
 
+def test_grey_and_alpha_arrays_read_as_their_png_files(folder_run, tmp_path):
+    """A grey image, a grey [H, W, 1] one and an RGBA one with a partial alpha give what
+    predict gives on the same pixels saved as PNG (alpha composited the same way)."""
+    import cv2
+
+    run_dir, pngs = folder_run
+    rgb = read_image(pngs[0])
+    grey = np.ascontiguousarray(rgb[..., 1])
+    rgba = np.dstack([rgb, np.tile(np.arange(32, dtype=np.uint8) * 8, (32, 1))])
+    cv2.imwrite(str(tmp_path / "grey.png"), grey)
+    cv2.imwrite(str(tmp_path / "rgba.png"), cv2.cvtColor(rgba, cv2.COLOR_RGBA2BGRA))
+    for name, image in (("grey", grey), ("grey", grey[..., None]), ("rgba", rgba)):
+        want = predict(run_dir, [tmp_path / f"{name}.png"], tmp_path / f"out-{image.ndim}"
+                       f"-{name}", PredictOptions()).results[0].scores
+        got = capsmed.predict_array(run_dir, image)[0].scores
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
 def test_images_it_cannot_take_are_refused_by_index(tupac_lenet, folder_run):
+    import tempfile
+    from pathlib import Path
+
     run_dir, _ = folder_run
+    left = set(Path(tempfile.gettempdir()).glob("capsmed-array-*"))
     good = np.zeros((32, 32, 3), np.uint8)
     with pytest.raises(CapsmedError, match=r"images\[1\]: float32 pixels; give uint8"):
         capsmed.predict_array(run_dir, [good, good.astype(np.float32)])
@@ -88,3 +110,5 @@ def test_images_it_cannot_take_are_refused_by_index(tupac_lenet, folder_run):
         capsmed.predict_array(tupac_lenet, np.zeros((16, 16, 3), np.uint8))
     with pytest.raises(CapsmedError, match="--stride applies to windowed runs"):
         capsmed.predict_array(run_dir, good, stride=4)
+    # no temporary file is left by a refusal
+    assert set(Path(tempfile.gettempdir()).glob("capsmed-array-*")) == left

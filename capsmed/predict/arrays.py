@@ -22,8 +22,6 @@ from capsmed.data.replay import make_recipe
 from capsmed.data.replay.options import Overrides
 from capsmed.errors import CapsmedError
 
-CHANNELS = {2: "minisblack", 3: "rgb", 4: "rgb"}  # TIFF photometric of (H, W[, C])
-
 
 @dataclass(frozen=True)
 class ArrayPrediction:
@@ -112,10 +110,10 @@ def _one(run: Any, recipe: Any, i: int, image: np.ndarray, path: Path,
          batch_size: int) -> ArrayPrediction:
     import tifffile
 
-    photometric = CHANNELS.get(image.shape[-1] if image.ndim == 3 else 2)
-    extra = ["unassalpha"] if image.ndim == 3 and image.shape[-1] in (2, 4) else None
-    tifffile.imwrite(path, np.ascontiguousarray(image), photometric=photometric,
-                     extrasamples=extra)
+    channels = image.shape[-1] if image.ndim == 3 else 1
+    alpha = ["unassalpha"] if channels in (2, 4) else None  # grey+alpha, RGBA
+    tifffile.imwrite(path, np.ascontiguousarray(image), extrasamples=alpha,
+                     photometric="rgb" if channels >= 3 else "minisblack")
     try:
         prepared = recipe.prepare(path, None)
         chunks = [(run.predict(inputs, batch_size), centres)
