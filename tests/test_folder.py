@@ -183,6 +183,38 @@ def test_tiff_colour_interpretations_are_read_as_they_look(tmp_path):
         read_image(tmp_path / "cmyk.tif")
 
 
+def test_tiff_of_fewer_than_8_bits_is_scaled_to_full_range(tmp_path):
+    """A 4-bit grey TIFF's 15 is white, as Pillow and viewers show it, not almost black."""
+    from PIL import Image
+
+    from capsmed.data.images import read_image
+
+    ramp = np.tile(np.arange(16, dtype=np.uint8), (4, 1))
+    for bits, kind in ((4, "minisblack"), (4, "miniswhite"), (2, "minisblack")):
+        path = tmp_path / f"{kind}{bits}.tif"
+        tifffile.imwrite(path, ramp % (1 << bits), bitspersample=bits, photometric=kind)
+        assert read_image(path).tolist() == np.asarray(Image.open(path)).tolist(), path.name
+    assert read_image(tmp_path / "minisblack4.tif").max() == 255
+
+
+def test_exif_orientation_is_counted_in_a_warning(tmp_path, caplog):
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        image = Image.fromarray(np.full((8, 12, 3), 100, np.uint8))
+        exif = Image.Exif()
+        exif[0x0112] = 6 if name == "a" else 1  # a: turned 90 degrees; b: upright
+        image.save(root / name / "P0_x.jpg", exif=exif)
+    with caplog.at_level("WARNING"):
+        out = preprocess_folder(root, tmp_path / "p.h5",
+                                FolderConfig(fractions={"train": 1.0}, workers=1))
+    assert read_info(out).image_size == (8, 12)  # stored as the pixels lie
+    assert "1 image(s) carry an EXIF orientation (P0_x.jpg) that is not applied" \
+        in caplog.text
+
+
 def test_colour_turned_grey_by_a_grey_first_image_is_warned_about(tmp_path, caplog):
     root = tmp_path / "mixed"
     _write(root / "a" / "0_grey.png", np.full((8, 8), 90, np.uint8))
@@ -300,8 +332,27 @@ def _size_mismatch(root):
     return victim, "pass a size"
 
 
+def _same_stem(root):  # one image twice: it could land in train and in test
+    victim = root / "a" / "P0_x.PNG"
+    _write(root / "a" / "P0_x.tmp.png", np.zeros((8, 8), np.uint8))
+    (root / "a" / "P0_x.tmp.png").rename(victim)
+    return victim, "also present as"
+
+
+def _classes_differ_in_case(root):
+    _write(root / "A" / "P7_x.png", np.zeros((8, 8), np.uint8))
+    return root, "'A' and 'a' differ only in case"
+
+
+def _unread_format(root):  # a WebP is neither read nor may it vanish unsaid
+    victim = root / "b" / "P3_x.webp"
+    victim.write_bytes(b"RIFF\0\0\0\0WEBPVP8 ")
+    return victim, "a WEBP image, a format the folder source does not read"
+
+
 @pytest.mark.parametrize("break_it", [_corrupt_png, _corrupt_tiff, _empty_class,
-                                      _no_class_folders, _size_mismatch])
+                                      _no_class_folders, _size_mismatch, _same_stem,
+                                      _classes_differ_in_case, _unread_format])
 def test_bad_raw_data(tmp_path, break_it):
     root = tmp_path / "root"
     _good(root)

@@ -108,12 +108,13 @@ class FolderWalk:
         return real
 
     def files(self, root: Path, suffixes: Iterable[str], *, recursive: bool = True,
-              skip: Iterable[str] = ()) -> list[Path]:
+              skip: Iterable[str] = (), others: list[Path] | None = None) -> list[Path]:
         """Sorted files under ``root`` whose extension is one of ``suffixes`` (any case).
 
         Names starting with ``.`` and folders named in ``skip`` are left out. Every file
         found is checked with :func:`check_file` (an empty file is the reader's call),
-        and so is a broken link with no extension: it may be a lost folder.
+        and so is a broken link with no extension: it may be a lost folder. The files
+        passed over for their extension are appended to ``others`` when it is given.
         """
         suffixes, skip = tuple(suffixes), set(skip)
         found: list[Path] = []
@@ -138,6 +139,8 @@ class FolderWalk:
                         visit(path, (*ancestors, real))
                 elif has_suffix(entry.name, suffixes):
                     found.append(self._file(path))
+                elif others is not None and os.path.splitext(entry.name)[1]:
+                    others.append(path)
                 elif entry.is_symlink() and not os.path.splitext(entry.name)[1] \
                         and not os.path.exists(path):
                     check_file(path, "folder")

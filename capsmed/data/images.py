@@ -148,6 +148,9 @@ def read_tiff(path: Path) -> tuple[np.ndarray, tuple[int, ...]]:
         name = "CMYK" if kind == P.SEPARATED else getattr(kind, "name", kind)
         raise CapsmedError(f"{path}: a TIFF with {name} colours cannot be read as RGB or "
                            "grey; save it as RGB or greyscale")
+    if kind != P.PALETTE and image.dtype == np.uint8 and 1 < bits < 8:
+        # 2- to 7-bit samples come as 0..2**bits - 1: full scale is 255, as in a viewer
+        image = np.rint(image * (255.0 / ((1 << bits) - 1))).astype(np.uint8)
     return image, extras
 
 
@@ -182,6 +185,21 @@ def read_image(path: Path) -> np.ndarray:
         raise CapsmedError(f"{path}: expected a grey or colour 2-D image, got shape "
                            f"{image.shape}")
     return image
+
+
+def exif_orientation(path: Path) -> int:
+    """The EXIF orientation tag of a JPEG, PNG or WebP file (1, upright, when absent or
+    unreadable); :func:`read_image` does not apply it."""
+    if path.suffix.lower() not in (".jpg", ".jpeg", ".png", ".webp"):
+        return 1
+    from PIL import Image  # header only: Pillow reads no pixels for this
+
+    try:
+        with Image.open(path) as im:
+            value = im.getexif().get(0x0112, 1)
+    except Exception:  # a damaged header: read_image says what is wrong with the file
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
 def to_uint8(image: np.ndarray, scale16: str, path: Path) -> np.ndarray:

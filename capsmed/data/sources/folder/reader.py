@@ -24,8 +24,14 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from capsmed.data.contract import DatasetWriter
-from capsmed.data.files import FolderWalk, check_file, check_name
-from capsmed.data.images import convert_channels, read_image, resize_image, to_uint8
+from capsmed.data.files import FolderWalk, check_file, check_name, refuse_same_stem, shown
+from capsmed.data.images import (
+    convert_channels,
+    exif_orientation,
+    read_image,
+    resize_image,
+    to_uint8,
+)
 from capsmed.data.normalise import StainNormaliser, build_normaliser
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
@@ -38,6 +44,11 @@ from capsmed.errors import CapsmedError
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+# image formats this source does not read: left out silently, a class would lose images
+UNREAD_IMAGE_EXTENSIONS = frozenset(
+    (".webp", ".gif", ".pgm", ".ppm", ".pbm", ".pnm", ".jp2", ".j2k", ".jpx", ".jxl",
+     ".heic", ".heif", ".avif", ".dcm", ".dicom", ".tga", ".exr", ".hdr", ".svs", ".ndpi",
+     ".mrxs", ".scn", ".vms", ".czi", ".nii", ".nrrd", ".mha", ".mhd"))
 FILES_PER_JOB = 64  # a worker job reads this many files: amortises pickling and start-up
 LOW_RANGE_16BIT = 4096  # a 16-bit image whose maximum is below this holds <= 12 bits
 
@@ -72,12 +83,25 @@ def discover(root: Path, classes: tuple[str, ...] | None = None
                                f"{', '.join(present)})")
     if len(set(names)) != len(names):
         raise CapsmedError(f"{root}: a class is named twice in {', '.join(names)}")
+    folded: dict[str, str] = {}
+    for name in names:  # Benign/ and benign/ are one class to a reader, two to a model
+        if folded.setdefault(name.casefold(), name) != name:
+            raise CapsmedError(f"{root}: class folders {folded[name.casefold()]!r} and "
+                               f"{name!r} differ only in case; merge them or rename one")
     if classes and set(present) - set(names):
         log.info("class folders left out: %s", ", ".join(sorted(set(present) - set(names))))
     files: list[ImageFile] = []
     walk = FolderWalk()  # one walk: a folder linked into two classes is an error
     for label, name in enumerate(names):
-        found = walk.files(root / name, IMAGE_EXTENSIONS)
+        others: list[Path] = []
+        found = refuse_same_stem(walk.files(root / name, IMAGE_EXTENSIONS, others=others))
+        unread = [p for p in others if p.suffix.lower() in UNREAD_IMAGE_EXTENSIONS]
+        if unread:
+            raise CapsmedError(
+                f"{shown(unread[0])}: a {unread[0].suffix[1:].upper()} image, a format the "
+                f"folder source does not read ({len(unread)} such file(s) in class "
+                f"{name!r}); convert them to "
+                f"{', '.join(e[1:] for e in IMAGE_EXTENSIONS)} or move them out")
         if not found:
             raise CapsmedError(f"{root / name}: class folder holds no images "
                                f"({', '.join(e[1:] for e in IMAGE_EXTENSIONS)})")
@@ -121,11 +145,13 @@ class _Result:
     native_sizes: np.ndarray
     converted: int
     low_range: int
+    turned: list[str]  # names of files with an EXIF orientation other than upright
 
 
 def process_chunk(job: _Job) -> _Result:
     """Read and convert a chunk of files (runs in a worker process)."""
     images, sizes, converted, low = [], [], 0, 0
+    turned: list[str] = []
     for path in job.paths:
         image, native_size, native_channels, low_range = load_image(path, job.channels,
                                                                     job.config, job.stain)
@@ -137,7 +163,9 @@ def process_chunk(job: _Job) -> _Result:
         sizes.append(native_size)
         converted += native_channels != job.channels
         low += low_range
-    return _Result(np.stack(images), np.asarray(sizes, np.int32), converted, low)
+        if exif_orientation(path) != 1:
+            turned.append(path.name)
+    return _Result(np.stack(images), np.asarray(sizes, np.int32), converted, low, turned)
 
 
 def _normalise_rel(text: str) -> str:
@@ -281,6 +309,7 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
     source = {"raw_dir": str(root.resolve()),
               "files": {files[i].rel: files[i].path.stat().st_size for i in keep}}
     converted = low_range = 0
+    turned: list[str] = []
     writer = DatasetWriter(output, dataset=cfg.name or root.resolve().name,
                            kind=SOURCE.name, domain=cfg.domain,
                            class_names=class_names, image_shape=(channels, *shape),
@@ -302,12 +331,18 @@ def preprocess_folder(root: Path, output: Path, config: FolderConfig | None = No
                     folds=folds[idx] if folds is not None else None)
             converted += res.converted
             low_range += res.low_range
+            turned += res.turned
     if converted and channels == 1 and cfg.channels is None:  # colour lost, unasked
         log.warning("%d colour image(s) converted to grey because the first image (%s) is "
                     "grey; pass --channels 3 to keep their colour", converted,
                     files[keep[0]].rel)
     elif converted:
         log.info("%d image(s) converted to %s", converted, "grey" if channels == 1 else "RGB")
+    if turned:
+        log.warning("%d image(s) carry an EXIF orientation (%s%s) that is not applied: "
+                    "they are stored as their pixels lie, as most training libraries read "
+                    "them; rotate the files first if the camera's view matters",
+                    len(turned), ", ".join(turned[:3]), ", ..." if len(turned) > 3 else "")
     if low_range and cfg.scale16 == "full":
         log.warning("%d 16-bit image(s) use 12 bits or fewer and come out dark with "
                     "scale16=full; consider scale16=minmax (--scale16 minmax)", low_range)
