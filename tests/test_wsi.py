@@ -406,10 +406,22 @@ def _point_outside_slide(tmp_path):
         "line 1: point (5000, 10) is outside slide a (1024x1024"
 
 
+def _polygon_at_another_scale(tmp_path):  # x10: every tile would silently be background
+    geo = tmp_path / "a.geojson"
+    geo.write_text(json.dumps({"type": "FeatureCollection", "features": [
+        _feature({"type": "Polygon", "coordinates": [_rect(250, 250, 500, 340)]}, "Tumor"),
+        _feature({"type": "Polygon", "coordinates": [_rect(2500, 2500, 5000, 3400)]},
+                 "Tumor")]}))
+    return [str(tmp_path / "slides"), "--geojson", str(geo)], geo, \
+        "polygon 2 ('Tumor') spans x 2500..5000, y 2500..3400, outside slide a (1024x1024"
+
+
 @pytest.mark.parametrize("make", [_text_svs, _unknown_slide_in_csv, _invalid_geojson,
-                                  _mpp_without_metadata, _point_outside_slide],
+                                  _mpp_without_metadata, _point_outside_slide,
+                                  _polygon_at_another_scale],
                          ids=["text-file-named-svs", "csv-unknown-slide", "invalid-geojson",
-                              "mpp-without-metadata", "point-outside-slide"])
+                              "mpp-without-metadata", "point-outside-slide",
+                              "polygon-outside-slide"])
 def test_bad_input_fails_cleanly_through_the_cli(tmp_path, make):
     (tmp_path / "slides").mkdir()
     _slide(tmp_path / "slides" / "a.svs")

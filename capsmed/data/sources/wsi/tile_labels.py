@@ -175,6 +175,25 @@ class Labelling:
     files: dict[str, int]
 
 
+EDGE_SLACK = 0.01  # a polygon may overrun the slide by this share of its size
+
+
+def _check_polygons_fit(path: Path, slide: str, shapes: tuple[Polygon, ...],
+                        size: tuple[int, int]) -> None:
+    """Refuse polygons that reach past the slide: exported at another scale, or for
+    another slide, they would label no tile and the slide's tiles would all be
+    background."""
+    w, h = size
+    slack = EDGE_SLACK * np.array([w, h])
+    for number, shape in enumerate(shapes, start=1):
+        lo, hi = shape.exterior.min(axis=0), shape.exterior.max(axis=0)
+        if (lo < -slack).any() or (hi > np.array([w, h]) + slack).any():
+            raise CapsmedError(
+                f"{path}: polygon {number} ({shape.label!r}) spans x {lo[0]:g}..{hi[0]:g}, "
+                f"y {lo[1]:g}..{hi[1]:g}, outside slide {slide} ({w}x{h} at level 0); "
+                "was it exported at another scale, or for another slide?")
+
+
 def load_labels(cfg: Any, dims: Mapping[str, tuple[int, int]],
                 file_names: Mapping[str, str]) -> Labelling:
     """Read the label source named in a ``WsiConfig`` and check it against the slides.
@@ -215,6 +234,8 @@ def load_labels(cfg: Any, dims: Mapping[str, tuple[int, int]],
         matched = match_geojson([Path(p) for p in cfg.geojson], aliases)
         polygons = {s: tuple(read_geojson(f)) for s, f in matched.items()}
         files = list(matched.values())
+        for slide, shapes in polygons.items():
+            _check_polygons_fit(matched[slide], slide, shapes, dims[slide])
         for s in sorted(set(dims) - set(matched)):
             log.warning("%s: no GeoJSON for this slide; all its tiles are unlabelled", s)
         classes = {p.label for ps in polygons.values() for p in ps}
