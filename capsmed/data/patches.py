@@ -23,14 +23,15 @@ def extract_patches(image: np.ndarray, centres: np.ndarray, size: int) -> np.nda
     if (centres < 0).any() or (centres[:, 0] >= h).any() or (centres[:, 1] >= w).any():
         raise ValueError(f"patch centres must lie inside the {h}x{w} image")
     half = size // 2
-    pad = [(half + 1, half + 1), (half + 1, half + 1)] + [(0, 0)] * (image.ndim - 2)
-    padded = np.pad(image, pad, mode="reflect")
-    top = centres[:, 0] + 1  # (centre - half) shifted by the (half + 1) padding
-    left = centres[:, 1] + 1
-    offsets = np.arange(size)
-    rows = (top[:, None] + offsets)[:, :, None]  # K, size, 1
-    cols = (left[:, None] + offsets)[:, None, :]  # K, 1, size
-    return padded[rows, cols]
+    top, left = centres[:, 0] - half, centres[:, 1] - half
+    if top.min() < 0 or left.min() < 0 or top.max() + size > h or left.max() + size > w:
+        pad = [(half + 1, half + 1), (half + 1, half + 1)] + [(0, 0)] * (image.ndim - 2)
+        image = np.pad(image, pad, mode="reflect")
+        top, left = top + half + 1, left + half + 1
+    # every window of the image as a view; indexing copies the chosen ones row by row
+    windows = np.lib.stride_tricks.sliding_window_view(image, (size, size), axis=(0, 1))
+    patches = windows[top, left]  # (K, [C,] size, size): the window axes come last
+    return np.ascontiguousarray(np.moveaxis(patches, (-2, -1), (1, 2)))
 
 
 def resize_patches(patches: np.ndarray, out_size: int) -> np.ndarray:
@@ -47,7 +48,9 @@ def window_fraction(mask: np.ndarray, centres: np.ndarray, size: int) -> np.ndar
 
     Centres must keep the window inside the image. Uses an integral image: O(1) per window.
     """
-    integral = np.pad(mask.astype(np.int64), ((1, 0), (1, 0))).cumsum(0).cumsum(1)
+    integral = (cv2.integral(np.ascontiguousarray(mask, dtype=np.uint8), sdepth=cv2.CV_32S)
+                if mask.size < 2**31 else
+                np.pad(mask.astype(np.int64), ((1, 0), (1, 0))).cumsum(0).cumsum(1))
     top = centres[:, 0] - size // 2
     left = centres[:, 1] - size // 2
     bottom, right = top + size, left + size

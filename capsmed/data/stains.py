@@ -30,11 +30,16 @@ _HED_OD = (np.log(np.maximum(img_as_float(np.arange(256, dtype=np.uint8)), 1e-6)
 _MASK_OD = -np.log((np.arange(256, dtype=np.float32) + 1.0) / 256.0)
 
 
+def _lookup(rgb: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``table[rgb[..., :3]]``, looked up by OpenCV (about twice as fast as indexing)."""
+    return cv2.LUT(np.ascontiguousarray(rgb[..., :3]), table)
+
+
 def hematoxylin_density(rgb: np.ndarray) -> np.ndarray:
     """Hematoxylin concentration per pixel (float32, >= 0) from an RGB uint8 image:
     ``rgb2hed(rgb)[..., 0]``, computed as ``rgb2hed`` does from looked-up densities
     (the same (H, W, 3) @ (3, 3) product: a column alone rounds differently)."""
-    stains = _HED_OD[rgb[..., :3]] @ hed_from_rgb
+    stains = _lookup(rgb, _HED_OD) @ hed_from_rgb
     return np.clip(stains[..., 0], 0.0, None).astype(np.float32)
 
 
@@ -54,7 +59,9 @@ def tissue_mask(rgb: np.ndarray, od_threshold: float = 0.15, smooth: int = 15) -
     Glass, lumen and fat transmit almost all light (OD ~ 0); a box blur of ``smooth``
     pixels stops single noisy pixels from counting as tissue.
     """
-    od = _MASK_OD[rgb[..., :3]].mean(axis=-1)
+    # the mean as numpy's float32 mean over the channel axis computes it: (r + g + b) / 3
+    od = _lookup(rgb, _MASK_OD)
+    od = (od[..., 0] + od[..., 1] + od[..., 2]) / np.float32(3)
     if smooth > 1:
         od = cv2.blur(od, (smooth, smooth))
     return od > od_threshold
