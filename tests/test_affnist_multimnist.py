@@ -296,6 +296,14 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
     test = load_split(multi, "test", with_meta=True)
     assert report["samples"] == len(test)
     assert report["two_digit_accuracy"] <= min(report["first_found"], report["second_found"])
+    # capsmed evaluate's per-class table scores the first digit; it says so and gives
+    # the two-digit accuracy beside it (it once reported first-digit accuracy unsaid)
+    result = runner.invoke(app, ["evaluate", str(run), "--no-grids"])
+    assert result.exit_code == 0, result.output
+    assert "two labels per image (label2)" in " ".join(result.stderr.split())
+    evaluated = json.loads((run / "report" / "report.json").read_text())
+    assert evaluated["two_label"]["two_digit_accuracy"] == report["two_digit_accuracy"]
+    assert "first digit of two" in (run / "report" / "report.md").read_text()
     # two digits per image: transfer scores both in the top two (its base B is this run
     # on this test split, so it must equal analyze multimnist's figure); affine, which
     # scores one class per image, refuses the file
