@@ -231,3 +231,29 @@ def test_a_light_digit_image_is_warned_about(tmp_path, caplog):
         images, centres = next(prepared.chunks)
         assert images.shape == (1, 1, 28, 28) and centres.tolist() == [[28, 28]]
     assert "light.png: mostly light" in caplog.text and "dark.png" not in caplog.text
+
+
+@pytest.mark.parametrize("placement", ["center40", "random40"])
+def test_a_digit_is_placed_on_the_canvas_as_the_set_placed_its_digits(tmp_path, placement):
+    """A run on MNIST placed on 40x40 gets a 28x28 digit centred on the black canvas,
+    as center40 made the set (it was stretched to fill the canvas)."""
+    import cv2
+
+    from capsmed.data.record import DatasetRecord
+    from capsmed.data.replay import make_recipe
+    from capsmed.data.replay.options import Overrides
+
+    record = DatasetRecord("mnist", tuple("0123456789"), 1, (40, 40),
+                           {"seed": 0, "placement": placement, "canvas": 40,
+                            "source_image_size": [28, 28]})
+    recipe = make_recipe(record, Overrides())
+    digit = np.zeros((28, 28), np.uint8)
+    digit[4:24, 12:16] = 200
+    cv2.imwrite(str(tmp_path / "digit.png"), digit)
+    images, _ = next(recipe.prepare(tmp_path / "digit.png", None).chunks)
+    expected = np.zeros((40, 40), np.uint8)
+    expected[6:34, 6:34] = digit
+    np.testing.assert_array_equal(images[0, 0], expected)
+    cv2.imwrite(str(tmp_path / "big.png"), cv2.resize(digit, (56, 56)))  # resized first
+    images, _ = next(recipe.prepare(tmp_path / "big.png", None).chunks)
+    assert images[0, 0, :6].max() == 0 and images[0, 0, 6:34, 6:34].max() > 0

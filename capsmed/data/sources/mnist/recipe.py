@@ -1,5 +1,7 @@
 """``capsmed predict`` on a run of the MNIST family (MNIST, Fashion-MNIST, affNIST): one
-prediction per image, grey, resized to the run's input."""
+prediction per image, grey, resized to the run's input; on a set made with a placement
+(``center40``, ``random40``) the digit is resized to its recorded size and centred on
+the black canvas, as the set's images were made."""
 
 from __future__ import annotations
 
@@ -24,6 +26,27 @@ class DigitImage(WholeImage):
             log.warning("%s: mostly light (mean %.0f of 255), but %s images are light "
                         "strokes on a black background; invert the image if its strokes "
                         "are dark", path, image.mean(), self.record.dataset)
+        placement = self.record.preprocessing.get("placement", "none")
+        if placement != "none" and image.shape[:2] != self.shape:
+            image = self._place(path, image, placement)
         if image.shape[:2] != self.shape:
             image = resize_image(image, self.shape[0], keep_aspect=False)
         return image.transpose(2, 0, 1), (raw.shape[1], raw.shape[0])
+
+    def _place(self, path: Path, image: np.ndarray, placement: str) -> np.ndarray:
+        """The digit at its recorded size, centred on the canvas as ``center40`` puts it
+        (``random40``'s seeded position belongs to the set's own images)."""
+        size = self.record.preprocessing.get("source_image_size") or [28, 28]
+        h, w = int(size[0]), int(size[0])  # the family's digits are square
+        if image.shape[:2] != (h, w):
+            log.info("%s: %dx%d, resized to the %dx%d digits the set placed on its canvas",
+                     path, image.shape[1], image.shape[0], w, h)
+            image = resize_image(image, h, keep_aspect=False)
+        if placement == "random40":
+            log.info("%s: centred on the %dx%d canvas (the set placed its digits at seeded "
+                     "random positions, which belong to its own images)", path,
+                     self.shape[1], self.shape[0])
+        top, left = (self.shape[0] - h) // 2, (self.shape[1] - w) // 2
+        canvas = np.zeros((*self.shape, 1), np.uint8)
+        canvas[top:top + h, left:left + w] = image
+        return canvas
