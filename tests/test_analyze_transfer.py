@@ -161,3 +161,20 @@ def test_transfer_copies_batch_norm_statistics_with_the_weights(tmp_path):
     copied = dict(target.named_modules())[name]
     assert torch.equal(copied.running_mean, norm.running_mean)
     assert torch.equal(copied.running_var, norm.running_var)
+    # frozen: the statistics stay as transferred through model.train() and a training
+    # step (in training mode a batch norm normalises by the batch and updates them)
+    target.train()
+    target(torch.randn(4, 1, 28, 28))
+    assert not copied.training
+    assert torch.equal(copied.running_mean, norm.running_mean)
+    assert torch.equal(copied.running_var, norm.running_var)
+    features = torch.randn(4, copied.num_features, 5, 5)
+    torch.testing.assert_close(copied(features), torch.nn.functional.batch_norm(
+        features, norm.running_mean, norm.running_var, copied.weight, copied.bias,
+        training=False, eps=copied.eps))
+    thawed = create_model("em-capsnet", **kwargs)  # not frozen: trains as usual
+    transfer_parameters(thawed, tmp_path, [name], freeze=False)
+    thawed.train()
+    thawed(torch.randn(4, 1, 28, 28))
+    assert not torch.equal(dict(thawed.named_modules())[name].running_mean,
+                           norm.running_mean)

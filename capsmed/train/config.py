@@ -103,7 +103,8 @@ class TrainConfig:
             named by ``transfer_layers`` (paper 003's AnB / BnB transfer).
         transfer_layers: Parameter-name prefixes copied from ``transfer_from`` (e.g.
             ``conv1``, ``primary``); required with it.
-        freeze_transferred: Keep the copied parameters fixed while training.
+        freeze_transferred: Keep the copied parameters fixed while training (batch norms
+            among them normalise with their copied running statistics, never updated).
     """
 
     data: str

@@ -17,7 +17,7 @@ def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str
     """Copy the parameters whose names start with one of ``prefixes`` from the checkpoint
     in run directory ``source`` (paper 003's layer transfer), with their buffers (batch
     norms' running statistics, which the copied weights were trained with); optionally
-    freeze the parameters.
+    freeze the parameters, and the batch norms' statistics with them.
 
     Raises:
         CapsmedError: if a prefix matches nothing or shapes differ.
@@ -51,6 +51,24 @@ def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str
                     and weights[name].shape == buffer.shape:
                 with torch.no_grad():
                     buffer.copy_(weights[name])
+    if freeze:
+        _freeze_norm_statistics(model, prefixes)
     log.info("transferred %d parameter tensors from %s%s", len(copied), source,
              " (frozen)" if freeze else "")
     return copied
+
+
+def _keep_eval(module: torch.nn.Module, _inputs: object) -> None:
+    module.training = False  # model.train() would set it again: undone before each call
+
+
+def _freeze_norm_statistics(model: torch.nn.Module, prefixes: list[str]) -> None:
+    """Batch norms inside frozen layers normalise with their transferred running
+    statistics and never update them, whatever ``model.train()`` says: in training mode
+    they would normalise by each batch and drift, and the frozen layers would compute
+    something other than what was transferred."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and any(
+                name == p or name.startswith(p + ".") for p in prefixes):
+            module.eval()
+            module.register_forward_pre_hook(_keep_eval)
