@@ -219,17 +219,24 @@ def test_cli_agreement_flag_and_bad_batch_size(lenet_run, tmp_path):
     assert set(report["agreement"]["accuracy_by_orientation"]) == set(ORIENTATIONS)
 
 
-def _other_file(path, class_names, size, n=5):
+def _other_file(path, class_names, size, n=5, like=None, **changed):
+    """``n`` random test images; ``like``: a dataset file whose source and preprocessing
+    it claims, with ``changed`` parameters."""
     rng = np.random.default_rng(1)
-    with DatasetWriter(path, dataset="other", kind="folder", domain="generic",
-                       class_names=class_names,
-                       image_shape=(1, size, size), preprocessing={}, source={}) as writer:
+    info = read_info(like) if like else None
+    with DatasetWriter(path, dataset=info.dataset if info else "other",
+                       kind=info.source_kind if info else "folder",
+                       domain=info.domain if info else "generic", class_names=class_names,
+                       image_shape=(1, size, size),
+                       preprocessing={**(info.preprocessing if info else {}), **changed},
+                       source={}) as writer:
         writer.append("test", rng.integers(0, 256, (n, 1, size, size), dtype=np.uint8),
                       np.arange(n) % 2, [f"p{i}" for i in range(n)])
     return path
 
 
-def test_evaluate_on_another_file_with_the_same_classes(lenet_run, tiny_h5, tmp_path):
+def test_evaluate_on_another_file_with_the_same_classes(lenet_run, tiny_h5, tmp_path,
+                                                         caplog):
     names = list(read_info(tiny_h5).class_names)
     other = _other_file(tmp_path / "other.h5", names, 28)
     result = evaluate_run(lenet_run, data=other, disable_progress=True)
@@ -237,6 +244,18 @@ def test_evaluate_on_another_file_with_the_same_classes(lenet_run, tiny_h5, tmp_
     assert report["data"] == str(other) and report["dataset"] == "other"
     assert report["samples"] == report["total"]["support"] == 5
     assert report["per_class"][names[1]]["support"] == 2
+    assert report["other_data"] and report["other_source"] == "folder"
+    assert "other.h5, not the run's file" in (result.report_dir / "report.md").read_text()
+    # the run's own source, made otherwise: the differences are said and recorded (a
+    # re-split, another seed, is not a difference in how the images look)
+    again = _other_file(tmp_path / "again.h5", names, 28, like=tiny_h5, patch_size=50,
+                        h_max=0.6, seed=7)
+    with caplog.at_level("WARNING"):
+        result = evaluate_run(lenet_run, data=again, disable_progress=True, grids=False)
+    report = json.loads((result.report_dir / "report.json").read_text())
+    assert report["preprocessing_differs"] == {"h_max": [0.2, 0.6], "patch_size": [100, 50]}
+    assert "made with other preprocessing than" in caplog.text
+    assert "patch_size: 100 there, 50 here" in caplog.text
     with pytest.raises(CapsmedError, match="images are 1x32x32, the model expects 1x28x28"):
         evaluate_run(lenet_run, data=_other_file(tmp_path / "big.h5", names, 32))
     with pytest.raises(CapsmedError, match=r"classes \['x', 'y'\] do not match"):

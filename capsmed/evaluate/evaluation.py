@@ -70,6 +70,38 @@ def _two_label_scores(data: Path, split: str, samples: SplitData, scores: Any
     return values
 
 
+# what may differ between two files of one source without their images looking different
+SPLIT_PARAMETERS = frozenset((
+    "seed", "fractions", "val", "val_count", "test", "train", "folds", "split_files",
+    "split_sources", "split_unit", "allow_group_leak", "allow_no_annotations",
+    "negatives_per_image", "negatives_per_image_used", "per_class_limit", "workers"))
+
+
+def _preprocessing_differences(run: OpenRun, info: Any) -> dict[str, Any]:
+    """How another file's preprocessing differs from the run's own (report.json keys),
+    warned about when both come from one source: same classes and shape, but images
+    made another way (a patch size, a stain scaling) are not the run's test."""
+    from capsmed.data.record import run_record
+
+    try:
+        ours = run_record(run.run_dir, run.trained_on)
+    except CapsmedError:  # no record and no file: nothing to compare with
+        return {"other_data": True}
+    if (ours.source_kind or ours.dataset) != (info.source_kind or info.dataset):
+        return {"other_data": True, "other_source": info.source_kind or info.dataset}
+    changed = {k: [ours.preprocessing.get(k), info.preprocessing.get(k)]
+               for k in sorted(set(ours.preprocessing) | set(info.preprocessing))
+               if k not in SPLIT_PARAMETERS
+               and ours.preprocessing.get(k) != info.preprocessing.get(k)}
+    if changed:
+        log.warning("%s: made with other preprocessing than %s was trained on (%s); "
+                    "these scores are not on images like the run's own", info.path,
+                    run.run_dir, ", ".join(f"{k}: {a!r} there, {b!r} here"
+                                           for k, (a, b) in list(changed.items())[:4])
+                    + (", ..." if len(changed) > 4 else ""))
+    return {"other_data": True, "preprocessing_differs": changed}
+
+
 def _warn_seen_groups(run: OpenRun, split: str, split_data: SplitData) -> None:
     """Warn when another file of the same dataset (a re-preprocessed one, say) puts
     patients the run trained on into the split evaluated: not unseen patients."""
@@ -135,8 +167,10 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
               meta["epoch"], meta["arch"], dev, data_path, split, len(split_data))
     if not len(split_data):
         raise CapsmedError(f"{data_path}: split '{split}' has no samples")
+    differs: dict[str, Any] = {}
     if data is not None and not run.own_data:
         _warn_seen_groups(run, split, split_data)
+        differs = _preprocessing_differences(run, info)
 
     scores = predict_scores(model, split_data.images, dev, batch_size)
     probabilities, score_kind = class_probabilities(scores, run.loss_kind)
@@ -154,12 +188,14 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     if two_label is not None:  # the notes are logged as warnings below
         report.notes.insert(0, two_label["note"])
     title = (f"{meta['arch']} on {info.dataset} / {split} (epoch {meta['epoch']})"
+             + (f" - {data_path.name}, not the run's file" if differs else "")
              + (" - first digit of two" if two_label is not None else ""))
     report_dir = run_dir / report_name
     context = {"run_dir": str(run_dir), "arch": meta["arch"], "dataset": info.dataset,
                "data": str(data_path), "data_digest": file_digest(data_path),
                "split": split, "checkpoint_epoch": meta["epoch"],
                "samples": len(split_data), "auc_scores": score_kind}
+    context.update(differs)
     if two_label is not None:
         context["two_label"] = {k: v for k, v in two_label.items() if k != "note"}
     # written beside report_dir and renamed over it only when complete: a full disk or
