@@ -95,6 +95,12 @@ def test_a_folder_run_predicts_one_class_per_image(tmp_path):
     out = runner.invoke(app, ["-q", "predict", str(run_dir), str(files[0]), "-o",
                               str(tmp_path / "c"), "--centres", str(tmp_path / "x.csv")])
     assert out.exit_code == 1 and "--centres applies to patch and slide runs" in out.stderr
+    for option in (["--threshold", "0.9"], ["--class", "circle"]):  # ignored, once
+        out = runner.invoke(app, ["-q", "predict", str(run_dir), str(files[0]), "-o",
+                                  str(tmp_path / "t"), *option])
+        assert out.exit_code == 1, option
+        assert "--class and --threshold apply to patch and slide runs" in out.stderr
+        assert not (tmp_path / "t").exists()
 
 
 def test_an_aml_run_predicts_its_held_out_fold_from_the_tiffs(tmp_path):

@@ -162,6 +162,11 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     if opts.centres is not None and not recipe.windowed:
         raise CapsmedError(f"--centres applies to patch and slide runs; a {record.dataset} "
                            "run predicts one class per image")
+    if not recipe.windowed and (opts.class_name is not None
+                                or opts.threshold != PredictOptions.threshold):
+        raise CapsmedError(f"--class and --threshold apply to patch and slide runs; a "
+                           f"{record.dataset} run predicts one class per image, its "
+                           "highest-scoring one")
     centres = read_centres(opts.centres) if opts.centres is not None else {}
     items = gather_inputs(inputs, slides=recipe.slides)
     if centres:
