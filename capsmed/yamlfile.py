@@ -25,11 +25,11 @@ class _UniqueKeyLoader(_SafeLoader):  # type: ignore[misc, valid-type]
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             try:
-                first = seen.setdefault(key, line)
+                if key in seen:  # on another line, or twice in one {a: 1, a: 2}
+                    raise DuplicateKey(key, seen[key], line)
+                seen[key] = line
             except TypeError:  # an unhashable key: the base class explains it
                 break
-            if first != line:
-                raise DuplicateKey(key, first, line)
         return super().construct_mapping(node, deep=deep)
 
 

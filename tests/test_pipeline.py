@@ -79,6 +79,18 @@ def test_bad_pipeline_files_are_one_line_errors(tmp_path, change, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_two_data_stages_may_not_make_one_file(tmp_path):
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["datasets"]["again"] = {**raw["datasets"]["tupac16"],
+                                "output": "{out}/data/../data/tupac16.h5"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    result = runner.invoke(app, ["run", "--dry-run", str(path)])
+    assert result.exit_code == 1
+    assert "datasets.again.output:" in result.stderr
+    assert "is also datasets.tupac16's output" in result.stderr
+
+
 def test_missing_raw_data_fails_at_once_with_the_path_and_the_command(tmp_path):
     path = _pipeline(tmp_path)
     raw = yaml.safe_load(path.read_text())

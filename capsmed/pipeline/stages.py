@@ -3,6 +3,7 @@ each, the raw inputs they read, and what they should make (for estimates)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,16 @@ def read_stages(raw: dict[str, Any], names: dict[str, Any], path: Path) -> dict[
         own = res.check_resources(interpolate(spec.get("resources"), local, where, path),
                                   f"{where}.resources", path)
         expect = _expect(interpolate(spec.get("expect"), local, where, path), where, path)
+        same = next((s for s in stages.values() if _same_path(s.output, output)), None)
+        if same is not None:  # one would never be made, its runs training on the other's
+            raise fail(path, f"{where}.output: {output} is also datasets.{same.name}'s "
+                       "output; give each data stage its own file")
         stages[name] = Stage(name, output, commands, requires, scratch, own, expect)
     return stages
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
 
 
 def _expect(value: Any, where: str, path: Path) -> dict[str, Any]:

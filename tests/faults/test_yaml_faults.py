@@ -17,6 +17,8 @@ def test_a_repeated_key_is_refused_at_any_depth():
         load_yaml("epochs: 1\nlr: 0.1\nepochs: 3\n", "x.yaml")
     with pytest.raises(CapsmedError, match="line 4: key 'widths'"):
         load_yaml("model_kwargs:\n  widths: [3, 4]\n  hidden: [8]\n  widths: [5, 6]\n", "y")
+    with pytest.raises(CapsmedError, match="line 1: key 'epochs' is given twice"):
+        load_yaml("train: {epochs: 1, lr: 0.1, epochs: 3}\n", "w")  # one line, flow style
     # the same key in two mappings is fine
     assert load_yaml("- {a: 1}\n- {a: 2}\n", "z") == [{"a": 1}, {"a": 2}]
 
