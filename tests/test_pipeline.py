@@ -63,6 +63,11 @@ def test_grid_expands_with_rules_selection_and_variables(tmp_path, monkeypatch):
         load_pipeline(SMOKE, {"data_rot": "x"})
 
 
+GRID_WITHOUT_HALF_CAPSNET = [  # each field's values exist; one combination does not
+    {"dataset": ["tupac16"], "arch": ["lenet"], "condition": ["full", "half"], "seed": [0, 1]},
+    {"dataset": ["tupac16"], "arch": ["capsnet"], "condition": ["full"], "seed": [0, 1]}]
+
+
 @pytest.mark.parametrize("change, message", [
     ({"trian": {}}, "unknown key(s) trian"),
     ({"rules": [{"set": {"epochz": 2}}]}, "unknown training option(s) epochz"),
@@ -72,6 +77,11 @@ def test_grid_expands_with_rules_selection_and_variables(tmp_path, monkeypatch):
      "columns must be a grid field"),
     ({"report": {"tables": [{"rows": "condition", "columns": "arch", "metrc": "x"}]}},
      "unknown key(s) metrc"),
+    ({"grid": GRID_WITHOUT_HALF_CAPSNET, "exclude": [{"arch": "capsnet", "condition": "half"}]},
+     "exclude[0]: {'arch': 'capsnet', 'condition': 'half'} matches no run of the grid"),
+    ({"grid": GRID_WITHOUT_HALF_CAPSNET, "rules": [
+        {"when": {"arch": "capsnet", "condition": "half"}, "set": {"epochs": 2}}]},
+     "rules[0].when: {'arch': 'capsnet', 'condition': 'half'} matches no run of the grid"),
 ])
 def test_bad_pipeline_files_are_one_line_errors(tmp_path, change, message):
     result = runner.invoke(app, ["run", "--dry-run", str(_pipeline(tmp_path, **change))])

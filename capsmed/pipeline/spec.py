@@ -181,13 +181,19 @@ def _evaluations(items: Any, where: str, path: Path) -> tuple[Evaluation, ...]:
     return tuple(out)
 
 
-def _check_rules(raw: dict[str, Any], axes: Mapping[str, list[str]], path: Path) -> None:
-    """A misspelt field or value in ``when`` or ``exclude`` would match nothing."""
+def _check_rules(raw: dict[str, Any], axes: Mapping[str, list[str]],
+                 combos: list[dict[str, Any]], path: Path) -> None:
+    """A misspelt field or value in ``when`` or ``exclude``, or a combination of fields
+    no grid point has, would match nothing: the rule or exclusion would do nothing."""
     excluded = raw.get("exclude") or []
     if not isinstance(excluded, list):
         raise fail(path, "'exclude' must be a list of {field: value(s)}")
     for i, item in enumerate(excluded):
         check_selection(item, axes, f"exclude[{i}]", path)
+        if not any(matches_selection(item, c) for c in combos):
+            raise fail(path, f"exclude[{i}]: {item} matches no run of the grid (no grid "
+                        "point has that combination)")
+    kept = [c for c in combos if not any(matches_selection(x, c) for x in excluded)]
     for i, rule in enumerate(raw.get("rules") or []):
         if not isinstance(rule, dict) or set(rule) - {"when", "set", "resources"} \
                 or not ({"set", "resources"} & set(rule)) \
@@ -195,6 +201,9 @@ def _check_rules(raw: dict[str, Any], axes: Mapping[str, list[str]], path: Path)
             raise fail(path, f"rules[{i}]: expected 'when' (optional) and 'set' (a mapping) "
                         "and/or 'resources'")
         check_selection(rule.get("when") or {}, axes, f"rules[{i}].when", path)
+        if rule.get("when") and not any(matches_selection(rule["when"], c) for c in kept):
+            raise fail(path, f"rules[{i}].when: {rule['when']} matches no run of the grid "
+                        "(no grid point left after 'exclude' has that combination)")
 
 
 def _grid_options(fields: Mapping[str, Any], stages: dict[str, Stage]) -> dict[str, Any]:
@@ -307,7 +316,7 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     names.update({f"datasets.{k}": str(s.output) for k, s in stages.items()})
     combos = _combinations(raw, path)
     axes = grid_axes(combos)
-    _check_rules(raw, axes, path)
+    _check_rules(raw, axes, combos, path)
     runs = _runs(raw, names, stages, combos, path)
     check_report(raw.get("report") or {}, runs, axes, path)
     claims = read_claims(raw.get("claims"), axes, runs, path)
