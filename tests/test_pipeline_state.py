@@ -360,3 +360,23 @@ def test_a_full_disk_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch)
     state.acquire_lock()  # taken over: a live runner writes its lock at once
     state.release_lock()
     assert not _lock(state).exists()
+
+
+def test_an_evaluation_with_other_options_is_not_current(tmp_path):
+    """A report of split test is not the report of an evaluation now asking for val, or
+    for Agr, or for the run's own data after one on another file (it was reused)."""
+    from capsmed.pipeline.spec import Evaluation
+    from capsmed.pipeline.state import evaluation_current
+
+    report = tmp_path / "report" / "report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"split": "test", "data_digest": "sha256:x"}))
+    assert evaluation_current(tmp_path, Evaluation(split="test"))
+    assert not evaluation_current(tmp_path, Evaluation(split="val"))
+    assert not evaluation_current(tmp_path, Evaluation(split="test", agreement=True))
+    report.write_text(json.dumps({"split": "test", "agreement": {"agreement": 0.5}}))
+    assert evaluation_current(tmp_path, Evaluation(split="test", agreement=True))
+    assert not evaluation_current(tmp_path, Evaluation(split="test"))
+    report.write_text(json.dumps({"split": "test", "other_data": True}))
+    assert not evaluation_current(tmp_path, Evaluation(split="test"))
+    assert not evaluation_current(tmp_path / "nothing", Evaluation())

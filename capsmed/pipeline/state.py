@@ -38,19 +38,24 @@ STATES = ("pending", "outdated", "started", "interrupted", "trained", "damaged",
 
 
 def evaluation_current(run_dir: Path, evaluation: Any) -> bool:
-    """The evaluation's report exists and, when it scores another data file, was made
-    from that file as it is now (a remade file is evaluated again)."""
+    """The evaluation's report exists, scored the split (and Agr) the pipeline now asks
+    for and, when it scores another data file, was made from that file as it is now (a
+    remade file, or changed options, are evaluated again)."""
     report = run_dir / evaluation.name / "report.json"
     if not report.is_file():
         return False
-    if not evaluation.data:
-        return True
-    if not Path(evaluation.data).is_file():
-        return False
     try:
-        made_from = json.loads(report.read_text(encoding="utf-8")).get("data_digest")
+        made = json.loads(report.read_text(encoding="utf-8"))
+        if made.get("split", evaluation.split) != evaluation.split \
+                or ("agreement" in made) != bool(evaluation.agreement):
+            return False
     except (OSError, ValueError, AttributeError):
         return False
+    if not evaluation.data:
+        return not made.get("other_data")  # an evaluation on other data, now the run's
+    if not Path(evaluation.data).is_file():
+        return False
+    made_from = made.get("data_digest")
     return made_from is None or made_from == file_digest(Path(evaluation.data))
 
 
