@@ -77,6 +77,15 @@ GRID_WITHOUT_HALF_CAPSNET = [  # each field's values exist; one combination does
      "columns must be a grid field"),
     ({"report": {"tables": [{"rows": "condition", "columns": "arch", "metrc": "x"}]}},
      "unknown key(s) metrc"),
+    ({"report": {"tables": [{"rows": "condition", "columns": "arch",
+                             "paper": {"ful": {"lenet": 0.9}}}]}},
+     "report.tables[0].paper: 'ful' is not a row of the table (its rows: full, half)"),
+    ({"report": {"tables": [{"rows": "condition", "columns": "arch",
+                             "paper": {"full": {"lenet": 99.5}}}]}},
+     "99.5 is above 1, but the table's metric is a fraction (0-1): give scale: 100"),
+    ({"report": {"tables": [{"rows": "condition", "columns": "arch", "scale": 100,
+                             "paper": {"full": {"lenet": 0.995}}}]}},
+     "every number is at most 1, but scale: 100 shows percentages"),
     ({"grid": GRID_WITHOUT_HALF_CAPSNET, "exclude": [{"arch": "capsnet", "condition": "half"}]},
      "exclude[0]: {'arch': 'capsnet', 'condition': 'half'} matches no run of the grid"),
     ({"grid": GRID_WITHOUT_HALF_CAPSNET, "rules": [
@@ -251,3 +260,12 @@ def test_detach_runs_the_local_executor_in_the_background_and_wait_follows_it(tm
     assert len(_done_dirs(tmp_path / "out")) == 2
     assert (tmp_path / "out" / "report" / "study.md").is_file()
     assert not (tmp_path / "out" / ".capsmed-run" / "runner.lock").exists()
+
+
+def test_paper_numbers_are_found_under_rows_yaml_reads_as_numbers():
+    from capsmed.pipeline.study import _paper
+
+    spec = {"paper": {0.5: {"lenet": 0.2}, "full": 0.9, 3: {5: 0.7}}}  # YAML's keys
+    assert _paper(spec, "0.5", "lenet") == 0.2
+    assert _paper(spec, "full", "capsnet") == 0.9
+    assert _paper(spec, "3", "5") == 0.7 and _paper(spec, "half", "lenet") is None

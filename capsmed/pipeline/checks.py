@@ -163,6 +163,8 @@ def _check_table(spec: Any, where: str, runs: list[RunLike],
                     f"{spec['verdicts']!r}")
     if spec.get("curve") not in (None, False):
         _check_curve_of(spec, kind, chosen, where, path)
+    if kind == "metric" and spec.get("paper") is not None:
+        _check_paper(spec, chosen, where, path)
     if kind == "metric" and spec.get("file"):
         return
     if "metric" in spec:
@@ -172,6 +174,44 @@ def _check_table(spec: Any, where: str, runs: list[RunLike],
     if evaluation not in names:
         raise _fail(path, f"{where}: evaluation '{evaluation}' is not an evaluation of "
                     f"its runs ({', '.join(names)})")
+
+
+def _check_paper(spec: dict[str, Any], chosen: list[RunLike], where: str, path: Path
+                 ) -> None:
+    """A metric table's ``paper`` numbers sit under the table's rows and columns (a key
+    that is not one, a YAML 0.5 for the row "0.5" or a typo, was never shown or judged),
+    and in the table's units: a percentage beside a fraction is judged "below"."""
+    paper = spec["paper"]
+    if not isinstance(paper, dict):
+        raise _fail(path, f"{where}.paper: expected a mapping of row: {{column: number}}")
+    axes = {k: sorted({str(r.fields.get(spec[k])) for r in chosen}) for k in ("rows", "columns")}
+    numbers = []
+    for row, value in paper.items():
+        _check_paper_key(row, axes["rows"], f"{where}.paper", "row", path)
+        for column, number in (value.items() if isinstance(value, dict) else [(None, value)]):
+            if column is not None:
+                _check_paper_key(column, axes["columns"], f"{where}.paper.{row}", "column",
+                                 path)
+            if number is not None and (isinstance(number, bool)
+                                       or not isinstance(number, int | float)):
+                raise _fail(path, f"{where}.paper.{row}: expected numbers, got {number!r}")
+            numbers += [] if number is None else [float(number)]
+    scale = spec.get("scale", 1)
+    if spec.get("file") or not numbers:  # a number read from a file may have any range
+        return
+    if scale == 1 and max(numbers) > 1:
+        raise _fail(path, f"{where}.paper: {max(numbers):g} is above 1, but the table's "
+                    f"metric is a fraction (0-1): give scale: 100 for percentages")
+    if scale == 100 and max(numbers) <= 1:
+        raise _fail(path, f"{where}.paper: every number is at most 1, but scale: 100 shows "
+                    "percentages: give the paper's numbers in percent, or drop the scale")
+
+
+def _check_paper_key(key: Any, allowed: list[str], where: str, what: str, path: Path
+                     ) -> None:
+    if str(key) not in allowed:
+        raise _fail(path, f"{where}: '{key}' is not a {what} of the table (its {what}s: "
+                    f"{', '.join(allowed)}); the number would never be shown or judged")
 
 
 def _check_curve_of(spec: dict[str, Any], kind: str, chosen: list[RunLike], where: str,

@@ -76,10 +76,12 @@ def _evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
 
 
 def _paper(spec: Mapping[str, Any], row: str, column: str | None = None) -> Any:
-    values = (spec.get("paper") or {}).get(row)
+    """The paper's number of a cell; keys compared as text (YAML reads 0.5 as a number,
+    the table's rows are the grid values' text)."""
+    values = {str(k): v for k, v in (spec.get("paper") or {}).items()}.get(row)
     if column is None or not isinstance(values, Mapping):
         return values
-    return values.get(column)
+    return {str(k): v for k, v in values.items()}.get(column)
 
 
 def _json_value(path: Path, key: str) -> float | None:
