@@ -380,3 +380,30 @@ def test_an_evaluation_with_other_options_is_not_current(tmp_path):
     report.write_text(json.dumps({"split": "test", "other_data": True}))
     assert not evaluation_current(tmp_path, Evaluation(split="test"))
     assert not evaluation_current(tmp_path / "nothing", Evaluation())
+
+
+def test_a_folder_a_stage_command_names_outside_out_is_an_input(tmp_path):
+    """--set images=DIR in a pipeline without requires: of it: removing a class folder
+    from DIR remade nothing (the study's report still had the class)."""
+    from capsmed.pipeline.stages import Stage
+
+    images, out = tmp_path / "images", tmp_path / "out"
+    for name in ("a", "b"):
+        (images / name).mkdir(parents=True)
+        (images / name / "1.png").write_bytes(b"x")
+    output = out / "data" / "images.h5"
+    stage = Stage("images", output, ((("synth", "folder", str(out / "raw")),
+                                      ("preprocess", "folder", str(images), "-o",
+                                       str(output)))), (), (out / "raw",), {}, {})
+    assert execute.command_inputs(stage, out) == [images]  # not out/, not the output
+    state = PipelineState(out)
+    output.parent.mkdir(parents=True)
+    output.write_bytes(b"h5")
+    record = state.records / "stages" / "images.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"commands": execute.command_hash(stage.commands),
+                                  "inputs": execute.inputs_fingerprint(stage, out)}))
+    assert execute.stage_done(state, stage)
+    (images / "b" / "1.png").unlink()
+    (images / "b").rmdir()
+    assert not execute.stage_done(state, stage)

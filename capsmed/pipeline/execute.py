@@ -46,17 +46,38 @@ def _stage_record(state: PipelineState, name: str) -> Path:
     return state.records / "stages" / f"{name}.json"
 
 
-def inputs_fingerprint(stage: Stage) -> str | None:
-    """A hash of the raw files a stage reads (its ``requires:`` paths): every file's
-    path, size and modification time, so that a file added, removed, renamed (two
-    class folders swapped) or rewritten makes the stage run again. None when the stage
-    names no input."""
-    if not stage.requires:
+def command_inputs(stage: Stage, out: Path) -> list[Path]:
+    """Files and folders outside the study's ``out`` that the stage's commands name and
+    its ``requires:`` does not cover (``--set images=DIR`` in a pipeline without a
+    ``requires`` of it): read as raw input all the same, so fingerprinted too."""
+    # what it makes is not what it reads: its output, its scratch and the study's out
+    skip = [Path(p).absolute() for p in (*(r.path for r in stage.requires), out,
+                                         stage.output, *stage.scratch)]
+    found: list[Path] = []
+    for arg in dict.fromkeys(a for command in stage.commands for a in command):
+        if os.sep not in arg or not os.path.exists(arg):
+            continue
+        path = Path(arg).absolute()
+        if any(path == c or c in path.parents for c in skip):
+            continue
+        found.append(path)
+    return found
+
+
+def inputs_fingerprint(stage: Stage, out: Path) -> str | None:
+    """A hash of the raw files a stage reads (its ``requires:`` paths, and the paths
+    outside ``out`` its commands name): every file's path, size and modification time,
+    so that a file added, removed, renamed (two class folders swapped) or rewritten
+    makes the stage run again. None when the stage names no input."""
+    roots = [Path(r.path) for r in stage.requires]
+    implicit = command_inputs(stage, out)
+    if not roots and not implicit:
         return None
     h = hashlib.sha256()
-    for req in stage.requires:
-        root = Path(req.path)
-        h.update(f"\0{root}".encode())
+    for i, root in enumerate([*roots, *implicit]):
+        # implicit inputs under a marker: a stage whose requires: cover every path it
+        # names keeps the fingerprint it was recorded with
+        h.update(f"\0{'+' if i >= len(roots) else ''}{root}".encode())
         for path in _files(root):
             try:
                 st = path.stat()
@@ -89,7 +110,8 @@ def stage_done(state: PipelineState, stage: Stage) -> bool:
         return True  # a file the user put there: trusted, never overwritten
     if made_by != command_hash(stage.commands):
         return False
-    return made.get("inputs") is None or made["inputs"] == inputs_fingerprint(stage)
+    # a stage recorded without inputs that now names some is made once more
+    return made.get("inputs") == inputs_fingerprint(stage, state.out)
 
 
 def remade_outputs(pipeline: Pipeline, state: PipelineState) -> set[str]:
@@ -113,7 +135,7 @@ def execute_stage(state: PipelineState, stage: Stage, env: Mapping[str, str],
     log = state.out / "logs" / f"data-{stage.name}.log"
     for path in stage.scratch:  # a half-made raw folder from an interrupted attempt
         shutil.rmtree(path, ignore_errors=True)
-    inputs = inputs_fingerprint(stage)  # before: a change while it runs makes it again
+    inputs = inputs_fingerprint(stage, state.out)  # before: a change while it runs makes it again
     # Here with an existing output only when this stage made it with other commands:
     # set it aside (preprocess refuses to overwrite), and put it back if the new fail.
     previous = stage.output.with_name(stage.output.name + ".previous")
