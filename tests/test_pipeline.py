@@ -86,6 +86,11 @@ GRID_WITHOUT_HALF_CAPSNET = [  # each field's values exist; one combination does
     ({"report": {"tables": [{"rows": "condition", "columns": "arch", "scale": 100,
                              "paper": {"full": {"lenet": 0.995}}}]}},
      "every number is at most 1, but scale: 100 shows percentages"),
+    ({"report": {"tables": [{"rows": "dataset", "columns": "arch"}]}},
+     "report.tables[0]: cell tupac16 / capsnet pools runs of condition full, half as if "
+     "they were repetitions"),
+    ({"report": {"tables": [{"kind": "per_class", "where": {"arch": "capsnet"}}]}},
+     "the table pools runs of condition full, half"),
     ({"grid": GRID_WITHOUT_HALF_CAPSNET, "exclude": [{"arch": "capsnet", "condition": "half"}]},
      "exclude[0]: {'arch': 'capsnet', 'condition': 'half'} matches no run of the grid"),
     ({"grid": GRID_WITHOUT_HALF_CAPSNET, "rules": [
@@ -269,3 +274,20 @@ def test_paper_numbers_are_found_under_rows_yaml_reads_as_numbers():
     assert _paper(spec, "0.5", "lenet") == 0.2
     assert _paper(spec, "full", "capsnet") == 0.9
     assert _paper(spec, "3", "5") == 0.7 and _paper(spec, "half", "lenet") is None
+
+
+def test_a_file_table_cell_pooling_two_configurations_is_noted():
+    """A table of numbers from a file (only the runs that have it) is checked when it
+    is drawn: a cell of two iteration counts is not a mean over seeds."""
+    from capsmed.pipeline.spec import RunSpec
+    from capsmed.pipeline.study import metric_table
+
+    def run(iters, seed):
+        return RunSpec({"arch": "capsnet", "dataset": "m", "iters": iters, "seed": seed},
+                       f"r{iters}{seed}", {}, (), None)
+
+    spec = {"rows": "arch", "columns": "dataset", "file": "a.json", "key": "x"}
+    table, _ = metric_table(spec, [(run(3, 0), 0.2), (run(3, 1), 0.3)])
+    assert not any("Not comparable" in n for n in table.notes)
+    table, _ = metric_table(spec, [(run(3, 0), 0.2), (run(5, 0), 0.3)])
+    assert "Not comparable: cell capsnet / m pools runs of iters 3, 5" in " ".join(table.notes)

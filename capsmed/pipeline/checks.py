@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +165,10 @@ def _check_table(spec: Any, where: str, runs: list[RunLike],
         _check_curve_of(spec, kind, chosen, where, path)
     if kind == "metric" and spec.get("paper") is not None:
         _check_paper(spec, chosen, where, path)
+    if not spec.get("file"):  # a file's numbers: only the runs that have it (study.py)
+        problem = pooling_problem(spec, kind, chosen)
+        if problem:
+            raise _fail(path, f"{where}: {problem}")
     if kind == "metric" and spec.get("file"):
         return
     if "metric" in spec:
@@ -174,6 +178,30 @@ def _check_table(spec: Any, where: str, runs: list[RunLike],
     if evaluation not in names:
         raise _fail(path, f"{where}: evaluation '{evaluation}' is not an evaluation of "
                     f"its runs ({', '.join(names)})")
+
+
+REPETITION_FIELDS = ("seed", "fold")  # what a cell's mean and std are taken over
+
+
+def pooling_problem(spec: Mapping[str, Any], kind: str, runs: Sequence[RunLike]) -> str:
+    """What is wrong when a cell (a per-class table: the table) pools runs that differ in
+    a grid field other than the repetition (a fraction, an augmentation): they would be
+    averaged as if they were seeds. Empty when every cell pools repetitions only."""
+    keys = (spec["rows"], spec["columns"]) if kind == "metric" else ()
+    cells: dict[tuple[str, ...], list[RunLike]] = {}
+    for run in runs:
+        cells.setdefault(tuple(str(run.fields.get(k)) for k in keys), []).append(run)
+    for cell, members in cells.items():
+        for name in dict.fromkeys(k for r in members for k in r.fields):
+            if name in keys or name in REPETITION_FIELDS:
+                continue
+            values = list(dict.fromkeys(str(r.fields.get(name)) for r in members))
+            if len(values) > 1:
+                place = f"cell {' / '.join(cell)}" if cell else "the table"
+                return (f"{place} pools runs of {name} {', '.join(values)} as if they were "
+                        f"repetitions; choose one in 'where' (where: {{{name}: ...}}) or "
+                        f"make {name} the rows or columns")
+    return ""
 
 
 def _check_paper(spec: dict[str, Any], chosen: list[RunLike], where: str, path: Path

@@ -38,7 +38,7 @@ from capsmed.evaluate.claims import ClaimResult
 from capsmed.evaluate.per_class import pooled_per_class
 from capsmed.evaluate.verdicts import WORDS, Verdict, summary, verdict
 from capsmed.io import write_text_atomic
-from capsmed.pipeline.checks import matches_selection
+from capsmed.pipeline.checks import matches_selection, pooling_problem
 from capsmed.pipeline.execute import analysed_run_dirs, current_identity, remade_outputs
 from capsmed.pipeline.spec import Pipeline, RunSpec
 from capsmed.pipeline.state import PipelineState
@@ -189,6 +189,8 @@ def metric_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, float]]
             verdicts += [judged] if judged else []
         table.rows.append(out)
     table.notes += ([summary(verdicts)] if verdicts else []) + cell_notes(reports)
+    pooled = pooling_problem(spec, "metric", [r for r, _ in found])  # a file's runs
+    table.notes += [f"Not comparable: {pooled}."] if pooled else []
     counts = {w: sum(v.word == w for v in verdicts) for w in WORDS}
     return table, {"cells": cells, **({"verdicts": counts} if verdicts else {})}
 
