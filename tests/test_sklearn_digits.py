@@ -55,3 +55,23 @@ def test_bad_sizes_are_refused():
         DigitsConfig(size=16, box=20)
     with pytest.raises(CapsmedError, match="sum to 1"):
         DigitsConfig(fractions={"train": 0.9, "val": 0.2, "test": 0.1})
+
+
+def test_predict_reads_a_scan_as_the_set_made_its_images(digits_h5, tmp_path):
+    """An 8x8 scan saved as a PNG becomes the stored image exactly (it was stretched
+    over the whole canvas, a digit the model never saw); a stored image is kept."""
+    from capsmed.data.record import DatasetRecord
+    from capsmed.data.replay import make_recipe
+    from capsmed.data.replay.options import Overrides
+
+    recipe = make_recipe(DatasetRecord.from_info(read_info(digits_h5)), Overrides())
+    split, index = load_split(digits_h5, "test"), read_meta(digits_h5, "test", "index")
+    scan = np.rint(load_digits().images[index[3]] * 255 / 16).astype(np.uint8)
+    cv2.imwrite(str(tmp_path / "scan.png"), scan)
+    cv2.imwrite(str(tmp_path / "stored.png"), split.images[3, 0])
+    for name in ("scan.png", "stored.png"):
+        images, _ = next(recipe.prepare(tmp_path / name, None).chunks)
+        np.testing.assert_array_equal(images[0], split.images[3], err_msg=name)
+    cv2.imwrite(str(tmp_path / "big.png"), cv2.resize(scan, (64, 64)))  # boxed, centred
+    images, _ = next(recipe.prepare(tmp_path / "big.png", None).chunks)
+    assert not images[0, 0, :4].any() and images[0, 0, 4:24, 4:24].any()

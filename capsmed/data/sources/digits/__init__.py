@@ -8,4 +8,4 @@ from capsmed.data.sources.digits.config import DigitsConfig
 SOURCE = register(Source(
     name="digits", package=__name__, domain="digits", config=DigitsConfig,
     preprocess="reader:preprocess_digits",
-    recipe="capsmed.data.sources.mnist.recipe:DigitImage"))  # read like MNIST's
+    recipe="recipe:ScanImage"))

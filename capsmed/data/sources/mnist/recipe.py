@@ -19,19 +19,24 @@ log = logging.getLogger(__name__)
 class DigitImage(WholeImage):
     """A grey image of one digit or garment, light on black as the IDX files hold them."""
 
-    def convert(self, path: Path) -> tuple[np.ndarray, tuple[int, int]]:
-        raw = read_image(path)
-        image = convert_channels(to_uint8(raw, "full", path), 1)
+    def grey(self, path: Path) -> np.ndarray:
+        """The file as grey (H, W, 1) uint8, warned about when it looks dark on light."""
+        image = convert_channels(to_uint8(read_image(path), "full", path), 1)
         if image.mean() > 127:  # the digit sets are light strokes on black
             log.warning("%s: mostly light (mean %.0f of 255), but %s images are light "
                         "strokes on a black background; invert the image if its strokes "
                         "are dark", path, image.mean(), self.record.dataset)
+        return image
+
+    def convert(self, path: Path) -> tuple[np.ndarray, tuple[int, int]]:
+        image = self.grey(path)
+        native = (image.shape[1], image.shape[0])
         placement = self.record.preprocessing.get("placement", "none")
         if placement != "none" and image.shape[:2] != self.shape:
             image = self._place(path, image, placement)
         if image.shape[:2] != self.shape:
             image = resize_image(image, self.shape[0], keep_aspect=False)
-        return image.transpose(2, 0, 1), (raw.shape[1], raw.shape[0])
+        return image.transpose(2, 0, 1), native
 
     def _place(self, path: Path, image: np.ndarray, placement: str) -> np.ndarray:
         """The digit at its recorded size, centred on the canvas as ``center40`` puts it
