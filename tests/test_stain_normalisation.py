@@ -126,8 +126,33 @@ def test_reinhard_gives_the_target_lab_statistics(ihc):
 def test_glass_stays_glass_and_a_stainless_target_is_refused(ihc):
     white = np.full((32, 32, 3), 255, np.uint8)
     assert np.array_equal(StainNormaliser.fit("macenko", ihc).apply(white), white)
+    # Reinhard too: a blank image's mean would be moved to the tissue's (solid colour)
+    assert np.array_equal(StainNormaliser.fit("reinhard", ihc).apply(white), white)
     with pytest.raises(CapsmedError, match="too little stain"):
         StainNormaliser.fit("macenko", white)
+
+
+def test_a_target_mostly_of_background_is_refused(ihc):
+    """1 % tissue on glass: its 99th-percentile concentrations are near 0, and every
+    image normalised to them came out white."""
+    target = np.full((200, 200, 3), 245, np.uint8)
+    target[:20, :20] = ihc[:20, :20]
+    with pytest.raises(CapsmedError, match="mostly background"):
+        StainNormaliser.fit("macenko", target, {"target": "bg.png"})
+
+
+def test_a_transparent_target_counts_as_white_not_as_black_stain(ihc, tmp_path):
+    """Transparent pixels of an RGBA target were read as their colour (black: the
+    densest stain there is) and shifted every normalised image."""
+    crop = ihc[:128, :128]
+    rgba = np.zeros((256, 256, 4), np.uint8)  # transparent black around the crop
+    rgba[64:192, 64:192, :3], rgba[64:192, 64:192, 3] = crop, 255
+    cv2.imwrite(str(tmp_path / "rgba.png"), rgba[..., [2, 1, 0, 3]])
+    on_white = np.full((256, 256, 3), 255, np.uint8)
+    on_white[64:192, 64:192] = crop
+    for method in ("macenko", "reinhard"):
+        assert load_target(method, tmp_path / "rgba.png").target == \
+            StainNormaliser.fit(method, on_white).target
 
 
 def test_the_record_round_trips_through_json_and_target_files(ihc, tmp_path):
@@ -153,6 +178,10 @@ def test_the_record_round_trips_through_json_and_target_files(ihc, tmp_path):
      "'lab_means' must be [3] finite numbers"),
     ({"method": "reinhard", "lab_means": [50, 0, "x"], "lab_stds": [1, 1, 1]},
      "needs 'lab_means' as numbers"),
+    ({"method": "reinhard", "lab_means": [50, 0, 0], "lab_stds": [0, 1, 1]},
+     "'lab_stds' must be positive"),
+    ({"method": "macenko", "stain_matrix": [[1, 0, 0], [0, 1, 0]],
+      "max_concentrations": [0.09, -0.03]}, "'max_concentrations' must be positive"),
 ])
 def test_malformed_targets_are_refused(record, message, tmp_path):
     path = tmp_path / "t.json"

@@ -19,7 +19,10 @@ so ``capsmed predict`` replays the normalisation without the reference image. Th
 statistics of the image being normalised are estimated from that image alone, as
 TIAToolbox's ``transform`` does; an image with too little stain for Macenko's estimate
 (fewer than ``MIN_STAINED`` stained pixels, or one stain only) keeps the target's stain
-vectors as its own, so only its concentrations are rescaled.
+vectors as its own, so only its concentrations are rescaled. A blank image (CIELAB
+lightness std below ``MIN_LIGHTNESS_STD``) is left as it is by Reinhard. A target is
+refused when it is mostly background (Macenko: a 99th-percentile concentration below
+``MIN_TARGET_CONCENTRATION``); a transparent target's pixels count as white.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ ANGLE_PERCENTILE = 1.0  # Macenko's robust extremes: the 1st and 99th percentile
 MAX_PERCENTILE = 99.0  # a stain's "maximum" concentration
 MIN_STAINED = 16  # stained pixels needed to estimate an image's own stain vectors
 MIN_STAIN_ANGLE = 0.05  # radians between the two vectors; closer is one stain only
+# a target's 99th-percentile concentration below this: mostly glass or background, whose
+# "maximum" would fade every normalised image to white (H&E tissue gives about 0.5-2)
+MIN_TARGET_CONCENTRATION = 0.2
+MIN_LIGHTNESS_STD = 0.5  # CIELAB L: below this an image is blank; Reinhard leaves it
 FIT_PIXELS = 1 << 18  # stained pixels the vectors are fitted on (a fixed stride beyond)
 _OD = -np.log((np.arange(256, dtype=np.float64) + 1.0) / 256.0)  # OD of each 8-bit value
 RECORD_KEYS = {"macenko": ("stain_matrix", "max_concentrations"),
@@ -114,6 +121,8 @@ class StainNormaliser:
         rgb = np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)
         if self.method == "reinhard":
             means, stds = lab_statistics(rgb)
+            if stds[0] < MIN_LIGHTNESS_STD:  # blank (glass, padding): no colours to map,
+                return rgb                   # and its mean would turn it into tissue
             scale = np.asarray(self.target["lab_stds"]) / np.maximum(stds, 1e-6)
             lab = (lab_image(rgb) - means) * scale + np.asarray(self.target["lab_means"])
             back = cv2.cvtColor(lab.astype(np.float32), cv2.COLOR_LAB2RGB)
@@ -157,6 +166,12 @@ class StainNormaliser:
                                "stain (or one stain only) to estimate its stain vectors; "
                                "choose a target with both stains")
         peak = np.percentile(stain_concentrations(rgb, stains), MAX_PERCENTILE, axis=0)
+        if peak.min() < MIN_TARGET_CONCENTRATION:
+            raise CapsmedError(f"{origin.get('target', 'the target image')}: its stains' "
+                               f"99th-percentile concentrations are {peak[0]:.3f} and "
+                               f"{peak[1]:.3f}, too low: the image is mostly background "
+                               "and would fade every normalised image; choose a target "
+                               "that is mostly tissue")
         return cls(method, {"stain_matrix": tuple(map(tuple, stains)),
                             "max_concentrations": tuple(peak)}, origin)
 
@@ -188,6 +203,10 @@ class StainNormaliser:
         if method == "macenko" and not np.allclose(
                 np.linalg.norm(target["stain_matrix"], axis=1), 1.0, atol=1e-6):
             raise CapsmedError(f"{where}: the rows of 'stain_matrix' must be unit vectors")
+        positive = "max_concentrations" if method == "macenko" else "lab_stds"
+        if min(target[positive]) <= 0:
+            raise CapsmedError(f"{where}: '{positive}' must be positive, got "
+                               f"{list(target[positive])}")
         origin = {k: str(v) for k, v in record.items()
                   if k in ("target", "target_digest")}
         return cls(method, target, origin)
@@ -217,11 +236,14 @@ def load_target(method: str, path: Path) -> StainNormaliser:
             raise CapsmedError(f"{path}: holds a {normaliser.method} target, but "
                                f"--stain-norm is {method}")
         return StainNormaliser(method, normaliser.target, origin)
+    from capsmed.data.replay.images import alpha_on_white
+
     image = to_uint8(read_image(path), "full", path)
     if image.ndim != 3 or image.shape[-1] < 3:
         raise CapsmedError(f"{path}: a stain target must be an RGB image, got shape "
                            f"{list(image.shape)}")
-    return StainNormaliser.fit(method, image[..., :3], origin)
+    # transparent pixels are no stain: over white, not their (often black) colour
+    return StainNormaliser.fit(method, alpha_on_white(image), origin)
 
 
 def recorded_normaliser(preprocessing: dict[str, Any], where: object
