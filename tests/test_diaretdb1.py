@@ -232,6 +232,10 @@ def test_split_lists_are_parsed_robustly(tmp_path):
     path.write_text("image001.png\nfilename\n")
     with pytest.raises(CapsmedError, match="line 2: no DIARETDB1 image name in 'filename'"):
         read_split_list(path)
+    path.write_text("image002.png\nimage001, image003, image004\n")  # was image001 only
+    with pytest.raises(CapsmedError, match="line 2: names 3 images .image001, image003, "
+                                           "image004.; give one image per line"):
+        read_split_list(path)
 
 
 def test_user_split_files_replace_the_official_lists(raw, tmp_path):

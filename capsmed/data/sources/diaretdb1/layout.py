@@ -107,6 +107,10 @@ def read_split_list(path: Path) -> list[str]:
         tokens = re.split(r"[\s,;]+", line.split("#", 1)[0].strip())
         names = [m.group(1) for t in tokens if t
                  and (m := _IMAGE_NAME.match(Path(t.replace("\\", "/")).stem))]
+        distinct = list(dict.fromkeys(names))
+        if len(distinct) > 1:  # only the first was kept: the others left the split unsaid
+            raise CapsmedError(f"{path}: line {number}: names {len(distinct)} images "
+                               f"({', '.join(distinct[:4])}); give one image per line")
         if names and names[0] not in ids:
             ids.append(names[0])
         elif not names and any(tokens):
