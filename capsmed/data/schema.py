@@ -153,7 +153,7 @@ def read_info(path: Path) -> DatasetInfo:
         folds: dict[str, int] = {}
         for split in splits:
             sizes[split], k = _check_split(path, f[split], split, (channels, *image_size),
-                                           len(class_names))
+                                           list(class_names))
             if k is not None:
                 folds[split] = k
         return DatasetInfo(
@@ -238,10 +238,21 @@ class _Attributes:
         return value
 
 
+def _split_names(value: Any) -> list[str] | None:
+    """A split's own ``class_names`` attribute (JSON text) as a list; None if unreadable."""
+    try:
+        names = json.loads(value.decode() if isinstance(value, bytes) else str(value))
+    except ValueError:
+        return None
+    return [str(n) for n in names] if isinstance(names, list) else None
+
+
 def _check_split(path: Path, grp: h5py.Group, split: str, image_shape: tuple[int, ...],
-                 num_classes: int) -> tuple[int, int | None]:
+                 names: list[str]) -> tuple[int, int | None]:
     """A split's size and number of folds (None without folds), after checking its
-    datasets' types, shapes and values."""
+    datasets' types, shapes and values (and its labels' class names against the
+    file's, where the split repeats them)."""
+    num_classes = len(names)
     for key in ("images", "labels", "groups"):
         if key not in grp or not isinstance(grp[key], h5py.Dataset):
             raise CapsmedError(f"{path}: split '{split}' has no '{key}' dataset")
@@ -260,6 +271,11 @@ def _check_split(path: Path, grp: h5py.Group, split: str, image_shape: tuple[int
     if images.shape[0] != n or groups.shape[0] != n:
         raise CapsmedError(f"{path}: split '{split}' has mismatched lengths "
                            f"(images {images.shape[0]}, labels {n}, groups {groups.shape[0]})")
+    if "class_names" in labels.attrs and _split_names(labels.attrs["class_names"]) != names:
+        raise CapsmedError(f"{path}: '{split}/labels' names its classes "
+                           f"{_split_names(labels.attrs['class_names'])}, the file "
+                           f"{list(names)}: a reader of either would label the images "
+                           "differently")
     values = labels[...]
     outside = values[(values < 0) | (values >= num_classes)]
     if len(outside):

@@ -55,6 +55,14 @@ def _groups_header(f):
     return h5py.h5o.get_info(f["train/groups"].id).addr
 
 
+def _split_class_names_reversed(path):
+    """The test split's labels name the classes in the other order: a reader of the
+    split's attribute (docs/interop.md's h5py example) would swap every label."""
+    with h5py.File(path, "r+") as f:
+        names = json.loads(f.attrs["class_names"])
+        f["test/labels"].attrs["class_names"] = json.dumps(names[::-1])
+
+
 def _truncate(path):
     path.write_bytes(path.read_bytes()[:3000])
 
@@ -82,6 +90,8 @@ FAULTS = {  # id: (change, text of the error line)
     "channels-a-string": (_attribute("channels", "one"), "'channels' must be an integer"),
     "preprocessing-not-json": (_attribute("preprocessing", "{seed: 0"),
                                "attribute 'preprocessing' must be JSON"),
+    "split-class-names-reversed": (_split_class_names_reversed,
+                                   "'test/labels' names its classes"),
     "damaged-object-header": (_overwrite(_groups_header), "cannot read"),
     "truncated": (_truncate, "cannot open HDF5 file"),
 }
