@@ -138,10 +138,12 @@ class DatasetWriter:
         self._sizes: dict[str, int] = {}
         self._atomic = atomic_path(self.path)
         self._file: h5py.File | None = None
+        self._open: dict[str, h5py.Dataset] = {}  # datasets written to, kept open
 
     def __enter__(self) -> DatasetWriter:
         tmp = self._atomic.__enter__()
-        self._file = h5py.File(tmp, "w")
+        # a chunk cache that holds each open dataset's partial chunk (1 MiB chunks)
+        self._file = h5py.File(tmp, "w", rdcc_nbytes=4 << 20)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -151,9 +153,11 @@ class DatasetWriter:
             if exc is None:
                 self._finalise()
         except BaseException as err:  # a failed finalise must still remove the temp file
+            self._open.clear()
             self._file.close()
             self._atomic.__exit__(type(err), err, err.__traceback__)
             raise
+        self._open.clear()
         self._file.close()
         self._atomic.__exit__(exc_type, exc, tb)
 
@@ -214,16 +218,22 @@ class DatasetWriter:
         grp = self._ensure_split(split, meta or {}, with_folds=folds is not None)
         start = self._sizes[split]
         self._sizes[split] = start + n
-        for name, values in arrays:
-            grp[name].resize(start + n, axis=0)
-            grp[name][start:] = values
-        for name, values in (meta or {}).items():
+        for name, values in [*arrays, *((f"meta/{k}", v) for k, v in (meta or {}).items())]:
             values = np.asarray(values)
             if values.dtype.kind in "UO":
                 values = values.astype(object)
-            ds = grp["meta"][name]
+            ds = self._dataset(grp, name)
             ds.resize(start + n, axis=0)
             ds[start:] = values
+
+    def _dataset(self, grp: h5py.Group, name: str) -> h5py.Dataset:
+        """``grp[name]``, kept open: closing a compressed dataset after each batch wrote
+        its last, partial chunk compressed, and the next batch read it back and
+        compressed it again (a third of TUPAC16's preprocessing time)."""
+        key = f"{grp.name}/{name}"
+        if key not in self._open:
+            self._open[key] = grp[name]
+        return self._open[key]
 
     def _ensure_split(self, split: str, meta: Mapping[str, np.ndarray],
                       with_folds: bool) -> h5py.Group:
