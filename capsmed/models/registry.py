@@ -66,8 +66,9 @@ def get_model_entry(name: str) -> ModelEntry:
 def create_model(name: str, **kwargs: Any) -> nn.Module:
     """Build the architecture ``name``; None-valued kwargs fall back to the defaults."""
     entry = get_model_entry(name)
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    # unknown names first: a misspelt option set to null is no default to fall back on
     unknown = sorted(set(kwargs) - set(inspect.signature(entry.builder).parameters))
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if unknown:
         raise CapsmedError(f"architecture '{name}' has no option(s) {', '.join(unknown)} "
                            f"(options: {', '.join(entry.defaults())})")

@@ -36,6 +36,40 @@ def check_model_kwargs(arch: str, kwargs: dict[str, Any]) -> None:
             raise CapsmedError(f"{arch}: model option {key}={value!r} must be {expected}")
 
 
+# (architectures, option, value that makes them inert, the options then without effect)
+INERT = (
+    (("capsnet",), "routing", "em", ("routing_eta", "grad_through_routing")),
+    (("capsnet",), "routing", "none", ("routing_iters", "routing_eta")),
+    (("em-capsnet",), "capsule_layers", 2, ("mid_types",)),
+    (("parallel-dr",), "capsule_layers", 2, ("mid_caps", "mid_dim")),
+    (("parallel-dr",), "capsule_layers", 3, ("mid_caps",)),
+)
+
+
+def check_inert_options(arch: str, kwargs: dict[str, Any]) -> None:
+    """Refuse model options the other options make inert: the run's config.yaml would
+    record a setting (a kernel, an eta) the model never used.
+
+    Raises:
+        CapsmedError: ``"<arch>: <key> has no effect with <other>=<value>"``.
+    """
+    given = {k for k, v in kwargs.items() if v is not None and k not in FROM_DATA}
+    defaults = get_model_entry(arch).defaults()
+    if "kernel_size" in given and "kernel_size" in defaults:
+        both = sorted(given & {"conv_kernel", "primary_kernel"})
+        if both:
+            raise CapsmedError(f"{arch}: kernel_size sets conv_kernel and primary_kernel; "
+                               f"give either kernel_size or {' and '.join(both)}")
+    for archs, option, value, inert in INERT:
+        if arch in archs and kwargs.get(option, defaults.get(option)) == value:
+            unused = [k for k in inert if k in given]
+            if unused:
+                raise CapsmedError(f"{arch}: {', '.join(unused)} ha"
+                                   f"{'s' if len(unused) == 1 else 've'} no effect with "
+                                   f"{option}={value}; leave {'it' if len(unused) == 1 else 'them'}"
+                                   " out")
+
+
 def _expected(default: Any, value: Any) -> str | None:
     """What ``value`` should be, given the default, or None when it fits."""
     if default is None:
@@ -72,6 +106,7 @@ def build_model(arch: str, kwargs: dict[str, Any], image_shape: tuple[int, int, 
         CapsmedError: naming the architecture and the options when any step fails.
     """
     check_model_kwargs(arch, kwargs)
+    check_inert_options(arch, kwargs)
     shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in FROM_DATA)
     try:
         model = create_model(arch, **kwargs)

@@ -88,3 +88,43 @@ def test_the_check_forward_leaves_the_seeded_run_unchanged(toy_h5, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(checked.state_dict().values(),
                                                  plain.state_dict().values(), strict=True))
     assert checked.training
+
+
+@pytest.mark.parametrize(("arch", "kwargs", "text"), [
+    ("capsnet", {"kernel_size": 5, "conv_kernel": 3},
+     "capsnet: kernel_size sets conv_kernel and primary_kernel; give either kernel_size "
+     "or conv_kernel"),
+    ("capsnet", {"routing": "em", "routing_eta": 0.2, "grad_through_routing": False},
+     "capsnet: routing_eta, grad_through_routing have no effect with routing=em"),
+    ("capsnet", {"routing": "none", "routing_iters": 5},
+     "capsnet: routing_iters has no effect with routing=none"),
+    ("em-capsnet", {"mid_types": 8}, "em-capsnet: mid_types has no effect with "
+     "capsule_layers=2"),
+    ("parallel-dr", {"mid_caps": 4}, "parallel-dr: mid_caps has no effect with "
+     "capsule_layers=3"),
+])
+def test_a_model_option_the_others_make_inert_is_refused(arch, kwargs, text):
+    """config.yaml recorded conv_kernel: 3 for a model built with kernel 5, and an eta
+    EM routing never uses: a sweep's settings read as something they were not."""
+    from capsmed.errors import CapsmedError
+    from capsmed.train.model_options import check_inert_options
+
+    with pytest.raises(CapsmedError, match=text.replace("(", r"\(")):
+        check_inert_options(arch, kwargs)
+    check_inert_options(arch, {k: v for k, v in kwargs.items()
+                               if k in ("routing", "kernel_size")})  # alone: fine
+
+
+def test_a_misspelt_model_option_set_to_null_is_refused(toy_h5, tmp_path):
+    """null dropped the option before its name was checked: config.yaml recorded it."""
+    run = tmp_path / "run"
+    null = invoke(lenet_args(toy_h5, run, "--model-arg", "widht=null"))
+    assert_refused(null, "lenet", text="has no option(s) widht", absent=[run])
+
+
+def test_hed_jitter_on_grey_images_is_refused_before_the_folder(toy_h5, tmp_path):
+    """It failed at the first step, leaving a run folder whose resume failed again."""
+    run = tmp_path / "run"
+    result = invoke(lenet_args(toy_h5, run, "--augment-spec", "hed=0.05"))
+    assert_refused(result, toy_h5, text="HED colour jitter (hed=...) needs RGB images",
+                   absent=[run])
