@@ -349,3 +349,12 @@ def test_transfer_copies_and_freezes_the_named_layers(tiny_h5, tmp_path):
         train(TrainConfig(data=str(tiny_h5), arch="lenet", out=str(tmp_path / "x"),
                           model_kwargs=TINY_LENET, transfer_from=str(source),
                           transfer_layers=["nope"]))
+    # the copied layers see inputs scaled as their source's were, not by this run's rows
+    few = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=4,
+                            fraction=0.3, out=str(tmp_path / "few"), model_kwargs=TINY_LENET,
+                            transfer_from=str(source), transfer_layers=[first]),
+                disable_progress=True)
+    meta = {r: json.loads((r / "checkpoint.json").read_text())["model_kwargs"]
+            for r in (source, few)}
+    assert meta[few]["input_mean"] == meta[source]["input_mean"]
+    assert meta[few]["input_std"] == meta[source]["input_std"]

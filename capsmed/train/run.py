@@ -216,8 +216,21 @@ class Run:
         info, cfg = self.info, self.cfg
         stats = (channel_statistics(sample_for_statistics(info, self.rows))
                  if cfg.standardize else {})
+        if cfg.transfer_from and cfg.standardize:  # the copied layers' input scaling
+            stats = self._source_statistics(Path(cfg.transfer_from))
         return {"in_channels": info.channels, "num_classes": info.num_classes,
                 "input_size": list(info.image_size), **stats, **cfg.model_kwargs}
+
+    def _source_statistics(self, source: Path) -> dict[str, Any]:
+        """The standardisation of the run layers are transferred from: the copied (and
+        frozen) layers were trained on inputs scaled by it, not by this data's own."""
+        from capsmed.runs.checkpoint import checkpoint_meta
+
+        kwargs = checkpoint_meta(source).get("model_kwargs") or {}
+        stats = {k: kwargs[k] for k in ("input_mean", "input_std") if kwargs.get(k)}
+        log.info("standardising as %s did (%s): its layers were trained so", source,
+                 ", ".join(f"{k}={v}" for k, v in stats.items()) or "not at all")
+        return stats
 
     def _build_model(self, run_dir: Path | None) -> torch.nn.Module:
         """The seeded model (with layers transferred from another run, if asked); a
@@ -285,6 +298,9 @@ class Run:
                                           info.num_classes)
                    if cfg.class_weights == "balanced" else None)
         augment = get_recipe(cfg.augment_recipe) if cfg.augment else None
+        if augment is not None and augment.hed and self.info.channels != 3:
+            raise CapsmedError(f"{self.info.path}: HED colour jitter (hed=...) needs RGB "
+                               f"images; these have {self.info.channels} channel(s)")
         self.settings = StepSettings(
             loss_kind=self.model.loss_kind, recon_weight=cfg.recon_weight,
             autocast_dtype=resolve_precision(cfg.precision, device),
