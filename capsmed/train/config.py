@@ -162,6 +162,10 @@ class TrainConfig:
         if self.folds is not None and (self.folds < 2 or (self.fold or 0) >= self.folds):
             raise CapsmedError(f"folds must be >= 2 and above fold, got fold {self.fold} "
                                f"of {self.folds}")
+        if self.sampler == "balanced" and self.class_weights == "balanced":
+            raise CapsmedError("sampler balanced and class_weights balanced each correct "
+                               "the class imbalance: together a rare class weighs far more "
+                               "than the others; use one of them")
         if (self.transfer_from is None) != (not self.transfer_layers):
             raise CapsmedError("transfer_from and transfer_layers go together (which run, "
                                "which parameter-name prefixes)")
