@@ -252,6 +252,14 @@ def test_per_class_limit_without_folds_caps_the_training_samples(tiny_h5, tmp_pa
     full = load_split(tiny_h5, "train")
     chosen = np.load(run / "train_indices.npy")
     assert np.bincount(full.labels[chosen]).tolist() == [5, 5]
+    # one pass over the 10 kept (it trained as many steps as the whole split, which the
+    # same limit with folds did not); a fraction on top: one pass over the limited set
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps_per_epoch"] == 1 and summary["train_samples_full"] == 10
+    half = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=4,
+                             per_class_limit=5, fraction=0.5, out=str(tmp_path / "half"),
+                             model_kwargs=TINY_LENET), disable_progress=True)
+    assert json.loads((half / "summary.json").read_text())["steps_per_epoch"] == 3
 
 
 def test_routing_entropy_is_logged_for_capsule_networks_only(tiny_h5, tmp_path):

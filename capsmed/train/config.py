@@ -52,8 +52,9 @@ class TrainConfig:
         fraction: Train on this share of the training split, per class (paper 000).
         imbalance: ``{class: percent kept}`` reductions (paper 000 section 3.2).
         steps_per_epoch: Batches per epoch; None = one pass, or, under a fraction or
-            imbalance protocol, as many steps as one pass over the full split (paper 000
-            trains subsets for the same number of iterations). Paper 001: 500.
+            imbalance protocol, as many steps as one pass over the full split, after any
+            per-class limit (paper 000 trains subsets for the same number of
+            iterations). Paper 001: 500.
         sampler: ``shuffle`` or ``balanced`` (same count of every class per batch,
             paper 001).
         patience: Stop when validation loss has not improved for this many epochs

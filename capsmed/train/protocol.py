@@ -35,7 +35,11 @@ from capsmed.train.config import TrainConfig
 #   2 (2026-11-24): defaults follow the image domain a file records, not its name: a
 #     class-folder or slide set (generic unless --domain) trains at lr 1e-4 and
 #     reconstruction weight 5e-5, and --augment only rotates it (it was flipped).
-PROTOCOL_REVISION = 2
+#   3 (2026-11-27): frozen transferred layers keep their batch norms in eval mode and
+#     --transfer-from standardises inputs as the source run did; --per-class-limit
+#     without folds trains one pass over what it keeps, and a fraction on top of it as
+#     many steps as one pass over the limited set (as with folds).
+PROTOCOL_REVISION = 3
 
 PROTOCOL_FIELDS = ("fraction", "imbalance", "augment", "augment_recipe", "sampler",
                    "class_weights", "folds", "per_class_limit", "transfer_layers",

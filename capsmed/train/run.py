@@ -290,7 +290,10 @@ class Run:
         augmentation) and the step, which sums its figures into ``tally``."""
         cfg, device, info = self.cfg, self.device, self.info
         steps = cfg.steps_per_epoch
-        if steps is None and not cfg.challenge.is_full:  # same iterations as the full set
+        if steps is None and (cfg.fraction not in (None, 1.0) or cfg.imbalance):
+            # paper 000: a subset trains as many iterations as one pass over the full
+            # split (after --per-class-limit, which sets what "full" is, with or without
+            # folds); a per-class limit alone trains one pass over what it keeps
             steps = math.ceil(self.rows.full_train_size / cfg.batch_size)
         self.sampler = BatchSampler(self.train_data.labels, cfg.batch_size, cfg.sampler,
                                     steps, torch.Generator().manual_seed(cfg.seed))

@@ -48,8 +48,8 @@ class RunRows:
     Attributes:
         train_split: Split the training rows index (``train``, or ``all`` under CV).
         train_rows: Training rows after every data challenge (sorted).
-        full_train_size: Training rows before fraction / imbalance / limit (for the
-            paper-000 rule "same iterations as the full set").
+        full_train_size: Training rows after the per-class limit, before fraction and
+            imbalance (the paper-000 rule "same iterations as the full set").
         val_split: Split used for checkpoint selection, or None.
         test_split: Split ``evaluate`` tests on.
         test_rows: Rows of ``test_split`` to test on; None = all of them.
@@ -75,7 +75,9 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
         labels, _ = read_labels(info.path, "train")
         rows = select_training_indices(labels, info.class_names, challenge, cfg.seed)
         _check_not_empty(info, "train", len(labels), rows)
-        return RunRows("train", rows, len(labels),
+        full = len(labels) if cfg.per_class_limit is None else int(np.minimum(
+            np.bincount(labels, minlength=info.num_classes), cfg.per_class_limit).sum())
+        return RunRows("train", rows, full,
                        "val" if info.split_sizes.get("val") else None, "test", None)
     if CV_SPLIT not in info.folds:
         raise CapsmedError(f"{info.path}: --fold needs a file written with cross-validation "
