@@ -460,6 +460,24 @@ def test_runs_ls_and_report_share_one_protocol_label():
     assert protocol_settings({"freeze_transferred": False}) == protocol_settings({})
 
 
+def test_runs_transferred_from_different_sources_are_not_repetitions(tmp_path):
+    """Layers from a bloodmnist lenet and from a pathmnist lenet were one cell, n=4."""
+    from capsmed.runs.index import _protocol
+    from capsmed.train.protocol import transfer_source
+
+    for name, dataset in (("blood", "bloodmnist"), ("path", "pathmnist")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(
+            f"train: {{arch: lenet}}\ndataset: {{name: {dataset}}}\n")
+    labels = {_protocol({"transfer_from": str(tmp_path / n), "transfer_layers": ["features"]})
+              for n in ("blood", "path")}
+    assert labels == {"transferred features from lenet on bloodmnist (frozen)",
+                      "transferred features from lenet on pathmnist (frozen)"}
+    gone = {"transfer_from": str(tmp_path / "gone"), "transfer_layers": ["features"]}
+    assert transfer_source(gone) == "gone"  # the folder's name still tells them apart
+    assert transfer_source({"transfer_from": None}) is None
+
+
 def test_the_terminal_table_shows_labels_with_brackets_and_keeps_numbers_whole():
     """`tupac16 [tupac16.h5 5e125ea9]` is a label, not rich markup; and in 80 columns the
     label column wraps, never a number."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from capsmed.train.protocol import protocol_label, protocol_settings
+from capsmed.train.protocol import protocol_label, protocol_settings, transfer_source
 from capsmed.train.run_config import CONFIG, META, METRICS, RESUME_FILE, metric_records
 from capsmed.yamlfile import load_yaml
 
@@ -41,7 +41,7 @@ class RunSummary:
 
 def _protocol(train: dict) -> str:
     """The run's protocol (:mod:`capsmed.train.protocol`) and, for CV, its fold."""
-    label = protocol_label(protocol_settings(train))
+    label = protocol_label(protocol_settings(train, transfer_source(train)))
     return label + (f", fold {train['fold']}" if train.get("fold") is not None else "")
 
 

@@ -19,6 +19,7 @@ group runs through :func:`protocol_settings` and :func:`protocol_label`.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from capsmed.train.config import TrainConfig
@@ -64,9 +65,28 @@ def _defaults() -> dict[str, Any]:
 PROTOCOL_DEFAULTS: dict[str, Any] = _defaults()
 
 
-def protocol_settings(train: dict[str, Any]) -> dict[str, Any]:
+def transfer_source(train: dict[str, Any]) -> str | None:
+    """What a transfer run's layers were trained as: ``<arch> on <dataset>`` from the
+    source run's ``config.yaml`` (its folder name when that is unreadable), so runs
+    transferred from different sources are not averaged as repetitions of one."""
+    source = train.get("transfer_from")
+    if not source or not train.get("transfer_layers"):
+        return None
+    from capsmed.yamlfile import read_yaml
+
+    try:
+        config = read_yaml(Path(source) / "config.yaml")
+        arch = (config.get("train") or {}).get("arch")
+        dataset = (config.get("dataset") or {}).get("name")
+    except Exception:  # gone or damaged: the folder still tells sources apart
+        return Path(str(source)).name
+    return f"{arch} on {dataset}" if arch and dataset else Path(str(source)).name
+
+
+def protocol_settings(train: dict[str, Any], source: str | None = None) -> dict[str, Any]:
     """The protocol of a run's ``train`` options, normalised so equal protocols compare
-    equal (missing keys defaulted, a fraction of 1 is the whole split, ...)."""
+    equal (missing keys defaulted, a fraction of 1 is the whole split, ...); ``source``
+    is what transferred layers came from (:func:`transfer_source`)."""
     s = {key: train.get(key, default) for key, default in PROTOCOL_DEFAULTS.items()}
     if s["fraction"] is not None and float(s["fraction"]) == 1.0:
         s["fraction"] = None  # the whole split, whichever way it was written
@@ -77,6 +97,8 @@ def protocol_settings(train: dict[str, Any]) -> dict[str, Any]:
     s["transfer_layers"] = list(s["transfer_layers"] or [])
     if not s["transfer_layers"]:
         s["freeze_transferred"] = PROTOCOL_DEFAULTS["freeze_transferred"]
+    elif source is not None:
+        s["transfer_source"] = source
     s["cv"] = train.get("fold") is not None  # folds (k) is optional beside fold
     return s
 
@@ -100,7 +122,10 @@ def protocol_label(settings: dict[str, Any]) -> str:
         parts.append(f"{settings['folds']}-fold CV" if settings.get("folds") else "CV")
     if settings.get("transfer_layers"):
         frozen = "frozen" if settings.get("freeze_transferred", True) else "fine-tuned"
-        parts.append(f"transferred {'+'.join(settings['transfer_layers'])} ({frozen})")
+        source = (f" from {settings['transfer_source']}" if settings.get("transfer_source")
+                  else "")
+        parts.append(f"transferred {'+'.join(settings['transfer_layers'])}{source} "
+                     f"({frozen})")
     return ", ".join(parts) or "full"
 
 
