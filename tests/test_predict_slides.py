@@ -158,6 +158,14 @@ def test_a_wsi_run_refuses_centres_outside_the_slide(wsi_run, tmp_path):
                               "--device", "cpu"])
     assert out.exit_code == 1 and not (tmp_path / "out").exists()
     assert f"{paths[0]}: centre x=5000, y=50 lies outside the 512x512 slide" in out.stderr
+    # inside, but its 64 px tile half off the slide: scored on white padding, it was kept
+    (tmp_path / "c.csv").write_text(f"input,x,y\n{paths[0]},100,100\n{paths[0]},10,10\n")
+    out = runner.invoke(app, ["-q", "predict", str(run_dir), str(paths[0]), "-o",
+                              str(tmp_path / "out"), "--centres", str(tmp_path / "c.csv"),
+                              "--device", "cpu"])
+    assert out.exit_code == 1 and not (tmp_path / "out").exists()
+    assert (f"{paths[0]}: the 64 px tile centred on x=10, y=10 reaches past the 512x512 "
+            "slide") in out.stderr
 
 
 def test_a_wsi_run_warns_when_a_slide_is_scanned_at_another_resolution(wsi_run, tmp_path,

@@ -76,6 +76,7 @@ class SlideTiles:
         else:
             xy = check_centres(path, centres, *info.dimensions, what="slide")
             lefts = np.round(xy - footprint / 2).astype(np.int64)
+            _check_tiles_inside(path, xy, lefts, footprint, info.dimensions)
         w0, h0 = info.dimensions
         scale = min(1.0, THUMBNAIL_SIDE / max(w0, h0))
         with open_slide(path) as slide:
@@ -107,3 +108,17 @@ def training_mpp(record: DatasetRecord) -> float | None:
     per_slide = record.preprocessing.get("per_slide") or {}
     known = [s["mpp"] for s in per_slide.values() if isinstance(s, dict) and s.get("mpp")]
     return float(np.median(known)) if known else None
+
+
+def _check_tiles_inside(path: Path, xy: np.ndarray, lefts: np.ndarray, footprint: float,
+                        size: tuple[int, int]) -> None:
+    """Refuse a centre whose tile reaches past the slide: read there, the missing part is
+    white padding, a tile unlike any the run trained on (its tiles lie inside)."""
+    side = int(round(footprint))
+    outside = (lefts < 0).any(axis=1) | (lefts[:, 0] + side > size[0]) \
+        | (lefts[:, 1] + side > size[1])
+    if outside.any():
+        x, y = xy[np.argmax(outside)].tolist()
+        raise CapsmedError(f"{path}: the {side} px tile centred on x={x}, y={y} reaches "
+                           f"past the {size[0]}x{size[1]} slide; give centres at least "
+                           f"{side // 2} px inside its edges")
