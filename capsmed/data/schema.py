@@ -33,7 +33,10 @@ FORMAT_VERSION = 1
 # (2026-11-24): the file bytes change but every array reads back identical, so a run
 # trained on an older file trained on the same data; `capsmed preprocess` again gives
 # a portable file when one is wanted.
-DATA_REVISION = 1
+#   2 (2026-11-27): TIFF samples of 2-7 bits scaled to full range; Reinhard leaves blank
+#     images as they are; an RGBA stain target is composited over white. (TUPAC16's
+#     faster patch cutting and look-ups write the same arrays: not a reason.)
+DATA_REVISION = 2
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")
 
 
