@@ -28,6 +28,8 @@ from capsmed.train.choices import (
 )
 from capsmed.yamlfile import read_yaml
 
+SABOUR_LR_DECAY = 0.96  # the exponential schedule's default factor per epoch
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -127,7 +129,7 @@ class TrainConfig:
     patience: int | None = 20
     optimizer: str = "adam"
     lr_schedule: str = "constant"
-    lr_decay: float = 0.96
+    lr_decay: float = SABOUR_LR_DECAY
     class_weights: str | None = None
     augment: bool = False
     augment_recipe: str | None = None
@@ -163,6 +165,9 @@ class TrainConfig:
         if self.folds is not None and (self.folds < 2 or (self.fold or 0) >= self.folds):
             raise CapsmedError(f"folds must be >= 2 and above fold, got fold {self.fold} "
                                f"of {self.folds}")
+        if self.lr_schedule == "constant" and self.lr_decay != SABOUR_LR_DECAY:
+            raise CapsmedError(f"lr_decay {self.lr_decay} has no effect with the constant "
+                               "schedule; add --lr-schedule exponential")
         if self.sampler == "balanced" and self.class_weights == "balanced":
             raise CapsmedError("sampler balanced and class_weights balanced each correct "
                                "the class imbalance: together a rare class weighs far more "

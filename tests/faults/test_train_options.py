@@ -22,6 +22,8 @@ OPTIONS = {
                       None, "kernel_size='big' must be an integer"),
     "kernel-too-large": (["--model-arg", "channels=[4,4]", "--model-arg", "kernel_size=40"],
                          None, "needs inputs of at least 79x79 pixels"),
+    "lr-decay-unused": (["--lr-decay", "0.5"], None,
+                        "lr_decay 0.5 has no effect with the constant schedule"),
     "balanced-twice": (["--sampler", "balanced", "--class-weights", "balanced"], None,
                        "sampler balanced and class_weights balanced each correct"),
     "yaml-epochs-a-word": ([], 'epochs: "three"\n', "epochs must be an integer, got 'three'"),
