@@ -31,7 +31,7 @@ TINY = {"capsnet": TINY_CAPSNET, "aff-capsnet": TINY_CAPSNET,
         "convnet-r": {"conv_channels": 16, "decoder_hidden": (16, 16)},
         "convnet-cr-sf": {"conv_channels": 16, "decoder_hidden": (16, 16)},
         "em-capsnet": {"stem_channels": 8, "stem_blocks": 2, "cardinality": 2, "base_width": 8,
-                       "primary_types": 4, "mid_types": 4},
+                       "primary_types": 4},  # mid_types: only with capsule_layers 3-4
         "parallel-em": {"branches": 2, "stem_channels": 8, "stem_planes": (8,),
                         "branch_planes": 8, "cardinality": 2, "base_width": 16,
                         "primary_types": 4},

@@ -17,7 +17,7 @@ from capsmed.train.losses import spread_loss, training_loss
 from tests.helpers import TINY
 
 # Reduced widths for em-capsnet: a 4x4 primary grid at 28x28 and 32x32, 6x6 at 48x48.
-TINY_EM = TINY["em-capsnet"]
+TINY_EM = {**TINY["em-capsnet"], "mid_types": 4}  # create_model takes it at any depth
 
 
 def _betas(n_out: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -120,6 +120,8 @@ def test_a_dataset_axis_sets_data_over_train_data(tmp_path):
         raw["datasets"]["other"] = {"output": "{out}/data/other.h5", "commands": []}
         raw["grid"][0]["dataset"] = ["tupac16", "other"]
         raw["train"]["data"] = "{datasets.tupac16}"
+        for table in raw["report"]["tables"]:  # one dataset a table: two are not seeds
+            table["where"] = {**table.get("where", {}), "dataset": "tupac16"}
     pipeline = _load(tmp_path, change)
     data = {(r.fields["dataset"], r.train["data"]) for r in pipeline.runs}
     out = tmp_path / "out" / "data"

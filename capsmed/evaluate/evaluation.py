@@ -50,8 +50,8 @@ def _two_label_scores(data: Path, split: str, samples: SplitData, scores: Any
                       ) -> dict[str, Any] | None:
     """For a two-object split (MultiMNIST), paper 004's two-digit accuracy beside the
     per-class report, which scores the first digit only; None for a one-label split."""
-    if not is_two_label(data, split):
-        return None
+    if split not in read_info(data).split_sizes or not is_two_label(data, split):
+        return None  # a CV run's test is its held-out fold of split 'all' (one label)
     from capsmed.evaluate.analyses.common import two_digit_hits
 
     second = read_meta(data, split, SECOND_LABEL).astype("int64")

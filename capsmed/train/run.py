@@ -224,9 +224,9 @@ class Run:
     def _source_statistics(self, source: Path) -> dict[str, Any]:
         """The standardisation of the run layers are transferred from: the copied (and
         frozen) layers were trained on inputs scaled by it, not by this data's own."""
-        from capsmed.runs.checkpoint import checkpoint_meta
+        from capsmed.train.run_config import read_run_config
 
-        kwargs = checkpoint_meta(source).get("model_kwargs") or {}
+        kwargs = read_run_config(source).get("model_kwargs") or {}
         stats = {k: kwargs[k] for k in ("input_mean", "input_std") if kwargs.get(k)}
         log.info("standardising as %s did (%s): its layers were trained so", source,
                  ", ".join(f"{k}={v}" for k, v in stats.items()) or "not at all")
