@@ -46,11 +46,12 @@ class Evaluation:
     files: tuple[str, ...] = field(default_factory=tuple)  # names written in report_dir
 
 
-def _two_label_scores(data: Path, split: str, samples: SplitData, scores: Any
+def _two_label_scores(info: Any, split: str, samples: SplitData, scores: Any
                       ) -> dict[str, Any] | None:
     """For a two-object split (MultiMNIST), paper 004's two-digit accuracy beside the
     per-class report, which scores the first digit only; None for a one-label split."""
-    if split not in read_info(data).split_sizes or not is_two_label(data, split):
+    data = info.path
+    if split not in info.split_sizes or not is_two_label(data, split):
         return None  # a CV run's test is its held-out fold of split 'all' (one label)
     from capsmed.evaluate.analyses.common import two_digit_hits
 
@@ -184,7 +185,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         log.info("%s has no reconstruction decoder over class capsules: reconstruction "
                  "and perturbation grids skipped", meta["arch"])
 
-    two_label = _two_label_scores(data_path, split, split_data, scores)
+    two_label = _two_label_scores(info, split, split_data, scores)
     if two_label is not None:  # the notes are logged as warnings below
         report.notes.insert(0, two_label["note"])
     title = (f"{meta['arch']} on {info.dataset} / {split} (epoch {meta['epoch']})"

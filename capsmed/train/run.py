@@ -214,10 +214,11 @@ class Run:
         """A new run's model arguments: the data's shape and classes, the statistics of
         its own training rows, and the user's options."""
         info, cfg = self.info, self.cfg
-        stats = (channel_statistics(sample_for_statistics(info, self.rows))
-                 if cfg.standardize else {})
-        if cfg.transfer_from and cfg.standardize:  # the copied layers' input scaling
+        stats: dict[str, Any] = {}
+        if cfg.standardize and cfg.transfer_from:  # the copied layers' input scaling
             stats = self._source_statistics(Path(cfg.transfer_from))
+        elif cfg.standardize:
+            stats = channel_statistics(sample_for_statistics(info, self.rows))
         return {"in_channels": info.channels, "num_classes": info.num_classes,
                 "input_size": list(info.image_size), **stats, **cfg.model_kwargs}
 

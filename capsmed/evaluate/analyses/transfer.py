@@ -19,11 +19,12 @@ paths, whose parameter order lists one path after another: the branches of
 stages make sensible layers, e.g. ``stem,stages.0,stages.1``).
 
 Other choices: the transferred stack includes the source network's input
-standardisation (its ``input_mean``/``input_std``), so frozen layers see inputs scaled as
-when they were trained; the re-initialised layers of every AnB / BnB run use seed
-``seed + 1``, so AnB and BnB at the same k start from the same upper weights and none
-replays its base network's initialisation. Frozen batch-norm layers (ResNeXt stems)
-still update their running statistics in training mode, as the trainer does.
+standardisation (its ``input_mean``/``input_std``: ``capsmed train --transfer-from``
+takes it), so frozen layers see inputs scaled as when they were trained; the
+re-initialised layers of every AnB / BnB run use seed ``seed + 1``, so AnB and BnB at
+the same k start from the same upper weights and none replays its base network's
+initialisation. Frozen batch-norm layers (ResNeXt stems) keep their transferred running
+statistics (eval mode), as the trainer freezes them.
 Finished runs under ``out`` are reused when their options match, and interrupted ones
 resumed, so a long protocol can be restarted.
 """
@@ -251,15 +252,13 @@ def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
     for k in range(1, len(layers) + 1):
         prefixes = [p for layer in layers[:k] for p in layer]
         for task in ("A", "B"):
-            source, meta = bases[task]
-            stats = {key: meta["model_kwargs"][key] for key in ("input_mean", "input_std")
-                     if meta["model_kwargs"].get(key) is not None}
+            source, _ = bases[task]
             name = f"{task}{k}B"
-            run = train_or_reuse(TrainConfig(
+            run = train_or_reuse(TrainConfig(  # its standardisation is the source's
                 data=str(cfg.b), arch=arch, seed=seed + 1, out=str(out / name),
                 transfer_from=str(source), transfer_layers=prefixes,
-                freeze_transferred=True, **{**options, "model_kwargs": {
-                    **kwargs[task], **stats}}), disable_progress)
+                freeze_transferred=True, **{**options, "model_kwargs": kwargs[task]}),
+                disable_progress)
             rows.append({"scheme": f"{task}nB", "k": k, "layers": " ".join(prefixes),
                          "run": str(run), "accuracy": _accuracy(run, Path(cfg.b), eval_bs,
                                                                 device)})

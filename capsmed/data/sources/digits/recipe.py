@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from capsmed.data.sources.mnist.recipe import DigitImage
@@ -20,18 +19,13 @@ class ScanImage(DigitImage):
     """A grey digit scan, light on black."""
 
     def convert(self, path: Path) -> tuple[np.ndarray, tuple[int, int]]:
-        scan = self.grey(path)[..., 0]
+        scan = self.grey(path)
         native = (scan.shape[1], scan.shape[0])
-        if scan.shape == self.shape:
-            return scan[None], native
+        if scan.shape[:2] == self.shape:
+            return scan.transpose(2, 0, 1), native
         box = int(self.record.preprocessing.get("box", 20))
-        if scan.shape != (8, 8):
+        if scan.shape[:2] != (8, 8):
             log.info("%s: %dx%d, not an 8x8 scan; resized to the %d px box the set's "
                      "digits fill", path, scan.shape[1], scan.shape[0], box)
-        shrink = scan.shape[0] * scan.shape[1] > box * box
-        boxed = cv2.resize(scan, (box, box), interpolation=cv2.INTER_AREA if shrink
-                           else cv2.INTER_LINEAR)  # the set's INTER_LINEAR for 8x8 scans
-        canvas = np.zeros(self.shape, np.uint8)
-        top, left = (self.shape[0] - box) // 2, (self.shape[1] - box) // 2
-        canvas[top:top + box, left:left + box] = boxed
-        return canvas[None], native
+        # an 8x8 scan is enlarged by INTER_LINEAR, as the set's were
+        return self.centred(scan, box).transpose(2, 0, 1), native

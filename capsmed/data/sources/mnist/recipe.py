@@ -41,17 +41,22 @@ class DigitImage(WholeImage):
     def _place(self, path: Path, image: np.ndarray, placement: str) -> np.ndarray:
         """The digit at its recorded size, centred on the canvas as ``center40`` puts it
         (``random40``'s seeded position belongs to the set's own images)."""
-        size = self.record.preprocessing.get("source_image_size") or [28, 28]
-        h, w = int(size[0]), int(size[0])  # the family's digits are square
-        if image.shape[:2] != (h, w):
-            log.info("%s: %dx%d, resized to the %dx%d digits the set placed on its canvas",
-                     path, image.shape[1], image.shape[0], w, h)
-            image = resize_image(image, h, keep_aspect=False)
+        side = int((self.record.preprocessing.get("source_image_size") or [28])[0])
+        if image.shape[:2] != (side, side):  # the family's digits are square
+            log.info("%s: %dx%d, resized to the %d px digits the set placed on its canvas",
+                     path, image.shape[1], image.shape[0], side)
         if placement == "random40":
             log.info("%s: centred on the %dx%d canvas (the set placed its digits at seeded "
                      "random positions, which belong to its own images)", path,
                      self.shape[1], self.shape[0])
-        top, left = (self.shape[0] - h) // 2, (self.shape[1] - w) // 2
+        return self.centred(image, side)
+
+    def centred(self, image: np.ndarray, side: int) -> np.ndarray:
+        """(H, W, 1) ``image`` resized to ``side`` px (INTER_AREA shrinking, INTER_LINEAR
+        enlarging) and centred on the run's black canvas."""
+        if image.shape[:2] != (side, side):
+            image = resize_image(image, side, keep_aspect=False)
+        top, left = (self.shape[0] - side) // 2, (self.shape[1] - side) // 2
         canvas = np.zeros((*self.shape, 1), np.uint8)
-        canvas[top:top + h, left:left + w] = image
+        canvas[top:top + side, left:left + side] = image
         return canvas
