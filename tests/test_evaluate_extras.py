@@ -249,7 +249,8 @@ def test_evaluate_on_another_file_with_the_same_classes(lenet_run, tiny_h5, tmp_
     # the run's own source, made otherwise: the differences are said and recorded (a
     # re-split, another seed, is not a difference in how the images look)
     again = _other_file(tmp_path / "again.h5", names, 28, like=tiny_h5, patch_size=50,
-                        h_max=0.6, seed=7)
+                        h_max=0.6, seed=7, positives_per_mitosis=3,
+                        negatives_per_image_used={"test": 9})
     with caplog.at_level("WARNING"):
         result = evaluate_run(lenet_run, data=again, disable_progress=True, grids=False)
     report = json.loads((result.report_dir / "report.json").read_text())

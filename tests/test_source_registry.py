@@ -37,3 +37,27 @@ def test_a_registered_toy_source_goes_synth_preprocess_train_predict(tmp_path):
     assert scores.shape == (3, 2) and np.allclose(scores.sum(axis=1), 1, atol=1e-5)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["dataset"] == "toy-dots" and summary["inputs"] == 3
+
+
+def test_each_source_declares_its_split_only_parameters():
+    """``Source.split_parameters`` (what ``evaluate --data`` does not count as other
+    preprocessing) names only what the source records: a config field or a key its
+    reader writes; the patch size and the like are never among them."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from capsmed.data.sources import SPLIT_PARAMETERS, sources
+
+    for source in sources():
+        declared = getattr(source.config, "SPLIT_ONLY", frozenset())
+        names = {f.name for f in fields(source.config)} if source.config else set()
+        code = "".join(p.read_text() for p in Path(
+            __import__(source.package, fromlist=["_"]).__file__).parent.glob("*.py"))
+        unknown = [k for k in declared if k not in names and f'"{k}"' not in code
+                   and f"{k}=" not in code]
+        assert not unknown, f"{source.name}: SPLIT_ONLY names {unknown}"
+        assert source.split_parameters == SPLIT_PARAMETERS | declared
+        assert not source.split_parameters & {"patch_size", "output_size", "size",
+                                              "h_max", "stain_norm", "placement"}
+    assert {"val_fraction", "images"} <= get_source("diaretdb1").split_parameters
+    assert "positives_per_mitosis" in get_source("tupac16").split_parameters

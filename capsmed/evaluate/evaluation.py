@@ -16,6 +16,7 @@ from capsmed.data.contract import (
     read_meta,
 )
 from capsmed.data.digest import file_digest
+from capsmed.data.sources import SPLIT_PARAMETERS, source_of
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
 from capsmed.evaluate.capsule_grids import capsule_grids, write_capsule_grids
@@ -71,13 +72,6 @@ def _two_label_scores(info: Any, split: str, samples: SplitData, scores: Any
     return values
 
 
-# what may differ between two files of one source without their images looking different
-SPLIT_PARAMETERS = frozenset((
-    "seed", "fractions", "val", "val_count", "test", "train", "folds", "split_files",
-    "split_sources", "split_unit", "allow_group_leak", "allow_no_annotations",
-    "negatives_per_image", "negatives_per_image_used", "per_class_limit", "workers"))
-
-
 def _preprocessing_differences(run: OpenRun, info: Any) -> dict[str, Any]:
     """How another file's preprocessing differs from the run's own (report.json keys),
     warned about when both come from one source: same classes and shape, but images
@@ -90,9 +84,14 @@ def _preprocessing_differences(run: OpenRun, info: Any) -> dict[str, Any]:
         return {"other_data": True}
     if (ours.source_kind or ours.dataset) != (info.source_kind or info.dataset):
         return {"other_data": True, "other_source": info.source_kind or info.dataset}
+    try:
+        split_only = source_of(info.source_kind, info.dataset, info.preprocessing,
+                               info.path).split_parameters
+    except CapsmedError:  # a source this capsmed does not know: the shared ones
+        split_only = SPLIT_PARAMETERS
     changed = {k: [ours.preprocessing.get(k), info.preprocessing.get(k)]
                for k in sorted(set(ours.preprocessing) | set(info.preprocessing))
-               if k not in SPLIT_PARAMETERS
+               if k not in split_only
                and ours.preprocessing.get(k) != info.preprocessing.get(k)}
     if changed:
         log.warning("%s: made with other preprocessing than %s was trained on (%s); "

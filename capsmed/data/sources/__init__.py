@@ -29,6 +29,11 @@ from typing import Any
 from capsmed.data.domains import DEFAULT_DOMAIN, DOMAINS, Domain, get_domain
 from capsmed.errors import CapsmedError
 
+# what every source's splitting records (capsmed.data.splits, the writer, challenges)
+SPLIT_PARAMETERS = frozenset((
+    "seed", "workers", "fractions", "split_files", "split_unit", "allow_group_leak",
+    "per_class_limit"))
+
 
 @dataclass(frozen=True)
 class Source:
@@ -78,6 +83,14 @@ class Source:
         if "." not in module:  # a module of the source's own package
             module = f"{self.package}.{module}"
         return getattr(importlib.import_module(module), attr)
+
+    @property
+    def split_parameters(self) -> frozenset[str]:
+        """The recorded preprocessing parameters that decide which images (or how many)
+        go to which split, not how an image looks: two files of this source differing
+        only in these hold images made alike (``evaluate --data`` compares the rest).
+        The shared ones, plus those its config names as ``SPLIT_ONLY``."""
+        return SPLIT_PARAMETERS | getattr(self.config, "SPLIT_ONLY", frozenset())
 
 
 _REGISTRY: dict[str, Source] = {}

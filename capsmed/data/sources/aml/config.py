@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from capsmed.errors import CapsmedError
 
@@ -23,6 +24,10 @@ class AmlConfig:
         workers: Worker processes (0 = one per CPU, up to 8); output does not depend on it.
         chunk_size: Images per worker job; output does not depend on it.
     """
+
+    # recorded parameters that decide which images (or how many) go to which split, not
+    # how an image looks (capsmed.data.sources.Source.split_parameters)
+    SPLIT_ONLY: ClassVar[frozenset[str]] = frozenset(("folds", "chunk_size",))
 
     size: int = 28
     grey: bool = False

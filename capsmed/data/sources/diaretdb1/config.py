@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 from capsmed.data.sources.common import DEFAULT_CLIP_LIMIT, DEFAULT_TILE_GRID
 from capsmed.errors import CapsmedError
@@ -39,6 +40,11 @@ class Diaretdb1Config:
         workers: Processes for the per-image work (0 = one per CPU, up to 8).
         allow_group_leak: Write even if an image lands in two splits.
     """
+
+    # recorded parameters that decide which images (or how many) go to which split, not
+    # how an image looks (capsmed.data.sources.Source.split_parameters)
+    SPLIT_ONLY: ClassVar[frozenset[str]] = frozenset((
+        "val_fraction", "balance", "images", "candidates", "dropped_ambiguous"))
 
     patch_size: int = 200
     output_size: int = 28

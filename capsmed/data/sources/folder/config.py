@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
 from capsmed.data.normalise_options import check_stain_norm
@@ -45,6 +46,11 @@ class FolderConfig:
         stain_target: The target: an RGB reference image, or a JSON file of its
             statistics (a file's recorded ``stain_normalisation``).
     """
+
+    # recorded parameters that decide which images (or how many) go to which split, not
+    # how an image looks (capsmed.data.sources.Source.split_parameters)
+    SPLIT_ONLY: ClassVar[frozenset[str]] = frozenset((
+        "folds", "group_pattern", "groups_csv", "name"))
 
     classes: tuple[str, ...] | None = None
     channels: int | None = None

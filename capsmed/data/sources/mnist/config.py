@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from capsmed.errors import CapsmedError
 
@@ -27,6 +28,11 @@ class MnistConfig:
             ``"random40"`` (paper 004: random position on a 40x40 canvas, every split).
         seed: Seed for the validation sample and the random positions.
     """
+
+    # recorded parameters that decide which images (or how many) go to which split, not
+    # how an image looks (capsmed.data.sources.Source.split_parameters)
+    SPLIT_ONLY: ClassVar[frozenset[str]] = frozenset((
+        "val", "val_count", "split_sources", "groups"))
 
     dataset: str = "mnist"
     val: float = 5000
@@ -59,6 +65,11 @@ class MultiMnistConfig:
         seed: Seed for the validation sample, the partners and the shifts.
     """
 
+    # recorded parameters that decide which images (or how many) go to which split, not
+    # how an image looks (capsmed.data.sources.Source.split_parameters)
+    SPLIT_ONLY: ClassVar[frozenset[str]] = frozenset((
+        "val", "pairs", "eval_pairs", "store_sources"))
+
     pairs: int = 1
     eval_pairs: int | None = None
     shift: int = 4
@@ -85,6 +96,10 @@ class AffnistConfig:
         max_images: Keep only the first this-many images (None: all; the full test
             set has 320,000).
     """
+
+    # recorded parameters that decide which images (or how many) go to which split, not
+    # how an image looks (capsmed.data.sources.Source.split_parameters)
+    SPLIT_ONLY: ClassVar[frozenset[str]] = frozenset(("split", "max_images",))
 
     split: str = "test"
     max_images: int | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from capsmed.data.normalise_options import check_stain_norm
 from capsmed.data.sources.common import DEFAULT_H_MAX, check_fractions, default_fractions
@@ -37,6 +38,12 @@ class Tupac16Config:
         stain_target: The target: an RGB reference image, or a JSON file of its
             statistics (a file's recorded ``stain_normalisation``).
     """
+
+    # recorded parameters that decide which images (or how many) go to which split, not
+    # how an image looks (capsmed.data.sources.Source.split_parameters)
+    SPLIT_ONLY: ClassVar[frozenset[str]] = frozenset((
+        "negatives_per_image", "negatives_per_image_used", "positives_per_mitosis",
+        "allow_no_annotations"))
 
     patch_size: int = 100
     output_size: int = 28

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
 from capsmed.data.normalise_options import check_stain_norm
@@ -54,6 +55,11 @@ class WsiConfig:
         stain_target: The target: an RGB reference image, or a JSON file of its
             statistics (a file's recorded ``stain_normalisation``).
     """
+
+    # recorded parameters that decide which images (or how many) go to which split, not
+    # how an image looks (capsmed.data.sources.Source.split_parameters)
+    SPLIT_ONLY: ClassVar[frozenset[str]] = frozenset((
+        "allow_no_annotations", "tiles_per_job"))
 
     level: int | None = None
     mpp: float | None = None
