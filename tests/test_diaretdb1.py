@@ -255,6 +255,13 @@ def test_user_split_files_replace_the_official_lists(raw, tmp_path):
                          f"test={tmp_path / 'te.txt'}")
     assert_clean_failure(result, str(tmp_path / "te.txt"), tmp_path / "leak.h5")
     assert "image003 is also listed in" in result.stderr
+    # a line naming several images (commas) kept only the first of them
+    (tmp_path / "te.txt").write_text("image001\nimage004, image005\n")
+    result = _preprocess(raw, tmp_path / "comma.h5", "--split-file",
+                         f"train={tmp_path / 'tr.txt'}", "--split-file",
+                         f"test={tmp_path / 'te.txt'}")
+    assert_clean_failure(result, str(tmp_path / "te.txt"), tmp_path / "comma.h5")
+    assert "line 2: names 2 images" in result.stderr
 
 
 def test_raw_dir_may_be_the_release_or_its_parent(raw, tmp_path):

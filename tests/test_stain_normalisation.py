@@ -305,3 +305,22 @@ def test_a_grey_target_or_grey_images_are_refused_naming_the_file(tmp_path, targ
                                      "--stain-norm", "reinhard", "--stain-target",
                                      str(target)])
         assert_clean_failure(result, message, out)
+
+
+def test_a_mostly_background_target_is_refused_through_the_cli(tmp_path, ihc):
+    """The in-process refusal above, as a user meets it: one line naming the target
+    file, exit 1, no dataset file."""
+    from capsmed.data.sources.folder.synth import write_class_folders
+
+    write_class_folders(tmp_path / "raw", classes=2, images_per_class=2, size=32)
+    target = np.full((200, 200, 3), 245, np.uint8)
+    target[:20, :20] = ihc[:20, :20]
+    cv2.imwrite(str(tmp_path / "bg.png"), target[..., ::-1])
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "folder", str(tmp_path / "raw"),
+                                 "-o", str(out), "--group-pattern", "^(P\\d+)_",
+                                 "--train", "1", "--val", "0", "--test", "0",
+                                 "--stain-norm", "macenko", "--stain-target",
+                                 str(tmp_path / "bg.png")])
+    assert_clean_failure(result, str(tmp_path / "bg.png"), out)
+    assert "mostly background" in result.stderr

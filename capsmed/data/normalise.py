@@ -243,7 +243,8 @@ def load_target(method: str, path: Path) -> StainNormaliser:
         raise CapsmedError(f"{path}: a stain target must be an RGB image, got shape "
                            f"{list(image.shape)}")
     # transparent pixels are no stain: over white, not their (often black) colour
-    return StainNormaliser.fit(method, alpha_on_white(image), origin)
+    fitted = StainNormaliser.fit(method, alpha_on_white(image), {"target": str(path)})
+    return StainNormaliser(method, fitted.target, origin)  # the record keeps the name
 
 
 def recorded_normaliser(preprocessing: dict[str, Any], where: object
