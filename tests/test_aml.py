@@ -267,6 +267,13 @@ def _empty_folder(raw):
     return folder
 
 
+def _converted_image(raw):
+    folder = raw / "AML-Cytomorphology" / "EOS"
+    rgb = tifffile.imread(folder / "EOS_0001.tiff")[..., :3]
+    cv2.imwrite(str(folder / "EOS_0900.png"), rgb)  # was silently left out of the data
+    return folder / "EOS_0900.png"
+
+
 def _unknown_folder(raw):
     folder = raw / "AML-Cytomorphology" / "XYZ"
     folder.mkdir()
@@ -285,9 +292,10 @@ def _unknown_folder(raw):
     (lambda r: _edit_line(r, 2, "../EBO_0001.tiff EBO nan nan"), "expected a path like"),
     (_empty_folder, "holds no .tiff images"),
     (_unknown_folder, "is not one of the 15 classes"),
+    (_converted_image, "not a TIFF; only .tif/.tiff images are read"),
 ], ids=["no-annotations", "missing-file", "corrupt-tiff", "unknown-label",
         "unknown-reannotation", "label-vs-folder", "short-line", "path-escape", "empty-folder",
-        "unknown-folder"])
+        "unknown-folder", "converted-image"])
 def test_bad_input_fails_cleanly(raw, tmp_path, corrupt, message):
     copy = tmp_path / "raw"
     shutil.copytree(raw, copy)
@@ -305,6 +313,8 @@ def test_bad_input_fails_cleanly(raw, tmp_path, corrupt, message):
 def test_more_folds_than_images_and_bad_options(raw, tmp_path):
     out = tmp_path / "x.h5"
     for args, message in ((["--folds", "99"], "cannot be split into 99 folds"),
+                          (["--folds", "40"], "every class has fewer images than the 40 "
+                                              "folds (the largest, NGS, has"),
                           (["--labels", "majority"], "labels must be one of"),
                           (["--folds", "1"], "folds must be within 2..127")):
         result = runner.invoke(app, ["-q", "preprocess", "aml", str(raw), "-o", str(out),

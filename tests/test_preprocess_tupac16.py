@@ -13,6 +13,7 @@ from capsmed.data.sources.tupac16.reader import (
     Tupac16Config,
     discover,
     preprocess_tupac16,
+    read_mitosis_csv,
     read_rgb_tiff,
 )
 from capsmed.data.sources.tupac16.synth import render_tupac16_image
@@ -156,3 +157,44 @@ def test_a_split_without_mitoses_is_warned_about(tiny_raw, tmp_path, caplog):
 def test_config_rejects_jitter_that_could_lose_the_mitosis():
     with pytest.raises(CapsmedError, match="smaller than half the patch"):
         Tupac16Config(patch_size=40, jitter=25)
+
+
+def _flat_copy(raw, target):
+    """``raw`` (official layout) copied to the flattened layout under ``target``."""
+    for rec in discover(raw):
+        (target / rec.case).mkdir(parents=True, exist_ok=True)
+        shutil.copy(rec.tif, target / rec.case / rec.tif.name)
+        if rec.csv:
+            shutil.copy(rec.csv, target / rec.case / rec.csv.name)
+    return target
+
+
+def test_ground_truth_of_a_case_whose_images_are_missing_is_refused(tiny_raw, tmp_path):
+    flat = _flat_copy(tiny_raw, tmp_path / "flat")
+    case = next(r.case for r in discover(flat) if len(r.mitoses))
+    (flat / "lists").mkdir()  # a CSV that is not ground truth stays allowed there
+    (flat / "lists" / "cases.csv").write_text("01\n02\n")
+    for tif in (flat / case).glob("*.tif"):
+        tif.unlink()  # the case's CSVs stay: its mitoses were silently lost
+    with pytest.raises(CapsmedError, match=f"case {case} .*mitoses would be lost"):
+        discover(flat)
+
+
+def test_an_identical_csv_beside_the_image_is_accepted(tiny_raw, tmp_path):
+    raw = tmp_path / "raw"
+    shutil.copytree(tiny_raw, raw)
+    rec = next(r for r in discover(raw) if len(r.mitoses))
+    shutil.copy(rec.csv, rec.tif.with_suffix(".csv"))  # was refused as "no image found"
+    again = {(r.case, r.image): r for r in discover(raw)}[(rec.case, rec.image)]
+    np.testing.assert_array_equal(again.mitoses, rec.mitoses)
+
+
+def test_a_mitosis_listed_twice_counts_once_and_is_warned_about(tmp_path, caplog):
+    csv = tmp_path / "01.csv"
+    csv.write_text("10,20\n30,40\n10,20\n")  # it would get twice its positives
+    with caplog.at_level("WARNING"):
+        assert read_mitosis_csv(csv).tolist() == [[10, 20], [30, 40]]
+    assert "line 3: mitosis at row 10, col 20 is already listed on line 1; counted " \
+           "once" in caplog.text
+    csv.write_text("10,20\n20,10\n")  # the same numbers in the other order: two mitoses
+    assert read_mitosis_csv(csv).tolist() == [[10, 20], [20, 10]]

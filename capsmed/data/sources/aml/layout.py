@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from capsmed.data.files import FolderWalk, check_file, check_name
+from capsmed.data.files import FolderWalk, check_file, check_name, has_suffix
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ RELEASE_COUNTS: dict[str, int] = {
     "MYO": 3268, "PMO": 70, "PMB": 18, "MYB": 42, "MMZ": 15, "MOB": 26, "EBO": 78, "KSC": 15,
 }
 TIFF_SUFFIXES = (".tif", ".tiff")
+# images of another format in a class folder: not read, so refused rather than left out
+OTHER_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif")
 
 
 @dataclass(frozen=True)
@@ -141,13 +143,19 @@ def scan_images(root: Path) -> dict[str, list[str]]:
             check_file(folder, "class folder")  # a broken link or a loop: say so
         if not folder.is_dir():
             continue
+        others: list[Path] = []
         tiffs = [f"{folder.name}/{p.name}"
-                 for p in walk.files(folder, TIFF_SUFFIXES, recursive=False)]
+                 for p in walk.files(folder, TIFF_SUFFIXES, recursive=False, others=others)]
         if folder.name not in CLASSES:
             if tiffs:
                 raise CapsmedError(f"{folder}: folder is not one of the 15 classes "
                                    f"({', '.join(CLASS_NAMES)})")
             continue
+        converted = [p for p in others if has_suffix(p, OTHER_IMAGE_SUFFIXES)]
+        if converted:
+            raise CapsmedError(f"{converted[0]}: not a TIFF; only .tif/.tiff images are "
+                               f"read (the release's format), so it would be left out of "
+                               f"class {folder.name} (convert it to TIFF or move it away)")
         if not tiffs:
             raise CapsmedError(f"{folder}: class folder holds no .tiff images")
         found[folder.name] = tiffs

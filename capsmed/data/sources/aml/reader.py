@@ -63,6 +63,11 @@ def assign_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
         raise CapsmedError(f"{len(labels)} image(s) cannot be split into {folds} folds; "
                            "use fewer --folds")
     counts = Counter(labels.tolist())
+    largest, most = max(counts.items(), key=lambda item: item[1])
+    if most < folds:  # StratifiedKFold cannot spread any class over every fold
+        raise CapsmedError(f"every class has fewer images than the {folds} folds (the "
+                           f"largest, {CLASS_NAMES[largest]}, has {most}); use --folds "
+                           f"{most} or fewer")
     small = sorted(CLASS_NAMES[c] for c, n in counts.items() if n < folds)
     if small:
         log.warning("class(es) %s have fewer images than folds (%d) and are missing from "

@@ -73,7 +73,7 @@ def read_mitosis_csv(path: Path) -> np.ndarray:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CapsmedError(f"{path}: cannot read ground-truth CSV ({exc})") from exc
-    rows = []
+    rows: dict[tuple[int, int], int] = {}  # (row, col) -> its line
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -81,11 +81,16 @@ def read_mitosis_csv(path: Path) -> np.ndarray:
         try:
             if len(parts) != 2:
                 raise ValueError
-            rows.append((_coordinate(parts[0]), _coordinate(parts[1])))
+            point = (_coordinate(parts[0]), _coordinate(parts[1]))
         except ValueError:
             raise CapsmedError(f"{path}: line {number}: expected 'row,col' integers "
                                f"(pixel coordinates), got {line.strip()[:60]!r}") from None
-    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+        if point in rows:  # one mitosis listed twice would give twice its positives
+            log.warning("%s: line %d: mitosis at row %d, col %d is already listed on line "
+                        "%d; counted once", path, number, *point, rows[point])
+            continue
+        rows[point] = number
+    return np.array(list(rows), dtype=np.int64).reshape(-1, 2)
 
 
 def discover(raw_dir: Path) -> list[ImageRecord]:
@@ -128,19 +133,46 @@ def _ground_truth(raw_dir: Path, tif: Path) -> tuple[Path | None, np.ndarray]:
 
 def _refuse_orphan_csvs(raw_dir: Path, records: list[ImageRecord]) -> None:
     """A ground-truth CSV no image reads (its image missing, or misnamed) would drop
-    its mitoses without a word: refuse it, naming the image it expects."""
-    used = {os.path.realpath(r.csv) for r in records if r.csv is not None}
+    its mitoses without a word: refuse it, naming the image it expects. Looked at: the
+    ground-truth folder, the image folders, and the folders beside them (a case folder
+    whose images are all lost; there only CSVs that read as mitoses count)."""
+    # an image reads its CSV in the ground-truth folder and an identical one beside it
+    beside_image = (find_in_folder(r.tif.parent, r.image, ".csv") for r in records)
+    used = {os.path.realpath(p) for p in (*(r.csv for r in records), *beside_image)
+            if p is not None}
     beside = {r.tif.parent for r in records}
     folders = [raw_dir / GROUND_TRUTH_DIR] if (raw_dir / GROUND_TRUTH_DIR).is_dir() else []
     csvs = [p for folder in folders for p in FolderWalk().files(folder, (".csv",))]
     csvs += [p for folder in sorted(beside)
              for p in FolderWalk().files(folder, (".csv",), recursive=False)]
+    csvs += [p for p in _csvs_beside_case_folders(raw_dir, beside)
+             if os.path.realpath(p) not in used and _holds_mitoses(p)]
     for csv in csvs:
         if os.path.realpath(csv) not in used:
             raise CapsmedError(f"{csv}: ground truth for case {csv.parent.name} image "
                                f"{csv.stem}, but no image {csv.parent.name}/{csv.stem}.tif "
                                "was found; its mitoses would be lost (restore or rename "
                                "the image, or remove the CSV)")
+
+
+def _csvs_beside_case_folders(raw_dir: Path, case_folders: set[Path]) -> list[Path]:
+    """The CSVs directly inside the other folders next to the image (case) folders, the
+    ground-truth folder aside: where a case folder that lost its images sits."""
+    parents = {folder.parent for folder in case_folders if folder != raw_dir}
+    others = sorted({entry for parent in parents for entry in parent.iterdir()
+                     if entry.is_dir() and not entry.name.startswith(".")
+                     and entry.name != GROUND_TRUTH_DIR} - case_folders)
+    return [p for folder in others for p in FolderWalk().files(folder, (".csv",),
+                                                              recursive=False)]
+
+
+def _holds_mitoses(path: Path) -> bool:
+    """Whether ``path`` reads as a ground-truth CSV with a mitosis (other CSVs, such as a
+    list of case ids, are not ground truth)."""
+    try:
+        return len(read_mitosis_csv(check_file(path, "CSV", allow_empty=True))) > 0
+    except CapsmedError:
+        return False
 
 
 def check_annotations(raw_dir: Path, records: list[ImageRecord]) -> None:
