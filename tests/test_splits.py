@@ -69,3 +69,35 @@ def test_splits_missing_a_class_are_named(caplog):
         logger.removeHandler(caplog.handler)
     assert absent == ["val (b, c)", "test (a, b)"]
     assert "split(s) missing a class: val (b, c); test (a, b)" in caplog.text
+
+
+def test_split_files_are_parsed_as_typed_each_split_once():
+    from capsmed.cli.common import parse_split_files
+
+    # a path is not YAML: 'true' stayed a file named True, '1e3' became 1000.0
+    assert parse_split_files(["train=true", "test=1e3", "val = a b.txt"]) == {
+        "train": "true", "test": "1e3", "val": "a b.txt"}
+    assert parse_split_files(None) is None
+    for pairs, message in (
+            (["train=a.txt", "train=b.txt"], "train is given twice .a.txt and b.txt."),
+            (["valid=a.txt"], "unknown split valid"),
+            (["train="], "expects SPLIT=FILE, got 'train='"),
+            (["a.txt"], "expects SPLIT=FILE")):
+        with pytest.raises(CapsmedError, match=message):
+            parse_split_files(pairs)
+    with pytest.raises(CapsmedError, match="--split-file replaces the split fractions"):
+        parse_split_files(["test=t.txt"], {"train": 0.5, "val": 0.25, "test": 0.25})
+
+
+def test_split_files_with_fractions_are_refused_through_the_cli(tiny_raw, tmp_path):
+    from typer.testing import CliRunner
+
+    from capsmed.cli import app
+    from tests.helpers import assert_clean_failure
+
+    (tmp_path / "a.txt").write_text("01\n")
+    out = tmp_path / "out.h5"
+    result = CliRunner().invoke(app, ["-q", "preprocess", "tupac16", str(tiny_raw), "-o",
+                                      str(out), "--split-file", f"test={tmp_path / 'a.txt'}",
+                                      "--train", "0.8", "--val", "0.2", "--test", "0"])
+    assert_clean_failure(result, "--split-file replaces the split fractions", out)

@@ -153,11 +153,23 @@ def only_set(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def parse_split_files(pairs: list[str] | None) -> dict[str, str] | None:
-    """``--split-file train=a.txt`` (repeatable) -> ``{"train": "a.txt"}``, splits checked."""
-    files = parse_key_values(pairs, "--split-file")
-    bad = sorted(set(files) - {"train", "val", "test"})
-    if bad:
-        raise CapsmedError(f"--split-file: unknown split(s) {', '.join(bad)} "
-                           "(use train, val, test)")
-    return {k: str(v) for k, v in files.items()} or None
+def parse_split_files(pairs: list[str] | None, fractions: dict[str, float] | None = None
+                      ) -> dict[str, str] | None:
+    """``--split-file train=a.txt`` (repeatable) -> ``{"train": "a.txt"}``: known splits,
+    each once, the path as typed (not read as YAML). ``fractions``: the split fractions
+    given on the command line, which split files replace: both at once are refused."""
+    files: dict[str, str] = {}
+    for pair in pairs or []:
+        split, sep, path = (part.strip() for part in pair.partition("="))
+        if not sep or not split or not path:
+            raise CapsmedError(f"--split-file expects SPLIT=FILE, got '{pair}'")
+        if split not in ("train", "val", "test"):
+            raise CapsmedError(f"--split-file: unknown split {split} (use train, val, test)")
+        if split in files:  # the first list's groups would be dropped from the split
+            raise CapsmedError(f"--split-file: {split} is given twice ({files[split]} and "
+                               f"{path}); give one file per split")
+        files[split] = path
+    if files and fractions:
+        raise CapsmedError("--split-file replaces the split fractions; drop --train/--val/"
+                           "--test, or the split files")
+    return files or None

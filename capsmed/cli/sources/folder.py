@@ -86,8 +86,8 @@ def preprocess_folder(
     """Any class-folder dataset: 8-bit grey/RGB images, patient-level split or folds."""
     from capsmed.data.sources.folder.reader import preprocess_folder
 
-    files = parse_split_files(split_file)
     fractions = split_fractions(FolderConfig, train, val, test)
+    files = parse_split_files(split_file, fractions)
     if folds is not None and (files or fractions):
         raise CapsmedError("--folds writes one split 'all'; do not combine it with "
                            "--split-file or --train/--val/--test")

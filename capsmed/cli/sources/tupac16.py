@@ -79,14 +79,16 @@ def preprocess_tupac16(
     """TUPAC16 mitosis: hematoxylin channel, mitosis vs tissue patches, case-level split."""
     from capsmed.data.sources.tupac16.reader import preprocess_tupac16
 
+    fractions = split_fractions(Tupac16Config, train, val, test)
     config = Tupac16Config(**only_set(
         stain_norm=stain_norm,
         stain_target=stain_target,
         patch_size=patch_size, output_size=output_size, jitter=jitter,
         positives_per_mitosis=positives_per_mitosis, negatives_per_image=negatives_per_image,
         min_tissue=min_tissue, mitosis_radius=mitosis_radius, h_max=h_max, seed=seed,
-        workers=workers, fractions=split_fractions(Tupac16Config, train, val, test),
-        split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
+        workers=workers, fractions=fractions,
+        split_files=parse_split_files(split_file, fractions),
+        allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
     path = preprocess_tupac16(raw_dir, output, config, overwrite=overwrite)
     echo_wrapped(f"inspect it with: capsmed data info {path}")

@@ -108,6 +108,7 @@ def preprocess_wsi(
     """Whole-slide images: tissue mask, grid tiles at a level or mpp, labels, slide split."""
     from capsmed.data.sources.wsi.reader import preprocess_wsi as run
 
+    fractions = split_fractions(WsiConfig, train, val, test)
     config = WsiConfig(**only_set(
         stain_norm=stain_norm,
         stain_target=stain_target,
@@ -119,8 +120,9 @@ def preprocess_wsi(
         min_overlap=min_overlap, unlabelled=unlabelled, background_class=background_class,
         stain=stain, h_max=h_max, seed=seed, domain=domain, workers=workers,
         tiles_per_job=tiles_per_job,
-        fractions=split_fractions(WsiConfig, train, val, test),
-        split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak,
+        fractions=fractions,
+        split_files=parse_split_files(split_file, fractions),
+        allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
     path = run(slides, output, config, overwrite=overwrite)
     echo_wrapped(f"inspect it with: capsmed data info {path}")
