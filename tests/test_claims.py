@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from capsmed.errors import CapsmedError
-from capsmed.evaluate.claims import claims_note, evaluate_claims, holm, parse_claims
+from capsmed.evaluate.claims import (
+    claims_note,
+    evaluate_claims,
+    holm,
+    judge_claims,
+    parse_claims,
+)
 
 FRACTIONS = ["f5", "f10", "f20", "f50", "full"]
 
@@ -60,6 +66,56 @@ def test_every_needs_each_cell_and_too_few_pairs_decide_nothing():
     assert only_f5[0].verdict == "undecided"
     one_seed = evaluate_claims(CLAIMS[:1], _records(lambda i: 0.05, seeds=1)[:3])
     assert one_seed[0].verdict == "undecided" and "too few" in one_seed[0].note
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_number_leaves_its_claim_undecided_and_the_others_judged(bad):
+    # a NaN (an analysis' JSON may hold one) made the claim's p-value NaN, and sorting
+    # it in Holm's correction raised the other claims' adjusted p-values to 1
+    good = _records(lambda i: 0.05)
+    broken = _records(lambda i: 0.05)
+    broken[1]["metrics"]["macro_f1"] = bad
+    broken_first, good_second = judge_claims(CLAIMS[:2], [broken, good])
+    assert good_second.verdict == "holds" and good_second.p_adjusted < 0.05
+    assert broken_first.verdict == "undecided" and broken_first.p_value is None
+    assert "NaN or infinite macro_f1" in broken_first.note
+
+
+def test_rounding_noise_is_no_difference_and_decides_nothing():
+    # two runs with the same per-class F1s in another class order: their macro F1s
+    # differ by 1e-16, which was taken as a difference without spread (p = 0, "fails")
+    f1s = [42 / 65, 40 / 65, 26 / 53, 0.28]
+    records = []
+    for seed in range(4):
+        reordered = f1s[:2] + f1s[2:][::-1] if seed == 0 else f1s
+        records += [{"fields": {"arch": "capsnet", "seed": seed},
+                     "metrics": {"macro_f1": float(np.mean(f1s))}},
+                    {"fields": {"arch": "lenet", "seed": seed},
+                     "metrics": {"macro_f1": float(np.mean(reordered))}}]
+    claim = parse_claims([{"name": "x", "quote": "q", "source": "s", "metric": "macro_f1",
+                           "better": {"arch": "capsnet"}, "than": {"arch": "lenet"}}], "s")
+    result, = evaluate_claims(claim, records)
+    assert result.pairs == 4 and result.effect != 0.0  # the rounding is there
+    assert result.verdict == "undecided" and result.p_value == 1.0
+
+
+def test_a_constant_gap_is_no_trend_and_leaves_the_other_claims_alone():
+    # capsnet predicting what lenet predicts in every run: the gap is 0 everywhere, the
+    # slope's p-value NaN, and Holm's correction of the other claims depended on their order
+    records = _records(lambda i: 0.05)
+    lenet = {(r["fields"]["condition"], r["fields"]["seed"]): r["metrics"]["macro_f1"]
+             for r in records if r["fields"]["arch"] == "lenet"}
+    for r in records:
+        if r["fields"]["arch"] == "capsnet":
+            r["metrics"]["macro_f1"] = lenet[r["fields"]["condition"], r["fields"]["seed"]]
+    beats_baseline = parse_claims([{
+        "name": "b", "quote": "q", "source": "s", "metric": "macro_f1",
+        "better": {"arch": "capsnet"}, "than": {"arch": "baseline"}}], "s")[0]
+    for claims in ([CLAIMS[2], beats_baseline], [beats_baseline, CLAIMS[2]]):
+        by_name = {r.claim.name: r for r in evaluate_claims(claims, records)}
+        assert by_name["b"].verdict == "fails"  # baseline is lenet + 0.025
+        trend = by_name["gap-shrinks"]
+        assert trend.verdict == "undecided" and trend.p_value == 1.0 and trend.effect == 0
 
 
 def test_holm_adjusts_in_order_and_keeps_missing_values():

@@ -167,3 +167,12 @@ def test_class_probabilities_softmax_for_logits_only():
     lengths = np.array([[0.9, 0.3, 0.05]])
     same, how = class_probabilities(lengths, "margin")
     assert np.array_equal(same, lengths) and "unnormalised" in how
+
+
+@pytest.mark.parametrize(("y_true", "y_pred"), [([0, 1, 2], [0, 1, 1]), ([0, 1, 1], [0, 1, 5]),
+                                                ([0, -1, 1], [0, 1, 1])])
+def test_labels_outside_the_classes_are_refused_not_dropped(y_true, y_pred):
+    # sklearn's confusion_matrix(labels=...) leaves such samples out: accuracy 1.0 on a
+    # split with a wrong prediction
+    with pytest.raises(ValueError, match="outside 0..1"):
+        classification_report(np.array(y_true), np.array(y_pred), ["a", "b"])

@@ -199,6 +199,13 @@ def test_paired_p_value_edge_cases():
     assert paired_p_value(a, b, "wilcoxon")[1] < 0.05 and paired_p_value(a, b, "wilcoxon")[2] == ""
 
 
+def test_equal_differences_up_to_rounding_are_a_degenerate_t_test():
+    # 0.9 - 0.8 and 0.8 - 0.7 differ in the last bit: t came out as 1.8e15, unflagged
+    statistic, p, note = paired_p_value([0.9, 0.8], [0.8, 0.7])
+    assert statistic is None and "degenerate" in note
+    assert paired_p_value([0.9, 0.8], [0.8, 0.75])[0] is not None  # real spread: kept
+
+
 def test_tables_in_the_papers_layouts(runs_root, tmp_path):
     report_runs([runs_root], tmp_path / "rep", ReportConfig(archs=("lenet", "capsnet")))
     out = tmp_path / "rep"

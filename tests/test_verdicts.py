@@ -44,6 +44,24 @@ def test_verdicts():
                            "1 undecided)")
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_nan_or_infinite_repetition_is_undecided_not_reproduced(bad):
+    # a NaN interval compares false both ways: it used to fall through to "reproduced"
+    assert verdict([0.2, bad, 0.3], 0.9).word == "undecided"
+    assert verdict([0.2, bad], 90, scale=100).word == "undecided"
+
+
+def test_a_nan_read_from_an_analysis_file_is_not_judged_reproduced():
+    from capsmed.pipeline.study import metric_table
+
+    runs = [(SimpleNamespace(fields={"condition": "f1", "arch": "capsnet"}), v)
+            for v in (0.2, float("nan"), 0.3)]  # json.loads reads NaN
+    spec = {"rows": "condition", "columns": "arch", "paper": {"f1": {"capsnet": 0.9}}}
+    _, numbers = metric_table(spec, runs)
+    assert numbers["verdicts"]["reproduced"] == 0
+    assert numbers["cells"]["f1|capsnet"]["verdict"] == "undecided"
+
+
 def test_the_study_table_gives_each_paper_number_its_verdict():
     from capsmed.pipeline.study import metric_table
 

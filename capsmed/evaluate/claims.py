@@ -208,12 +208,30 @@ def _pairs(claim: Claim, records: Sequence[Record], than: str
     return cells
 
 
+def _non_finite(claim: Claim, records: Sequence[Record]) -> int:
+    """How many of the runs a claim speaks of have a NaN or infinite number: one NaN
+    makes its test's p-value NaN, which no comparison calls significant either way and
+    which would disorder the Holm correction of the study's other claims."""
+    count = 0
+    for r in records:
+        fields = {k: str(v) for k, v in r["fields"].items()}
+        value = (r.get("metrics") or {}).get(claim.metric)
+        if value is not None and fields.get(claim.field) in (claim.better, *claim.than) \
+                and all(fields.get(k) in v for k, v in claim.where.items()) \
+                and not np.isfinite(float(value)):
+            count += 1
+    return count
+
+
 def _one_sided(d: np.ndarray) -> tuple[float | None, float | None]:
     """One-sided paired t-test p-values (mean > 0, mean < 0); None below 2 pairs."""
     if d.size < 2:
         return None, None
-    if np.allclose(d, d[0]):  # no spread: the sign alone decides
-        return (0.0, 1.0) if d[0] > 0 else (1.0, 0.0) if d[0] < 0 else (1.0, 1.0)
+    scale = float(np.abs(d).max())
+    if scale <= 1e-12:  # no difference, up to rounding (a mean of reordered values)
+        return 1.0, 1.0
+    if np.ptp(d) <= 1e-9 * scale:  # no spread: the sign alone decides
+        return (0.0, 1.0) if d[0] > 0 else (1.0, 0.0)
     t = stats.ttest_1samp(d, 0.0)
     half = float(t.pvalue) / 2
     return (half, 1 - half) if t.statistic > 0 else (1 - half, half)
@@ -254,6 +272,8 @@ def _trend(claim: Claim, records: Sequence[Record]) -> tuple[float | None, float
     if len(set(xs)) < 3 or len(gaps) < 4:
         return None, None, None, len(gaps)
     fit = stats.linregress(xs, gaps)
+    if not np.isfinite(fit.pvalue):  # the same gap everywhere (p NaN): no slope at all
+        return 1.0, 1.0, 0.0, len(gaps)
     half = float(fit.pvalue) / 2
     down = (half, 1 - half) if fit.slope < 0 else (1 - half, half)
     p, q = down if claim.direction == "decreasing" else down[::-1]
@@ -283,6 +303,11 @@ def judge_claims(claims: Sequence[Claim], records: Sequence[Sequence[Record]]
     together."""
     results = []
     for claim, own in zip(claims, records, strict=True):
+        bad = _non_finite(claim, own)
+        if bad:
+            results.append(ClaimResult(claim, "undecided", None, None, None, 0, note=(
+                f"{bad} of its runs have a NaN or infinite {claim.metric}: not tested")))
+            continue
         test = _trend if claim.kind == "trend" else _better
         p, q, effect, pairs = test(claim, own)
         results.append(ClaimResult(claim, "undecided", p, None, effect, pairs, q))
@@ -291,9 +316,10 @@ def judge_claims(claims: Sequence[Claim], records: Sequence[Sequence[Record]]
     for r, p_adj, q_adj in zip(results, adjusted, opposite, strict=True):
         r.p_adjusted, r.p_opposite_adjusted = p_adj, q_adj
         if r.p_value is None:
-            r.note = (f"paired runs at fewer than 3 of its {r.claim.along_field} values "
-                      "(or fewer than 4 pairs) to decide" if r.claim.kind == "trend"
-                      else f"too few paired runs ({r.pairs}) to decide")
+            r.note = r.note or (
+                f"paired runs at fewer than 3 of its {r.claim.along_field} values (or "
+                "fewer than 4 pairs) to decide" if r.claim.kind == "trend"
+                else f"too few paired runs ({r.pairs}) to decide")
         elif p_adj is not None and p_adj < ALPHA:
             r.verdict = "holds"
         elif q_adj is not None and q_adj < ALPHA:

@@ -127,9 +127,19 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray,
 
     Returns:
         The report; undefined values are None and explained in ``notes``.
+
+    Raises:
+        ValueError: A true or predicted label is not a class index (its sample would
+            be left out of every count).
     """
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     labels = np.arange(len(class_names))
+    for what, values in (("true", y_true), ("predicted", y_pred)):
+        # confusion_matrix(labels=...) drops such samples without a word
+        outside = values[~np.isin(values, labels)]
+        if len(outside):
+            raise ValueError(f"{len(outside)} {what} label(s) outside 0..{len(labels) - 1} "
+                             f"(e.g. {outside[0]}) for {len(labels)} class names")
     cm = confusion_matrix(y_true, y_pred, labels=labels) if len(y_true) else \
         np.zeros((len(labels), len(labels)), dtype=np.int64)
     tp = np.diag(cm).astype(float)

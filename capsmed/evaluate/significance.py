@@ -76,13 +76,17 @@ def paired_p_value(a: Sequence[float], b: Sequence[float],
     statistic, p = float(result.statistic), float(result.pvalue)
     if not math.isfinite(p):
         return None, None, "n/a: the test is undefined for these values"
-    if not math.isfinite(statistic):  # t is +-inf when every pair differs equally
+    d = x - y
+    # equal differences up to rounding (0.9 - 0.8 and 0.8 - 0.7 differ in the last bit):
+    # t is +-inf, or a huge finite number that rounding made up
+    equal = np.ptp(d) <= 1e-9 * np.abs(d).max()
+    if not math.isfinite(statistic) or (test == "ttest" and equal):
         statistic = None
     note = ""
     if test == "wilcoxon" and wilcoxon_min_p(len(x)) >= 0.05:
         note = (f"with {len(x)} pairs the Wilcoxon test cannot reach p < 0.05 (smallest "
                 f"possible p = {wilcoxon_min_p(len(x)):.4g}); it needs n >= 6")
-    elif test == "ttest" and np.ptp(x - y) == 0:
+    elif test == "ttest" and equal:
         note = "every pair differs by the same amount: the t statistic is degenerate"
     return statistic, p, note
 

@@ -7,7 +7,9 @@ so it stands for an interval of half a unit in its last printed digit (``0.909``
 
 * **reproduced**: the two intervals overlap;
 * **above** / **below**: our whole interval lies above / below the paper's number;
-* **undecided**: fewer than 2 repetitions, so there is no interval to decide with.
+* **undecided**: fewer than 2 repetitions, so there is no interval to decide with, or
+  a repetition's number is NaN or infinite (its interval would be NaN, which no
+  comparison puts above or below the paper's number).
 
 A paper number read from YAML loses trailing zeros (``0.970`` is read as ``0.97``), which
 only widens its interval: the verdict errs towards *reproduced*, and says so.
@@ -57,6 +59,8 @@ def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
 
 def verdict(values: Sequence[float], paper: float | int, scale: float = 1.0) -> Verdict:
     """The verdict on ``paper`` (printed in the table's scale) given our ``values``."""
+    if not np.isfinite(np.asarray(values, dtype=float)).all():
+        return Verdict("undecided")  # a NaN interval is neither above nor below
     interval = t_interval([v * scale for v in values])
     if interval is None:
         return Verdict("undecided")
@@ -76,4 +80,4 @@ def summary(verdicts: Sequence[Verdict]) -> str:
     return (f"{counts['reproduced']} of {len(verdicts)} cells with a paper number "
             f"reproduced" + (f" ({rest})" if rest else "") + ": the paper's number (± half "
             "its last printed digit) against our mean's 95 % t-interval over the "
-            "repetitions; undecided below 2 repetitions")
+            "repetitions; undecided below 2 repetitions or with a NaN or infinite number")
