@@ -20,7 +20,10 @@ first epoch's extra and the seconds outside epochs.
 so the extrapolation can use each architecture's fastest mode.
 ``--toy`` (the test suite's size: 256 images, reduced widths, CPU) checks the script,
 not the speed. ``--fresh-processes`` runs every command in its own process (the
-behaviour before capsmed run's worker), for a side-by-side figure. Writes
+behaviour before capsmed run's worker), for a side-by-side figure.
+``--runs-per-gpu K`` lets K runs share the GPU (``capsmed run --runs-per-gpu``): each
+architecture then runs alone, its runs K at a time, and the extrapolation keeps K of
+its runs in flight (each run's time at the rate it had while sharing, over K). Writes
 ``WORKDIR/study_throughput.json`` and prints a table.
 """
 
@@ -89,8 +92,10 @@ def pipeline_file(work: Path, data: Path, args: argparse.Namespace) -> Path:
            "evaluate": [{"name": "report", "split": "test"}],
            "report": {"metric": "accuracy", "tables": [
                {"title": "Accuracy", "rows": "seed", "columns": "arch"}]}}
-    if args.fresh_processes:
-        raw["executor"] = {"local": {"worker": False}}
+    local = {"worker": False} if args.fresh_processes else {}
+    local |= {"runs_per_gpu": args.runs_per_gpu} if args.runs_per_gpu > 1 else {}
+    if local:
+        raw["executor"] = {"local": local}
     path = work / "throughput.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -139,11 +144,14 @@ def run_figures(out: Path) -> list[dict]:
     return rows
 
 
-def per_arch(rows: list[dict], wall: float) -> dict[str, dict]:
-    """Per architecture: the steady rate, and the seconds each run spends beyond its
-    epochs at that rate (the first epoch's extra and the time outside epochs), split
-    into the first run's (once per worker: compilation and CUDA-graph capture are kept
-    for the runs after it) and a later run's."""
+def per_arch(rows: list[dict], walls: dict[str, float], share: int = 1
+             ) -> dict[str, dict]:
+    """Per architecture: the steady rate of one run, and the seconds each run spends
+    beyond its epochs at that rate (the first epoch's extra and the time outside
+    epochs), split into the first runs' (the first ``share`` runs: one per worker;
+    compilation and CUDA-graph capture are kept for the runs after them) and a later
+    run's. ``walls``: the study's wall seconds, or each architecture's when they ran
+    one after another (``share`` > 1)."""
     out = {}
     for arch in sorted({r["arch"] for r in rows}):
         mine = sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["started"])
@@ -156,9 +164,11 @@ def per_arch(rows: list[dict], wall: float) -> dict[str, dict]:
             r["first_epoch_extra_s"] = max(0.0, r["epoch_seconds"][0]
                                            - r["train_samples"] / steady)
             r["overhead_s"] = r["first_epoch_extra_s"] + r["wall_s"] - r["epoch_s"]
-        rest = mine[1:] or mine  # one run: every run pays what the first paid
+        first, rest = mine[:share], mine[share:] or mine[:share]  # no later run: as first
+        wall = walls.get(arch, walls.get("*", 0.0))
         out[arch] = {
             "runs": len(mine),
+            "runs_per_gpu": share,
             "mode": mine[0]["mode"],
             "images_per_s": steady,
             "images_per_s_all_epochs": sum(r["train_images"] for r in mine) / epoch_s,
@@ -166,11 +176,12 @@ def per_arch(rows: list[dict], wall: float) -> dict[str, dict]:
             "epoch_s_per_run": epoch_s / len(mine),
             "outside_epochs_s_per_run": sum(r["wall_s"] - r["epoch_s"] for r in mine)
             / len(mine),
-            "first_run_overhead_s": mine[0]["overhead_s"],
+            "first_run_overhead_s": sum(r["overhead_s"] for r in first) / len(first),
             "later_run_overhead_s": sum(r["overhead_s"] for r in rest) / len(rest),
             "checkpoint_s_per_run": sum(r["checkpoint_writes"] * r["checkpoint_write_s"]
                                         for r in mine) / len(mine),
-            "busy_share_of_study": epoch_s / wall,
+            # the runs' epoch seconds over the GPU's wall seconds x runs sharing it
+            "busy_share_of_study": epoch_s / (wall * share),
             "per_run": [{k: r[k] for k in ("wall_s", "epoch_seconds", "overhead_s")}
                         for r in mine],
         }
@@ -197,7 +208,8 @@ def paper_study_hours(figures: dict[str, dict]) -> tuple[float, int, int]:
         overhead = fig["later_run_overhead_s"] if arch in seen else fig[
             "first_run_overhead_s"]
         seen.add(arch)
-        seconds += int(run.train.get("epochs", 50)) * images / fig["images_per_s"] + overhead
+        run_s = int(run.train.get("epochs", 50)) * images / fig["images_per_s"] + overhead
+        seconds += run_s / fig.get("runs_per_gpu", 1)  # K of its runs in flight at once
         covered += 1
     return seconds / 3600, covered, len(pipeline.runs)
 
@@ -225,6 +237,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--mode", action="append", default=[], metavar="ARCH=MODE",
                         help=f"one architecture's mode: {', '.join(MODES)}")
     parser.add_argument("--fresh-processes", action="store_true")
+    parser.add_argument("--runs-per-gpu", type=int, default=1, metavar="K",
+                        help="runs sharing the GPU at once; each architecture then runs "
+                        "alone, K runs at a time")
     parser.add_argument("--toy", action="store_true", help="256 images, reduced widths, "
                         "CPU: checks the script, not the speed")
     args = parser.parse_args(argv)
@@ -242,10 +257,20 @@ def main(argv: list[str] | None = None) -> dict:
     data = make_data(work, *sizes)
     path = pipeline_file(work, data, args)
     shutil.rmtree(work / "out", ignore_errors=True)
+    if args.runs_per_gpu < 1:
+        parser.error("--runs-per-gpu must be 1 or more")
+    walls: dict[str, float] = {}
     started = time.perf_counter()
-    capsmed("run", str(path), "--no-report")
+    if args.runs_per_gpu == 1:
+        capsmed("run", str(path), "--no-report")
+        walls["*"] = time.perf_counter() - started
+    else:  # one architecture at a time, so only its own runs share the GPU
+        for arch in args.archs:
+            began = time.perf_counter()
+            capsmed("run", str(path), "--no-report", "--only", f"arch={arch}")
+            walls[arch] = time.perf_counter() - began
     wall = time.perf_counter() - started
-    figures = per_arch(run_figures(work / "out"), wall)
+    figures = per_arch(run_figures(work / "out"), walls, args.runs_per_gpu)
     hours, covered, total = paper_study_hours(figures)
     result = {
         "command": " ".join(["PYTHONPATH=. python benchmarks/study_throughput.py",
@@ -255,9 +280,10 @@ def main(argv: list[str] | None = None) -> dict:
         "epochs": args.epochs, "batch_size": args.batch_size,
         "precision": args.precision, "compile": args.compile,
         "cuda_graph": args.cuda_graph, "modes": args.mode,
-        "fresh_processes": args.fresh_processes,
+        "fresh_processes": args.fresh_processes, "runs_per_gpu": args.runs_per_gpu,
         "study_wall_s": wall,
-        "busy_fraction": sum(f["busy_share_of_study"] for f in figures.values()),
+        "busy_fraction": sum(f["busy_share_of_study"] * walls.get(a, wall)
+                             for a, f in figures.items()) / wall,
         "archs": figures,
         "paper000_gpu_hours": hours, "paper000_runs_covered": f"{covered} of {total}",
     }
@@ -274,6 +300,9 @@ def table(result: dict) -> str:
              "img/s: steady, after the first epoch; epochs s: per run; 1st run, later:",
              "a run's seconds beyond its epochs at that rate (warm-up, start-up,",
              "evaluation, saving); ckpt s: its checkpoint writes"]
+    if result.get("runs_per_gpu", 1) > 1:
+        lines.append(f"runs per GPU: {result['runs_per_gpu']}, each architecture alone; "
+                     "img/s is one run's while they shared it")
     for arch, f in result["archs"].items():
         lines.append(f"{arch:<9}{f['mode']:<14}{f['images_per_s']:>8.0f}"
                      f"{f['epoch_s_per_run']:>9.1f}{f['first_run_overhead_s']:>9.1f}"

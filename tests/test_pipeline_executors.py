@@ -129,6 +129,55 @@ def test_the_local_executor_refuses_what_this_machine_cannot_give(tmp_path):
         executor.check([WorkItem("wide", "wide", Note("w", []), Resources(nodes=2))])
 
 
+def test_runs_per_gpu_shares_each_gpu_spreading_jobs_first(tmp_path):
+    """``runs_per_gpu: 2`` on two GPUs: four one-GPU jobs at once, the first two on
+    different GPUs, never more than two on one; a two-GPU job gets two distinct ones."""
+    lock, on, peak, starts = threading.Lock(), {"0": 0, "1": 0}, {"0": 0, "1": 0}, []
+    both_started = threading.Barrier(4, timeout=30)
+
+    @dataclass
+    class Holder(Note):
+        def __call__(self, placement):
+            devices = placement.env["CUDA_VISIBLE_DEVICES"].split(",")
+            with lock:
+                starts.append(devices)
+                for d in devices:
+                    on[d] += 1
+                    peak[d] = max(peak[d], on[d])
+            if len(devices) == 1:
+                both_started.wait()  # all four run at once, or this times out
+            with lock:
+                for d in devices:
+                    on[d] -= 1
+            return None
+
+    executor = LocalExecutor(ExecutorSettings(tmp_path, "t", devices=("0", "1"),
+                                              options={"runs_per_gpu": 2}))
+    assert executor.jobs == 4
+    items = [_item(k, Holder(k, []), gpus=1) for k in "abcd"] + [_item("pair", Holder("pair", []), after="abcd", gpus=2)]
+    failures, _ = _drive(executor, items)
+    assert failures == {}
+    assert sorted(starts[0] + starts[1]) == ["0", "1"]  # spread before shared
+    assert peak == {"0": 2, "1": 2} and starts[-1] == ["0", "1"]
+    for bad in (0, "2", True):
+        with pytest.raises(CapsmedError, match="runs_per_gpu: expected a whole number"):
+            LocalExecutor(ExecutorSettings(tmp_path, "t", devices=(),
+                                           options={"runs_per_gpu": bad}))
+
+
+def test_runs_per_gpu_from_the_command_line_is_for_the_local_executor(tmp_path):
+    from capsmed.pipeline.runner import RunOptions, executor_for
+    from capsmed.pipeline.spec import load_pipeline
+
+    pipeline = load_pipeline(SMOKE, {"out": str(tmp_path / "out")})
+    local = executor_for(pipeline, RunOptions(runs_per_gpu=3, gpus=["0"]))
+    assert local.runs_per_gpu == 3 and local.jobs == 2  # smoke.yaml's jobs: 2 still rule
+    assert executor_for(pipeline, RunOptions(runs_per_gpu=3, gpus=["0"], jobs=9)).jobs == 9
+    with pytest.raises(CapsmedError, match="--runs-per-gpu is for the local executor, "
+                                           "not slurm"):
+        executor_for(pipeline, RunOptions(runs_per_gpu=2, executor="slurm"))
+
+
 def test_a_local_job_of_a_dead_runner_reads_as_ended(tmp_path):
     from capsmed.pipeline.work import Job
 

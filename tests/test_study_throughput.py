@@ -36,3 +36,19 @@ def test_a_bad_mode_is_refused_before_anything_runs(tmp_path, capsys):
         study_throughput.main(["--workdir", str(tmp_path), "--toy", "--mode", "lenet=fast"])
     assert "MODE one of eager, compile, graph, compile+graph" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+def test_runs_sharing_the_gpu_run_each_architecture_alone(tmp_path):
+    """--runs-per-gpu: one capsmed run per architecture (so only its runs share), the
+    first K runs counted as first runs, and the extrapolation over K runs in flight."""
+    result = study_throughput.main(["--workdir", str(tmp_path), "--toy", "--runs", "2",
+                                    "--epochs", "2", "--archs", "lenet",
+                                    "--runs-per-gpu", "2"])
+    figures = result["archs"]["lenet"]
+    assert result["runs_per_gpu"] == figures["runs_per_gpu"] == 2 and figures["runs"] == 2
+    # both runs are first runs (one per worker); with no later run, a later run pays that
+    assert figures["later_run_overhead_s"] == figures["first_run_overhead_s"] == \
+        sum(r["overhead_s"] for r in figures["per_run"]) / 2
+    alone = study_throughput.paper_study_hours({"lenet": {**figures, "runs_per_gpu": 1}})
+    assert abs(result["paper000_gpu_hours"] - alone[0] / 2) < 1e-9 * alone[0]
+    assert "runs per GPU: 2" in study_throughput.table(result)

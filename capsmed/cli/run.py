@@ -51,6 +51,9 @@ def run(
                              "slurm: 256 per job array]."),
     gpus: str = typer.Option(None, help="GPUs of this machine for the local executor, "
                              "e.g. 0,1 [all visible]."),
+    runs_per_gpu: int = typer.Option(None, "--runs-per-gpu", min=1, help="Local "
+                                     "executor: runs sharing each GPU at once, for small "
+                                     "runs that leave it idle between launches [1]."),
     allow_cpu: bool = typer.Option(False, "--allow-cpu", help="Train runs that ask for "
                                    "GPUs (resources.gpus) where there are none."),
     detach: bool = typer.Option(False, "--detach", help="Submit and return: Slurm jobs go "
@@ -86,7 +89,8 @@ def run(
                  "gpus": slurm_gpus, "cpus": slurm_cpus, "mem_gb": slurm_mem,
                  "sbatch": _sbatch_options(slurm_option)}
     options = RunOptions(only=only or [], exclude=exclude or [], retries=retries,
-                         executor=executor, jobs=jobs, gpus=_gpus(gpus), allow_cpu=allow_cpu,
+                         executor=executor, jobs=jobs, gpus=_gpus(gpus),
+                         runs_per_gpu=runs_per_gpu, allow_cpu=allow_cpu,
                          detach=detach, report=report,
                          resources={k: v for k, v in overrides.items() if v is not None})
     if as_json:

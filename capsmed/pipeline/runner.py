@@ -55,6 +55,7 @@ class RunOptions:
     executor: str | None = None
     jobs: int | None = None
     gpus: list[str] | None = None
+    runs_per_gpu: int | None = None  # --runs-per-gpu (local executor)
     resources: dict[str, Any] = field(default_factory=dict)  # --slurm-* overrides
     allow_cpu: bool = False
     detach: bool = False
@@ -129,10 +130,15 @@ def executor_for(pipeline: Pipeline, options: RunOptions) -> Executor:
     gpus = options.gpus if options.gpus is not None else (
         [str(g) for g in cfg["gpus"]] if cfg.get("gpus") else None)
     jobs = options.jobs or (int(cfg["jobs"]) if cfg.get("jobs") else None)
+    settings = dict(cfg.get(kind) or {})
+    if options.runs_per_gpu is not None:
+        if kind != "local":
+            raise CapsmedError(f"--runs-per-gpu is for the local executor, not {kind} "
+                               "(a cluster shares GPUs its own way, e.g. Slurm's shards)")
+        settings["runs_per_gpu"] = options.runs_per_gpu
     return create_executor(kind, ExecutorSettings(
         out=pipeline.out, study=pipeline.name, jobs=jobs,
-        devices=tuple(gpus) if gpus is not None else None,
-        options=dict(cfg.get(kind) or {})))
+        devices=tuple(gpus) if gpus is not None else None, options=settings))
 
 
 def check_gpus(pipeline: Pipeline, runs: Sequence[RunSpec], options: RunOptions,

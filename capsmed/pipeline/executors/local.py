@@ -1,12 +1,15 @@
 """The local executor: jobs run on this machine, as many at once as it has room for.
 
-Room is ``jobs`` at once (one per GPU by default, 1 on a CPU-only machine) and the
-GPUs: a job that asks for N GPUs gets N of them (``CUDA_VISIBLE_DEVICES``) and trains
-in one process per GPU. On a CPU-only machine the cores are shared out between the
-concurrent jobs (``OMP_NUM_THREADS``). A job starts once the jobs it waits for have
-finished, in the order it was submitted. Jobs are threads of the runner, each running
-its task's capsmed commands as child processes, so they end with the runner: the
-ledger then shows them as ended with it, and the next ``capsmed run`` resumes them.
+Room is ``jobs`` at once (one per GPU by default, 1 on a CPU-only machine) and the GPUs:
+a job that asks for N GPUs gets N of them (``CUDA_VISIBLE_DEVICES``) and trains in one
+process per GPU. ``executor: {local: {runs_per_gpu: K}}`` (``--runs-per-gpu``) lets K
+jobs share each GPU, for small runs that leave it idle between launches; a job is placed
+on the GPUs with the fewest jobs, and never twice on one. On a CPU-only machine the
+cores are shared out between the concurrent jobs (``OMP_NUM_THREADS``). A job starts
+once the jobs it waits for have finished, in the order it was submitted. Jobs are
+threads of the runner, each running its task's capsmed commands as child processes, so
+they end with the runner: the ledger then shows them as ended with it, and the next
+``capsmed run`` resumes them.
 A run's train and evaluate commands go to a long-lived worker process per slot
 (:mod:`capsmed.pipeline.workers`), which saves a fresh Python's start-up per command;
 ``executor: {local: {worker: false}}`` gives every command a fresh process.
@@ -71,14 +74,14 @@ class LocalExecutor:
     """Runs jobs in threads of this process (see the module's docstring)."""
 
     name: ClassVar[str] = "local"
-    OPTIONS: ClassVar[frozenset[str]] = frozenset({"worker"})
+    OPTIONS: ClassVar[frozenset[str]] = frozenset({"worker", "runs_per_gpu"})
     detached: ClassVar[bool] = False
     refresh_seconds: ClassVar[float] = 0.2  # a poll reads memory only
 
     def __init__(self, settings: ExecutorSettings) -> None:
         self.settings = settings
         self._devices: list[str] | None = None
-        self._free: list[str] | None = None
+        self._used: dict[str, int] | None = None  # jobs on each GPU
         self._busy = 0
         self._queue: list[_Entry] = []
         self._states: dict[str, JobState] = {}
@@ -94,6 +97,11 @@ class LocalExecutor:
             raise CapsmedError(f"executor.local.worker: expected true or false, got "
                                f"{worker!r}")
         self._persistent = worker
+        share = settings.options.get("runs_per_gpu", 1)
+        if isinstance(share, bool) or not isinstance(share, int) or share < 1:
+            raise CapsmedError(f"executor.local.runs_per_gpu: expected a whole number >= 1, "
+                               f"got {share!r}")
+        self.runs_per_gpu = share
 
     @property
     def devices(self) -> list[str]:
@@ -101,12 +109,15 @@ class LocalExecutor:
         if self._devices is None:
             self._devices = (list(self.settings.devices) if self.settings.devices is not None
                              else visible_gpus())
-            self._free = list(self._devices)
+            self._used = dict.fromkeys(self._devices, 0)
+            if self.runs_per_gpu > 1 and not self._devices:
+                log.info("executor.local.runs_per_gpu: %d, but there is no GPU here; "
+                         "jobs run %d at once on the CPU", self.runs_per_gpu, self.jobs)
         return self._devices
 
     @property
     def jobs(self) -> int:
-        return self.settings.jobs or max(1, len(self.devices))
+        return self.settings.jobs or max(1, len(self.devices) * self.runs_per_gpu)
 
     # -- the protocol ----------------------------------------------------------------------
     def gpus_available(self) -> int | None:
@@ -192,8 +203,16 @@ class LocalExecutor:
                    for d in entry.after) or None
 
     def _fits(self, entry: _Entry) -> bool:
-        free = self._free if self._free is not None else list(self.devices)  # asks once
-        return self._busy < self.jobs and self._gpus_of(entry.item) <= len(free)
+        return self._busy < self.jobs and self._gpus_of(entry.item) <= len(self._open())
+
+    def _open(self) -> list[str]:
+        """The GPUs with room for one more job, the emptiest first (then the machine's
+        order), so K jobs on K GPUs get one each before any GPU is shared."""
+        self.devices  # noqa: B018 -- asks CUDA once, fills _used
+        used = self._used or {}
+        order = {d: i for i, d in enumerate(self.devices)}
+        return sorted((d for d in self.devices if used[d] < self.runs_per_gpu),
+                      key=lambda d: (used[d], order[d]))
 
     def _gpus_of(self, item: WorkItem) -> int:
         return item.resources.gpus or 0
@@ -215,8 +234,9 @@ class LocalExecutor:
 
     def _start(self, entry: _Entry) -> None:
         want = self._gpus_of(entry.item)
-        free = self._free or []
-        entry.devices, self._free = free[:want], free[want:]
+        entry.devices = sorted(self._open()[:want], key=self.devices.index)
+        for device in entry.devices:
+            self._used[device] += 1  # type: ignore[index]  # _open filled it
         self._busy += 1
         self._states[entry.job_id] = JobState(RUNNING)
         thread = threading.Thread(target=self._work, args=(entry,), daemon=True,
@@ -247,9 +267,11 @@ class LocalExecutor:
         data stages. Workers never used are stopped at the end, unwaited."""
         if not self._persistent or runs < 1:
             return
-        if self.devices:  # one per GPU a run of one GPU gets, in the order they are given
-            for device in self.devices[:min(self.jobs, runs)]:
-                prewarm_workers(self._env([device], 1, 1))
+        if self.devices:  # one per slot a run of one GPU gets, in the order it gets them
+            slots = [d for _ in range(self.runs_per_gpu) for d in self.devices]
+            first = slots[:min(self.jobs, runs)]
+            for device in dict.fromkeys(first):
+                prewarm_workers(self._env([device], 1, 1), first.count(device))
         else:
             prewarm_workers(self._env([], None, 1), min(self.jobs, runs))
 
@@ -268,8 +290,8 @@ class LocalExecutor:
         finally:
             marker.unlink(missing_ok=True)
         with self._cond:
-            free = set(self._free or []) | set(entry.devices)
-            self._free = [d for d in self.devices if d in free]  # the machine's order
+            for device in entry.devices:
+                self._used[device] -= 1  # type: ignore[index]
             self._busy -= 1
             self._states[entry.job_id] = (JobState(FINISHED) if reason is None
                                           else JobState(FAILED, reason))
