@@ -103,3 +103,31 @@ def test_export_refuses_bad_requests(api_run, tmp_path):
     other = tmp_path / "m.pt"
     assert_refused(invoke(["export", tmp_path, "-o", other, "--format", "torchscript"]),
                    tmp_path, absent=[other])
+
+
+def test_an_unfinished_runs_export_says_so(tmp_path, caplog):
+    """An interrupted run's checkpoint is of an intermediate epoch: the export warns, as
+    evaluate does, and its metadata records it (a finished run's says finished)."""
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train
+    from capsmed.train.loop import TrainingInterrupted
+    from tests.faults.common import TINY_LENET
+    from tests.faults.conftest import write_toy
+
+    toy = write_toy(tmp_path / "toy.h5")
+    cfg = TrainConfig(data=str(toy), arch="lenet", epochs=3, batch_size=16, seed=0,
+                      out=str(tmp_path / "run"), model_kwargs=TINY_LENET,
+                      state_every_minutes=0)
+    with pytest.raises(TrainingInterrupted):
+        train(cfg, disable_progress=True, stop_after_steps=4)  # inside epoch 2 of 3
+    with caplog.at_level("WARNING", logger="capsmed"):
+        path = capsmed.export_run(tmp_path / "run", tmp_path / "m.pt", format="torchscript")
+    _, meta = load_exported(path, "torchscript")
+    assert meta["training_finished"] is False and meta["checkpoint_epoch"] == 1
+    assert any("has not finished" in r.getMessage() for r in caplog.records)
+
+
+def test_a_finished_runs_export_says_finished(api_run, tmp_path):
+    _, runs = api_run
+    path = capsmed.export_run(runs["lenet"], tmp_path / "m.pt", format="torchscript")
+    assert load_exported(path, "torchscript")[1]["training_finished"] is True

@@ -271,3 +271,23 @@ def test_fetch_names_the_record_and_refuses_unknown_sets_and_sizes():
                           (("bloodmnist", 32), "--size must be one of 28, 64, 128, 224")):
         with pytest.raises(CapsmedError, match=message):
             remote(*args)
+
+
+def test_another_sets_published_file_is_not_given_the_chosen_sets_classes(tmp_path,
+                                                                          monkeypatch):
+    """A published DermaMNIST file (7 RGB classes) renamed, preprocessed with --set
+    bloodmnist (8 RGB classes): its labels fit, so only its MD5 tells it apart."""
+    derma = write_medmnist(tmp_path / "raw", set_name="dermamnist", train=14, val=7,
+                           test=7).path
+    md5 = hashlib.md5(derma.read_bytes(), usedforsecurity=False).hexdigest()
+    monkeypatch.setitem(SETS["dermamnist"].md5, 28, md5)  # as if it were the published one
+    renamed = tmp_path / "download.npz"
+    renamed.write_bytes(derma.read_bytes())
+    out = tmp_path / "out.h5"
+    with pytest.raises(CapsmedError, match="published dermamnist.npz, not a bloodmnist "
+                                           "file; pass --set dermamnist"):
+        preprocess_medmnist(renamed, out, MedmnistConfig(set_name="bloodmnist"))
+    assert not out.exists()
+    info = read_info(preprocess_medmnist(renamed, out, MedmnistConfig(set_name="dermamnist")))
+    assert info.class_names == SETS["dermamnist"].classes
+    assert info.source["official_files"] is True

@@ -21,7 +21,12 @@ from capsmed.runs.index import find_runs
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import resume, train
 from capsmed.train.handlers import HANDLERS
-from capsmed.train.handlers.mlflow_tracking import MLFLOW_FILE, MLflowTracking, tracking_uri
+from capsmed.train.handlers.mlflow_tracking import (
+    MLFLOW_FILE,
+    RUN_CONFIG_ARTIFACT,
+    MLflowTracking,
+    tracking_uri,
+)
 from capsmed.train.loop import TrainingInterrupted
 from tests.faults.common import TINY_LENET, invoke, lenet_args
 from tests.faults.conftest import write_toy
@@ -242,3 +247,48 @@ def test_evaluating_an_untracked_run_needs_no_mlflow(toy, tmp_path, monkeypatch)
     assert evaluate_run(run_dir, grids=False).report.accuracy is not None
     with pytest.raises(CapsmedError, match="capsmed\\[mlflow\\]"):
         MLflowTracking.check(_cfg(toy, tmp_path / "x", mlflow="store"))
+
+
+def test_a_run_whose_mlflow_set_up_failed_is_resumed_with_its_params(toy, tmp_path,
+                                                                     monkeypatch):
+    """The error says: continue with --resume. That must not continue an MLflow run
+    whose params and config were never logged (it would finish without them)."""
+    from mlflow.tracking import MlflowClient
+
+    real = MlflowClient.log_batch
+
+    def failing(self, run_id, metrics=(), params=(), **kwargs):
+        if params:
+            raise RuntimeError("server hiccup")
+        return real(self, run_id, metrics=metrics, params=params, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", failing)
+    store = tmp_path / "store"
+    with pytest.raises(CapsmedError, match="--resume"):
+        train(_cfg(toy, tmp_path / "run", mlflow=str(store), epochs=1), disable_progress=True)
+    monkeypatch.setattr(MlflowClient, "log_batch", real)
+    resume(tmp_path / "run", disable_progress=True)
+    client, record = _client(tmp_path / "run")
+    run = client.get_run(record["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["arch"] == "lenet" and run.data.params["epochs"] == "1"
+    assert RUN_CONFIG_ARTIFACT in {f.path for f in client.list_artifacts(record["run_id"])}
+    others = [r for r in client.search_runs([record["experiment_id"]])
+              if r.info.run_id != record["run_id"]]
+    assert [r.info.status for r in others] == ["FAILED"]  # the half-made one, marked
+
+
+def test_evaluating_another_file_logs_under_its_name_not_as_the_runs_test(toy, tmp_path):
+    """``evaluate --data other.h5`` must not replace the run's own ``test/accuracy``."""
+    from capsmed.evaluate.evaluation import evaluate_run
+
+    run_dir = train(_cfg(toy, tmp_path / "run", mlflow=str(tmp_path / "store"), epochs=1),
+                    disable_progress=True)
+    own = evaluate_run(run_dir, grids=False, disable_progress=True).report.accuracy
+    other = write_toy(tmp_path / "other.h5", seed=3, sizes={"train": 4, "test": 12})
+    elsewhere = evaluate_run(run_dir, data=other, grids=False, disable_progress=True)
+    client, record = _client(run_dir)
+    metrics = client.get_run(record["run_id"]).data.metrics
+    assert [m.value for m in client.get_metric_history(record["run_id"], "test/accuracy")
+            ] == [pytest.approx(own)]
+    assert metrics["other/test/accuracy"] == pytest.approx(elsewhere.report.accuracy)

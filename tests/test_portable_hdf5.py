@@ -131,3 +131,25 @@ def test_h5dump_dumps_every_dataset_as_h5py_reads_it(tmp_path):
         else:
             little = values.astype(values.dtype.newbyteorder("<"))
             assert out.read_bytes() == little.tobytes(), name
+
+
+def test_fixed_length_string_attributes_written_elsewhere_read_as_text(tmp_path):
+    """C, MATLAB and h5py's ``np.bytes_`` write fixed-length strings, which h5py reads
+    back as bytes: every text attribute is decoded, none becomes ``"b'...'"``."""
+    path = tmp_path / "elsewhere.h5"
+    with h5py.File(path, "w") as f:
+        grp = f.create_group("train")
+        grp["images"] = np.zeros((4, 1, 8, 8), np.uint8)
+        grp["labels"] = np.array([0, 1, 0, 1], ">i4")  # big-endian int32
+        grp["groups"] = np.array([b"p0", b"p1", b"p2", b"p3"], "S2")
+        for name, value in (("dataset", "elsewhere"), ("class_names", '["a", "b"]'),
+                            ("image_size", "[8, 8]"), ("capsmed_version", "0.9"),
+                            ("created", "2026-01-01T00:00:00+00:00")):
+            f.attrs[name] = np.bytes_(value.encode())
+        f.attrs["format_version"], f.attrs["channels"] = np.int32(1), np.uint8(1)
+    info = read_info(path)
+    assert (info.dataset, info.class_names, info.image_size, info.channels) == \
+        ("elsewhere", ("a", "b"), (8, 8), 1)
+    assert (info.capsmed_version, info.created) == ("0.9", "2026-01-01T00:00:00+00:00")
+    data = load_split(path, "train")
+    assert data.labels.tolist() == [0, 1, 0, 1] and data.groups.tolist()[0] == "p0"

@@ -168,8 +168,8 @@ def read_info(path: Path) -> DatasetInfo:
             preprocessing=attrs.mapping("preprocessing"),
             source=attrs.mapping("source"),
             split_sizes=sizes,
-            capsmed_version=str(f.attrs.get("capsmed_version", "?")),
-            created=str(f.attrs.get("created", "?")),
+            capsmed_version=attrs.shown("capsmed_version"),
+            created=attrs.shown("created"),
             format_version=version,
             folds=folds,
             source_kind=attrs.optional_text("source_kind"),
@@ -189,6 +189,15 @@ class _Attributes:
         shown = value.decode(errors="replace") if isinstance(value, bytes) else value
         return CapsmedError(f"{self.path}: attribute '{name}' must be {expected}, got "
                             f"{str(shown)[:60]!r}")
+
+    def shown(self, name: str) -> str:
+        """A descriptive attribute as text, "?" when absent: fixed-length strings (as C,
+        MATLAB and h5py's ``np.bytes_`` write them) decoded, not shown as ``b'...'``."""
+        if name not in self.attrs:
+            return "?"
+        value = self.attrs[name]
+        return value.decode("utf-8", errors="replace") if isinstance(value, bytes) \
+            else str(value)
 
     def optional_text(self, name: str) -> str | None:
         return self.text(name) if name in self.attrs else None

@@ -204,10 +204,12 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         _write_files(staging, run_dir, report, title, context, agr, capsules,
                      info.class_names, meta["arch"])
         files = sorted(p.name for p in staging.iterdir() if not p.name.startswith("."))
-    # a run trained with --mlflow: its MLflow run gets the report too
-    log_report(run_dir, tracked_metrics(report, split if report_name == "report" else
-                                        f"{report_name}/{split}", agr),
-               report_dir, meta["epoch"])
+    # a run trained with --mlflow: its MLflow run gets the report too, another file's
+    # numbers under that file's name (not as the run's own test/accuracy, ...)
+    prefix = split if report_name == "report" else f"{report_name}/{split}"
+    if data is not None and not run.own_data:
+        prefix = f"{data_path.stem}/{prefix}"
+    log_report(run_dir, tracked_metrics(report, prefix, agr), report_dir, meta["epoch"])
     for note in report.notes[:MAX_LOGGED_NOTES]:
         log.warning(note)
     if len(report.notes) > MAX_LOGGED_NOTES:  # many-class sets: the rest are in the report

@@ -5,7 +5,9 @@ images divided by 255; the run's input standardisation is inside the model) and
 returns the class scores predict and evaluate report: softmax probabilities for
 ConvNets, capsule lengths (or EM activations) for capsule networks. Its metadata (a
 JSON string) names the classes, the input shape and range, the score kind, the
-decision rule, the training run and the preprocessing record to replay on raw images:
+decision rule, the training run (and whether its training had finished: an
+interrupted run exports with a warning) and the preprocessing record to replay on
+raw images:
 
 * ONNX (``onnx``): the ``metadata_props`` entry ``capsmed``; run it with ONNX Runtime;
 * TorchScript (``torchscript``): the extra file ``capsmed.json``;
@@ -31,6 +33,7 @@ from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, writing
 from capsmed.runs.open import OpenRun, open_run
 from capsmed.runs.scores import class_probabilities
+from capsmed.train.run_config import RESUME_FILE
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ def export_metadata(run: OpenRun) -> dict[str, Any]:
     return {
         "capsmed_version": __version__, "arch": run.arch,
         "model_kwargs": run.meta["model_kwargs"], "checkpoint_epoch": run.epoch,
+        # an interrupted run's checkpoint is of an intermediate epoch (resume.pt is there)
+        "training_finished": not run.unfinished,
         "weights_digest": run.meta.get("weights_digest"),
         "class_names": list(run.class_names),
         "input": {"shape": list(run.input_shape), "layout": "NCHW", "dtype": "float32",
@@ -100,6 +105,11 @@ def export_run(run_dir: Path, output: Path, fmt: str = "onnx",
     if output.exists() and not overwrite:
         raise CapsmedError(f"{output}: already exists; pass --overwrite to replace it")
     run = open_run(run_dir, device="cpu", need_data=False)
+    if run.unfinished:
+        log.warning("%s: its training has not finished (%s is there), so this exports the "
+                    "epoch %d checkpoint (recorded as training_finished: false); after "
+                    "capsmed train --resume %s, export again", run.run_dir, RESUME_FILE,
+                    run.epoch, run.run_dir)
     module = ScoresModule(run.model).eval()
     metadata = json.dumps(export_metadata(run), default=str)
     example = torch.rand(2, *run.input_shape, generator=torch.Generator().manual_seed(0))

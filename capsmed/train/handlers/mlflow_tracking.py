@@ -179,15 +179,18 @@ class MLflowTracking(LoopHandler):
                 "capsmed.arch": run.cfg.arch, "capsmed.run_dir": str(run.run_dir.resolve())}
         created = self.client.create_run(experiment_id, run_name=run.run_dir.name, tags=tags)
         self.run_id = created.info.run_id
-        write_text_atomic(run.run_dir / MLFLOW_FILE, json.dumps(
-            {"tracking_uri": uri, "experiment_id": experiment_id, "experiment_name": name,
-             "run_id": self.run_id}, indent=2))
         self._log_params()
         # not under its own name: a folder holding config.yaml is a run directory to
         # capsmed runs ls and capsmed report, and a file store below the runs folder
         # would then list each run twice
         self.client.log_text(self.run_id, (run.run_dir / CONFIG).read_text(encoding="utf-8"),
                              RUN_CONFIG_ARTIFACT)
+        # last: --resume continues the run mlflow.json names without logging its params
+        # again, so a set-up that failed half-way (marked FAILED by close) is not named;
+        # the resumed run gets a whole new MLflow run
+        write_text_atomic(run.run_dir / MLFLOW_FILE, json.dumps(
+            {"tracking_uri": uri, "experiment_id": experiment_id, "experiment_name": name,
+             "run_id": self.run_id}, indent=2))
         log.info("MLflow: run %s in experiment '%s' at %s", self.run_id, name, uri)
 
     def _log_params(self) -> None:

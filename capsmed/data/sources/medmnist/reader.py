@@ -150,6 +150,20 @@ def published(chosen: MedmnistSet, size: int, md5: str) -> str | None:
     return None
 
 
+def _check_not_another_set(path: Path, chosen: MedmnistSet, size: int, md5: str,
+                           release: str | None) -> None:
+    """Refuse another set's published file taken for ``chosen`` (renamed, or ``--set``
+    naming the wrong set): its labels would silently get ``chosen``'s class names."""
+    if release is not None:
+        return
+    other = next((s for s in SETS.values() if s is not chosen and published(s, size, md5)),
+                 None)
+    if other is not None:
+        raise CapsmedError(f"{path}: its MD5 {md5} is that of the published "
+                           f"{other.file_name(size)}, not a {chosen.flag} file; pass --set "
+                           f"{other.flag} (or name the file {other.file_name(size)})")
+
+
 @claims_output
 def preprocess_medmnist(npz_file: Path, output: Path, config: MedmnistConfig | None = None,
                         disable_progress: bool | None = None, overwrite: bool = False
@@ -174,6 +188,7 @@ def preprocess_medmnist(npz_file: Path, output: Path, config: MedmnistConfig | N
         labels = {s: read_labels(archive, s, len(chosen.classes)) for s in SPLITS}
         md5 = file_md5(path)
         release = published(chosen, size, md5)
+        _check_not_another_set(path, chosen, size, md5, release)
         if release is None:
             log.info("%s: not a published %s file (MD5 %s)", path,
                      chosen.file_name(size), md5)
