@@ -99,10 +99,11 @@ def predict_array(run: Any, images: Any, **options: Any) -> list[Any]:
     return run_predict_array(run, images, **options)
 
 
-def export_run(run_dir: Path | str, output: Path | str, format: str = "onnx",
-           overwrite: bool = False) -> Path:
+def export_run(run_dir: Path | str, output: Path | str, format: str | None = None,
+               overwrite: bool = False) -> Path:
     """``capsmed export``: the run's model as an ONNX, TorchScript or ``torch.export``
-    file returning its class scores, with its classes and preprocessing as metadata."""
+    file returning its class scores, with its classes and preprocessing as metadata
+    (``format`` None: the one ``output``'s suffix names, else ONNX)."""
     from capsmed.runs import export
 
     return export.export_run(Path(run_dir), Path(output), format, overwrite=overwrite)

@@ -103,6 +103,18 @@ def test_export_refuses_bad_requests(api_run, tmp_path):
     other = tmp_path / "m.pt"
     assert_refused(invoke(["export", tmp_path, "-o", other, "--format", "torchscript"]),
                    tmp_path, absent=[other])
+    # ONNX under a TorchScript name would fail where it is loaded
+    assert_refused(invoke(["export", runs["lenet"], "-o", other, "--format", "onnx"]),
+                   other, text="its suffix .pt names torchscript, but --format is onnx",
+                   absent=[other])
+
+
+def test_the_format_follows_the_file_name_when_not_given(api_run, tmp_path):
+    _, runs = api_run
+    result = invoke(["export", runs["lenet"], "-o", tmp_path / "m.pt2"])
+    assert result.exit_code == 0, result.output
+    _, meta = load_exported(tmp_path / "m.pt2", "exported-program")
+    assert meta["arch"] == "lenet"
 
 
 def test_an_unfinished_runs_export_says_so(tmp_path, caplog):

@@ -22,9 +22,10 @@ def export(
     run_dir: Path = typer.Argument(..., help="A run directory written by capsmed train."),
     output: Path = typer.Option(..., *OUTPUT_FLAGS, help="The file to write.",
                                 show_default=False),
-    fmt: str = typer.Option("onnx", "--format", help="onnx (ONNX Runtime; needs "
+    fmt: str = typer.Option(None, "--format", help="onnx (ONNX Runtime; needs "
                             "'capsmed[export]'), torchscript or exported-program "
-                            "(torch.export) [onnx].", show_default=False),
+                            "(torch.export) [the one FILE's suffix names: .onnx, "
+                            ".pt/.pth, .pt2; else onnx].", show_default=False),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace FILE if it exists.",
                                    show_default=False),
 ) -> None:

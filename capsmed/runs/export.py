@@ -38,6 +38,9 @@ from capsmed.train.run_config import RESUME_FILE
 log = logging.getLogger(__name__)
 
 FORMATS = ("onnx", "torchscript", "exported-program")
+# file names that say a format (torch.export's own is .pt2; TorchScript's .pt)
+SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript",
+            ".pt2": "exported-program"}
 METADATA_KEY = "capsmed"  # the ONNX metadata_props key; capsmed.json elsewhere
 EXTRA_FILE = "capsmed.json"
 
@@ -85,9 +88,11 @@ def export_metadata(run: OpenRun) -> dict[str, Any]:
     }
 
 
-def export_run(run_dir: Path, output: Path, fmt: str = "onnx",
+def export_run(run_dir: Path, output: Path, fmt: str | None = None,
                overwrite: bool = False) -> Path:
-    """Write ``run_dir``'s model to ``output`` in ``fmt`` (see :data:`FORMATS`).
+    """Write ``run_dir``'s model to ``output`` in ``fmt`` (see :data:`FORMATS`; None:
+    the one its suffix names, else ONNX). A suffix naming another format than ``fmt``
+    is refused: ``model.pt`` holding ONNX would fail where it is loaded.
 
     The file is checked before it is renamed into place: it is loaded back (ONNX
     Runtime for ONNX) and its scores on a batch of random images must match the
@@ -97,13 +102,19 @@ def export_run(run_dir: Path, output: Path, fmt: str = "onnx",
         CapsmedError: an unknown format, an existing output without ``overwrite``, a
             missing exporter package, a model the exporter cannot take.
     """
+    output = Path(output)
+    named = SUFFIXES.get(output.suffix.lower())
+    fmt = fmt or named or "onnx"
     if fmt not in FORMATS:
         raise CapsmedError(f"--format must be one of {', '.join(FORMATS)}, got '{fmt}'")
-    output = Path(output)
     if output.is_dir():
         raise CapsmedError(f"{output}: is a folder; give the file to write")
     if output.exists() and not overwrite:
         raise CapsmedError(f"{output}: already exists; pass --overwrite to replace it")
+    if named is not None and named != fmt:
+        raise CapsmedError(f"{output}: its suffix {output.suffix} names {named}, but "
+                           f"--format is {fmt}; name the file for its format (or drop "
+                           "--format)")
     run = open_run(run_dir, device="cpu", need_data=False)
     if run.unfinished:
         log.warning("%s: its training has not finished (%s is there), so this exports the "
