@@ -86,6 +86,9 @@ GRID_WITHOUT_HALF_CAPSNET = [  # each field's values exist; one combination does
     ({"report": {"tables": [{"rows": "condition", "columns": "arch", "scale": 100,
                              "paper": {"full": {"lenet": 0.995}}}]}},
      "every number is at most 1, but scale: 100 shows percentages"),
+    ({"report": {"tables": [{"rows": "condition", "columns": "arch",
+                             "paper": {"full": {"lenet": float("nan")}}}]}},
+     "report.tables[0].paper.full: expected numbers, got nan"),
     ({"report": {"tables": [{"rows": "dataset", "columns": "arch"}]}},
      "report.tables[0]: cell tupac16 / capsnet pools runs of condition full, half as if "
      "they were repetitions"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,8 @@ def _check_paper(spec: dict[str, Any], chosen: list[RunLike], where: str, path: 
                 _check_paper_key(column, axes["columns"], f"{where}.paper.{row}", "column",
                                  path)
             if number is not None and (isinstance(number, bool)
-                                       or not isinstance(number, int | float)):
+                                       or not isinstance(number, int | float)
+                                       or not math.isfinite(number)):  # .nan, .inf
                 raise _fail(path, f"{where}.paper.{row}: expected numbers, got {number!r}")
             numbers += [] if number is None else [float(number)]
     scale = spec.get("scale", 1)
