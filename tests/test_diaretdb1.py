@@ -249,19 +249,17 @@ def test_user_split_files_replace_the_official_lists(raw, tmp_path):
     assert result.exit_code == 0, result.output
     assert groups_by_split(out) == {"train": {"image002", "image003"}, "val": {"image005"},
                                     "test": {"image001", "image004"}}
-    (tmp_path / "te.txt").write_text("image003\n")
-    result = _preprocess(raw, tmp_path / "leak.h5", "--split-file",
-                         f"train={tmp_path / 'tr.txt'}", "--split-file",
-                         f"test={tmp_path / 'te.txt'}")
-    assert_clean_failure(result, str(tmp_path / "te.txt"), tmp_path / "leak.h5")
-    assert "image003 is also listed in" in result.stderr
-    # a line naming several images (commas) kept only the first of them
-    (tmp_path / "te.txt").write_text("image001\nimage004, image005\n")
-    result = _preprocess(raw, tmp_path / "comma.h5", "--split-file",
-                         f"train={tmp_path / 'tr.txt'}", "--split-file",
-                         f"test={tmp_path / 'te.txt'}")
-    assert_clean_failure(result, str(tmp_path / "te.txt"), tmp_path / "comma.h5")
-    assert "line 2: names 2 images" in result.stderr
+    # a test image also in train; a line naming several images (commas), of which
+    # only the first was kept
+    for name, listed, message in (("leak", "image003\n", "image003 is also listed in"),
+                                  ("comma", "image001\nimage004, image005\n",
+                                   "line 2: names 2 images")):
+        (tmp_path / "te.txt").write_text(listed)
+        result = _preprocess(raw, tmp_path / f"{name}.h5", "--split-file",
+                             f"train={tmp_path / 'tr.txt'}", "--split-file",
+                             f"test={tmp_path / 'te.txt'}")
+        assert_clean_failure(result, str(tmp_path / "te.txt"), tmp_path / f"{name}.h5")
+        assert message in result.stderr
 
 
 def test_raw_dir_may_be_the_release_or_its_parent(raw, tmp_path):
