@@ -90,6 +90,13 @@ def test_recipes_follow_the_domain_and_reject_unknown_names():
         TrainConfig(data="x.h5", arch="lenet", augment=True, augment_recipe="mixup")
 
 
+@pytest.mark.parametrize("spec", ["rotation=10,rotation=90", "hflip,rotation=5,hflip"])
+def test_a_spec_giving_a_transform_twice_is_refused(spec):
+    """rotation=10,rotation=90 trained with 90 degrees, the 10 dropped silently."""
+    with pytest.raises(CapsmedError, match="twice"):
+        get_recipe(spec)
+
+
 def test_train_with_augmentation_through_the_cli(tiny_h5, tmp_path):
     run = tmp_path / "aug"
     result = CliRunner().invoke(app, ["-q", "train", "--data", str(tiny_h5), "--arch",

@@ -98,6 +98,37 @@ def test_resume_refuses_edited_rows_and_an_older_protocol_revision(tiny_h5, tmp_
     assert (resume(cut, disable_progress=True) / "summary.json").is_file()
 
 
+def test_resume_refuses_options_edited_in_config_yaml_but_where_it_runs(tiny_h5, tmp_path):
+    """An edited lr was overridden by the optimiser's saved state, an edited batch size
+    or routing iterations trained the rest of the run otherwise than its start, all
+    while config.yaml claimed the edited values."""
+    import yaml
+
+    cut = tmp_path / "cut"
+    with pytest.raises(TrainingInterrupted):
+        train(_cfg(tiny_h5, cut, augment=False, sampler="shuffle"), disable_progress=True,
+              stop_after_steps=6)
+    config_path = cut / "config.yaml"
+    original = config_path.read_text()
+    before = {f.name: f.read_bytes() for f in cut.iterdir() if f.name != "config.yaml"}
+    for section, key, value, text in (
+            ("train", "lr", 0.5, "lr 0.0001 -> 0.5"),
+            ("train", "batch_size", 4, "batch_size 8 -> 4"),
+            ("model_kwargs", "routing_iters", 1, "model_kwargs.routing_iters null -> 1")):
+        config = yaml.safe_load(original)
+        config[section][key] = value
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        result = CliRunner().invoke(app, ["train", "--resume", str(cut)])
+        assert_clean_failure(result, f"{config_path}: options edited since the run "
+                             f"started ({text})")
+        assert {f.name: f.read_bytes() for f in cut.iterdir()
+                if f.name != "config.yaml"} == before
+    config = yaml.safe_load(original)  # where it runs may change: another machine
+    config["train"].update(device="cpu", loader_workers=0, eval_batch_size=3)
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert (resume(cut, disable_progress=True) / "summary.json").is_file()
+
+
 def test_ctrl_c_saves_a_resumable_state(tiny_h5, tmp_path, monkeypatch):
     whole = train(_cfg(tiny_h5, tmp_path / "whole", epochs=2), disable_progress=True)
     calls = {"n": 0}

@@ -24,13 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from capsmed.data.digest import dataset_digest
-from capsmed.train.protocol import PROTOCOL_REVISION
-
-# Options that change how fast a run goes, where it writes or what it reports to, not
-# what it computes (how often the resume state is saved: a resume is exact).
-NOT_IDENTITY = frozenset({"out", "device", "data_loading", "loader_workers", "tensorboard",
-                          "compile", "cuda_graph", "channels_last", "eval_batch_size",
-                          "state_every_minutes", "mlflow", "mlflow_experiment", "wandb"})
+from capsmed.train.protocol import PROTOCOL_REVISION, SESSION_OPTIONS
 
 
 class RunLike(Protocol):
@@ -50,7 +44,7 @@ def identity_payload(run: RunLike, digest: Callable[[str], str | None]
     data = digest(str(run.train.get("data")))
     if data is None:
         return None
-    train = {k: v for k, v in run.train.items() if k not in NOT_IDENTITY and k != "data"}
+    train = {k: v for k, v in run.train.items() if k not in SESSION_OPTIONS and k != "data"}
     return {"train": train, "data": data, "revision": PROTOCOL_REVISION}
 
 

@@ -67,6 +67,9 @@ def get_recipe(name: str) -> AugmentSpec:
     values: dict[str, float | bool] = {}
     for item in filter(None, (part.strip() for part in name.split(","))):
         key, sep, value = item.partition("=")
+        if key in values:  # the first value would be dropped without a word
+            raise CapsmedError(f"augmentation spec '{name}': gives {key} twice; give it "
+                               "once")
         try:
             if key in ("hflip", "vflip") and not sep:
                 values[key] = True

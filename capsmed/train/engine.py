@@ -24,7 +24,7 @@ from capsmed.train.loop import run_loop
 from capsmed.train.protocol import PROTOCOL_REVISION
 from capsmed.train.run import Run
 from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
-from capsmed.train.state import load_state
+from capsmed.train.state import check_options_unchanged, load_state
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ def resume(run_dir: Path, disable_progress: bool | None = None,
     """Continue an interrupted run from its ``resume.pt`` to the same result.
 
     Raises:
-        CapsmedError: if the run has no resumable state or its dataset file changed.
+        CapsmedError: if the run has no resumable state, its dataset file changed or
+            its config.yaml's options were edited.
     """
     run_dir = Path(run_dir)
     saved = read_run_config(run_dir)
@@ -85,9 +86,10 @@ def resume(run_dir: Path, disable_progress: bool | None = None,
     try:
         run = Run(cfg, info, ctx, select_device(dev), run_dir, saved["model_kwargs"],
                   disable_progress)
-        log.info("resuming %s at epoch %d, step %d", run_dir, state["progress"]["epoch"],
-                 state["progress"]["step"])
         try:
+            check_options_unchanged(state, run.options, config_path)
+            log.info("resuming %s at epoch %d, step %d", run_dir,
+                     state["progress"]["epoch"], state["progress"]["step"])
             return run_loop(run, state, stop_after_steps)
         finally:
             run.release()

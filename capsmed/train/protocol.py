@@ -24,6 +24,14 @@ from typing import Any
 
 from capsmed.train.config import TrainConfig
 
+# Options that change where a run goes, how fast, or what it reports to, never what it
+# computes: neither a run's identity (capsmed run) nor a resumed run's check of its
+# options (resume.pt) counts them.
+SESSION_OPTIONS = frozenset({"out", "device", "data_loading", "loader_workers",
+                             "tensorboard", "compile", "cuda_graph", "channels_last",
+                             "eval_batch_size", "state_every_minutes", "mlflow",
+                             "mlflow_experiment", "wandb"})
+
 # What a run with the same options and data computes. Bumped by any change after which
 # such a run trains or scores differently, so that `capsmed run` (whose run identity
 # holds it) trains it again instead of taking the older run as finished, and `capsmed

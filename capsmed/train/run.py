@@ -55,7 +55,7 @@ from capsmed.train.run_data import (
     select_rows,
 )
 from capsmed.train.sampling import BatchSampler
-from capsmed.train.state import Progress, save_state
+from capsmed.train.state import Progress, run_options, save_state
 from capsmed.train.step import (
     PRECISION_NAMES,
     EpochTally,
@@ -353,7 +353,12 @@ class Run:
         save_state(folder or self.run_dir, model=self.model, optimizer=self.optimizer,
                    schedule=self.schedule, scaler=self.train_step.scaler,
                    sampler_state=sampler_state, augment_rng=self.settings.augment_rng,
-                   progress=progress)
+                   progress=progress, options=self.options)
+
+    @property
+    def options(self) -> str:
+        """What the run computes from, recorded in ``resume.pt`` (:func:`run_options`)."""
+        return run_options(self.cfg.to_dict(), self.model_kwargs)
 
     def _write_config(self, folder: Path) -> None:
         cfg, info = self.cfg, self.info

@@ -13,6 +13,7 @@ unpickled.
 
 from __future__ import annotations
 
+import json
 import pickle
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -22,9 +23,14 @@ import torch
 
 from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, write_failure
+from capsmed.train.protocol import SESSION_OPTIONS
 from capsmed.train.run_config import RESUME_FILE, SUMMARY
 
 STATE_VERSION = 1
+
+# what a resumed run may change: SESSION_OPTIONS (another machine, device or tracker),
+# and ``data``, which may move (its content digest is checked)
+MAY_CHANGE_ON_RESUME = SESSION_OPTIONS | {"data"}
 
 
 @dataclass
@@ -46,8 +52,9 @@ class Progress:
 
 def save_state(run_dir: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                schedule: Any, scaler: torch.amp.GradScaler, sampler_state: torch.Tensor,
-               augment_rng: torch.Generator | None, progress: Progress) -> Path:
-    """Write ``resume.pt`` atomically."""
+               augment_rng: torch.Generator | None, progress: Progress,
+               options: str | None = None) -> Path:
+    """Write ``resume.pt`` atomically (``options``: :func:`run_options` of the run)."""
     state = {
         "version": STATE_VERSION,
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
@@ -60,6 +67,8 @@ def save_state(run_dir: Path, *, model: torch.nn.Module, optimizer: torch.optim.
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "progress": asdict(progress),
     }
+    if options is not None:
+        state["options"] = options
     path = Path(run_dir) / RESUME_FILE
     with atomic_path(path) as tmp:
         try:
@@ -90,6 +99,8 @@ def load_state(run_dir: Path) -> dict[str, Any]:
         raise CapsmedError(f"{path}: state version {found} is not {STATE_VERSION}; resume "
                            "with the capsmed that wrote it")
     wrong = [k for k, kind in STATE_FIELDS.items() if not isinstance(state.get(k), kind)]
+    if not isinstance(state.get("options", ""), str):
+        wrong.append("options")
     if not wrong and not state["model"]:
         wrong = ["model (empty)"]
     if not wrong and set(state["progress"]) - {f.name for f in fields(Progress)}:
@@ -106,6 +117,40 @@ STATE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "sampler": torch.Tensor, "augment": (torch.Tensor, type(None)),
     "torch_rng": torch.Tensor, "cuda_rng": list, "progress": dict}
 
+
+def run_options(train: dict[str, Any], model_kwargs: dict[str, Any]) -> str:
+    """What a run computes from (its options but :data:`MAY_CHANGE_ON_RESUME`, and its model
+    arguments), as ``resume.pt`` records it: JSON text."""
+    kept = {k: v for k, v in train.items() if k not in MAY_CHANGE_ON_RESUME}
+    return json.dumps({"train": kept, "model_kwargs": model_kwargs}, sort_keys=True)
+
+
+def check_options_unchanged(state: dict[str, Any], options: str, config_path: Path) -> None:
+    """Refuse to resume when ``config.yaml``'s options (``options``, from
+    :func:`run_options`) differ from those the state was trained with: the rest of the
+    run would silently train otherwise (a learning rate the optimiser's saved state
+    overrides, other batches) while config.yaml claimed the edited values. A state
+    written before options were recorded is not checked."""
+    if "options" not in state:
+        return
+    now = json.loads(options)
+    try:
+        then = json.loads(state["options"])
+        # a training option only one side has is one a capsmed version added or
+        # dropped (at its default), not an edit; a model argument is always given
+        keys = {"train": then["train"].keys() & now["train"].keys(),
+                "model_kwargs": then["model_kwargs"].keys() | now["model_kwargs"].keys()}
+        changed = [(f"{prefix}{k}", then[part].get(k), now[part].get(k))
+                   for part, prefix in (("train", ""), ("model_kwargs", "model_kwargs."))
+                   for k in sorted(keys[part]) if then[part].get(k) != now[part].get(k)]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise CapsmedError(f"{config_path.parent / RESUME_FILE}: not a complete resumable "
+                           "state (options unreadable)") from None
+    if changed:
+        edits = ", ".join(f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, a, b in changed)
+        raise CapsmedError(f"{config_path}: options edited since the run started ({edits}): "
+                           "the rest of the run would train otherwise than its start; "
+                           "restore them, or train a new run")
 
 
 def restore_rng(state: dict[str, Any], augment_rng: torch.Generator | None) -> None:
