@@ -38,6 +38,7 @@ def _dataset_record(file: Path) -> dict[str, Any]:
         class_counts,
         find_leaks,
         fold_class_counts,
+        fold_leaks,
         groups_by_split,
         read_info,
     )
@@ -58,7 +59,8 @@ def _dataset_record(file: Path) -> dict[str, Any]:
             "capsmed_version": info.capsmed_version, "format_version": info.format_version,
             "splits": splits, "folds": folds,
             "groups": {split: sorted(members) for split, members in groups.items()},
-            "leaks": find_leaks(groups), "preprocessing": info.preprocessing,
+            "leaks": find_leaks(groups), "fold_leaks": fold_leaks(file),
+            "preprocessing": info.preprocessing,
             "source_record": info.source, "provenance": info.provenance}
 
 

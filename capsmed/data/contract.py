@@ -39,9 +39,9 @@ from capsmed.data.writer import CHUNK_BYTES, DatasetWriter, find_leaks
 from capsmed.errors import CapsmedError
 
 __all__ = ["CHUNK_BYTES", "FORMAT_VERSION", "SECOND_LABEL", "DatasetInfo", "DatasetWriter",
-           "SplitData", "class_counts", "find_leaks", "fold_class_counts", "groups_by_split",
-           "is_two_label", "load_split", "meta_names", "read_images", "read_info",
-           "read_labels", "read_meta"]
+           "SplitData", "class_counts", "find_leaks", "fold_class_counts", "fold_leaks",
+           "groups_by_split", "is_two_label", "load_split", "meta_names", "read_images",
+           "read_info", "read_labels", "read_meta"]
 
 # The meta array holding the second object's label in two-object sets (MultiMNIST).
 SECOND_LABEL = "label2"
@@ -140,3 +140,21 @@ def groups_by_split(path: Path) -> dict[str, set[str]]:
     info = read_info(path)
     with reading(path) as f:
         return {s: set(f[s]["groups"].asstr()[...]) for s in info.split_sizes}
+
+
+def fold_leaks(path: Path) -> dict[str, dict[str, list[int]]]:
+    """``{split: {group: [folds]}}`` for every group whose samples lie in more than one
+    CV fold (a file written with ``allow_group_leak``): a leak across folds, as a group
+    in two splits is a leak across splits."""
+    info = read_info(path)
+    out: dict[str, dict[str, list[int]]] = {}
+    with reading(path) as f:
+        for split in info.folds:
+            spans: dict[str, set[int]] = {}
+            for group, fold in zip(f[split]["groups"].asstr()[...],
+                                   f[split]["folds"][...].tolist(), strict=True):
+                spans.setdefault(group, set()).add(int(fold))
+            leaking = {g: sorted(k) for g, k in sorted(spans.items()) if len(k) > 1}
+            if leaking:
+                out[split] = leaking
+    return out

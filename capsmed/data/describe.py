@@ -6,19 +6,38 @@ import json
 from pathlib import Path
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from capsmed.data.contract import (
     class_counts,
     find_leaks,
     fold_class_counts,
+    fold_leaks,
     groups_by_split,
     read_info,
 )
 
+MAX_LEAKS_SHOWN = 5
+
+
+def _leak_check(leaks: dict[str, list[str]], spanning: dict[str, dict[str, list[int]]],
+                has_folds: bool) -> str:
+    """The leak-check line: groups in two splits, and groups in two CV folds."""
+    found = [f"{g} in {'+'.join(s)}" for g, s in leaks.items()]
+    found += [f"{g} in folds {'+'.join(map(str, k))} of '{split}'"
+              for split, groups in spanning.items() for g, k in groups.items()]
+    if not found:
+        return "[green]ok: no group in two splits" + (" or two folds" if has_folds else "")
+    more = (f" (and {len(found) - MAX_LEAKS_SHOWN} more)"
+            if len(found) > MAX_LEAKS_SHOWN else "")
+    return "[red]LEAK: " + escape(", ".join(found[:MAX_LEAKS_SHOWN]) + more)
+
 
 def describe_dataset(path: Path, max_groups: int = 12) -> Group:
-    """Rich tables for ``capsmed data info``; flags any group present in two splits."""
+    """Rich tables for ``capsmed data info``; flags any group present in two splits or
+    two CV folds. Every text read from the file is escaped: rich would take a name such
+    as ``p[a]`` for markup and show ``p``."""
     info = read_info(path)
     counts = class_counts(path)
     groups = groups_by_split(path)
@@ -28,25 +47,25 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
     kind = (f"{info.data_source().name}, domain {domain.name}"
             + ("" if info.domain else " (not recorded: an older file)"))
     header = Table.grid(padding=(0, 2))
-    for key, value in (("file", str(info.path)), ("dataset", info.dataset),
-                       ("source", kind),
+    for key, value in (("file", escape(str(info.path))), ("dataset", escape(info.dataset)),
+                       ("source", escape(kind)),
                        ("images", f"{info.channels} x {info.image_size[0]} x "
                                   f"{info.image_size[1]} uint8"),
-                       ("classes", ", ".join(info.class_names)),
-                       ("created", f"{info.created} by capsmed {info.capsmed_version}"),
-                       ("group leak check", "[red]LEAK: " + ", ".join(
-                           f"{g} in {'+'.join(s)}" for g, s in list(leaks.items())[:5])
-                        if leaks else "[green]ok: no group in two splits")):
+                       ("classes", escape(", ".join(info.class_names))),
+                       ("created", escape(f"{info.created} by capsmed "
+                                          f"{info.capsmed_version}")),
+                       ("group leak check", _leak_check(leaks, fold_leaks(path),
+                                                        bool(info.folds)))):
         header.add_row(f"[bold]{key}", value)
 
     splits = Table(title="Samples per split and class")
     splits.add_column("split")
     for name in info.class_names:
-        splits.add_column(name, justify="right")
+        splits.add_column(escape(name), justify="right")
     splits.add_column("total", justify="right")
     splits.add_column("groups", justify="right")
     for split, row in counts.items():
-        splits.add_row(split, *(f"{c:,}" for c in row), f"{row.sum():,}",
+        splits.add_row(escape(split), *(f"{c:,}" for c in row), f"{row.sum():,}",
                        str(len(groups[split])))
 
     group_table = Table(title="Groups (cases / patients / slides) per split")
@@ -57,14 +76,14 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
         shown = ", ".join(ordered[:max_groups])
         if len(ordered) > max_groups:
             shown += f", ... (+{len(ordered) - max_groups})"
-        group_table.add_row(split, shown)
+        group_table.add_row(escape(split), escape(shown))
 
     tables = [header, splits, group_table]
     for split, per_fold in fold_class_counts(path).items():
-        fold_table = Table(title=f"CV folds of '{split}'")
+        fold_table = Table(title=escape(f"CV folds of '{split}'"))
         fold_table.add_column("fold", justify="right")
         for name in info.class_names:
-            fold_table.add_column(name, justify="right")
+            fold_table.add_column(escape(name), justify="right")
         for k, row in enumerate(per_fold):
             fold_table.add_row(str(k), *(f"{c:,}" for c in row))
         tables.append(fold_table)
@@ -73,8 +92,9 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
     params.add_column("parameter")
     params.add_column("value")
     for key, value in sorted(info.preprocessing.items()):
-        params.add_row(key, value if isinstance(value, str) else json.dumps(value))
+        params.add_row(escape(key), escape(value if isinstance(value, str)
+                                           else json.dumps(value)))
     files = info.source.get("files", {})
-    params.caption = (f"source: {info.source.get('raw_dir', '?')} "
-                      f"({len(files)} files, {sum(files.values()):,} bytes)")
+    params.caption = escape(f"source: {info.source.get('raw_dir', '?')} "
+                            f"({len(files)} files, {sum(files.values()):,} bytes)")
     return Group(*tables, params)

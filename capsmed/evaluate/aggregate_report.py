@@ -123,22 +123,37 @@ def staged_report_dir(final: Path) -> Iterator[Path]:
 
 
 def check_output_dir(final: Path) -> None:
-    """Refuse an output folder that is a file or holds something other than a report."""
+    """Refuse an output folder that is a file or holds something other than a report:
+    replacing an earlier report replaces the whole folder, so a run or a note kept in
+    it would be deleted with it."""
     if final.exists():
         if not final.is_dir():
             raise CapsmedError(f"{final}: exists and is not a folder; choose another -o")
-        if any(final.iterdir()) and not _is_report_dir(final):
+        written = _report_files(final)
+        if written is None and any(final.iterdir()):
             raise CapsmedError(f"{final}: exists, is not empty and holds no capsmed report "
                                "(summary.json); choose another -o")
+        foreign = sorted(p.name for p in final.iterdir() if p.name not in (written or ()))
+        if foreign:
+            them = "it" if len(foreign) == 1 else "them"
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise CapsmedError(f"{final}: holds {shown}, not written by its capsmed report; "
+                               f"replacing the report would delete {them}: choose another "
+                               f"-o or move {them} out")
     ensure_writable_dir(final.parent)
 
 
-def _is_report_dir(path: Path) -> bool:
+def _report_files(path: Path) -> set[str] | None:
+    """The files the capsmed report in ``path`` wrote (its summary.json's list); None
+    when ``path`` holds no capsmed report."""
     try:
         summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get("kind") == REPORT_KIND
+        return None
+    if not isinstance(summary, dict) or summary.get("kind") != REPORT_KIND:
+        return None
+    files = summary.get("files")
+    return {"summary.json", *(map(str, files) if isinstance(files, list) else ())}
 
 
 TABLE_FILES = ("md", "csv", "tex")  # capsmed.tables renderers, one file each
@@ -203,7 +218,7 @@ def report_runs(paths: Sequence[Path], out_dir: Path,
         log.info(note)
 
     title = metric_title(config.metric)
-    main = metric_table(groups, config.metric, config.digits)
+    main = metric_table(groups, config.metric, config.digits, config.archs)
     per_class = {mode: per_class_tables(groups, mode, config.digits)
                  for mode in ("pooled", "mean")}
     significance = significance_table(tests, test_notes, config.test, config.alpha,

@@ -61,13 +61,19 @@ def _by_setting(groups: Sequence[Group]) -> dict[tuple[str, str], list[Group]]:
     return buckets
 
 
-def metric_table(groups: Sequence[Group], metric: str, digits: int = 3) -> Table:
-    """Paper 000 Table 2: datasets x (protocol x architecture), mean +- std of ``metric``."""
+def metric_table(groups: Sequence[Group], metric: str, digits: int = 3,
+                 archs: Sequence[str] = ()) -> Table:
+    """Paper 000 Table 2: datasets x (protocol x architecture), mean +- std of ``metric``.
+
+    Under each protocol the architectures are in the order of ``archs`` (``--arch``),
+    else alphabetical, the same in every dataset's row."""
     datasets = list(dict.fromkeys(g.dataset for g in groups))
     protocols = sorted({g.protocol: g.settings for g in groups}.items(),
                        key=lambda item: protocol_sort_key(item[1]))
+    rank = {a: i for i, a in enumerate(archs)}
     columns = [(p, a) for p, _ in protocols
-               for a in dict.fromkeys(g.arch for g in groups if g.protocol == p)]
+               for a in sorted({g.arch for g in groups if g.protocol == p},
+                               key=lambda a: (rank.get(a, len(rank)), a))]
     cell = {(g.dataset, g.protocol, g.arch): g.stat(metric) for g in groups}
     runs = {(g.dataset, g.protocol, g.arch): g.runs for g in groups}
     stats = [s for s in cell.values() if s is not None]
