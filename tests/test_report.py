@@ -323,6 +323,9 @@ def test_runs_ls_skips_broken_configs_and_reads_past_a_partial_metrics_line(real
     assert [r.path.name for r in runs] == ["good"] and runs[0].epochs_run == epochs
     assert sorted(m.split(":")[0] for m in caplog.messages) == sorted(
         str(tmp_path / n) for n in ("empty", "list", "no-train"))
+    # a run or report being written (a hidden staging folder) is not a second run
+    shutil.copytree(good, tmp_path / ".good.x1y2z3.partial")
+    assert [r.path.name for r in find_runs(tmp_path)] == ["good"]
 
 
 def test_runs_ls_shows_unfinished_runs_even_before_their_first_epoch(real_run, tmp_path):

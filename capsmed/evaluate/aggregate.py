@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from capsmed.errors import CapsmedError
-from capsmed.runs.index import find_runs, summarise_run
+from capsmed.runs.index import find_runs, is_hidden_below, summarise_run
 from capsmed.train.protocol import (
     PROTOCOL_DEFAULTS,
     REPETITION_KEYS,
@@ -251,7 +251,7 @@ def collect_runs(paths: Sequence[Path]) -> Collection:
         found = find_runs(root)  # warns about each unreadable run itself
         readable = {r.path for r in found}
         broken += [c.parent for c in sorted(root.rglob("config.yaml"))
-                   if c.parent not in readable]
+                   if c.parent not in readable and not is_hidden_below(c.parent, root)]
         for summary in found:
             key = summary.path.resolve()
             if key not in seen:

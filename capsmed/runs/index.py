@@ -86,12 +86,25 @@ def summarise_run(run_dir: Path) -> RunSummary:
 def find_runs(root: Path) -> list[RunSummary]:
     """Every run directory below ``root`` (a folder with ``config.yaml``), sorted by path.
 
-    Folders that look like runs but cannot be read are skipped with a warning.
+    Folders that look like runs but cannot be read are skipped with a warning; hidden
+    folders below ``root`` (a run or report being written, ``.NAME.*.partial``) are not
+    runs.
     """
     runs = []
     for config in sorted(Path(root).rglob(CONFIG)):
+        if is_hidden_below(config.parent, Path(root)):
+            continue
         try:
             runs.append(summarise_run(config.parent))
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
             log.warning("%s: skipped, not a readable run (%s)", config.parent, exc)
     return runs
+
+
+def is_hidden_below(folder: Path, root: Path) -> bool:
+    """Whether ``folder`` is, or lies in, a hidden folder below ``root``."""
+    try:
+        parts = folder.relative_to(root).parts
+    except ValueError:
+        return False
+    return any(part.startswith(".") for part in parts)
