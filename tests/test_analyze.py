@@ -437,3 +437,80 @@ def test_routing_reruns_the_checkpoint_with_other_iteration_counts(caps_run):
     assert rows[3]["entropy"] == pytest.approx(result.test_entropy, abs=1e-6)
     model, _ = load_checkpoint(caps_run)
     assert [layer.iterations for layer in routed_layers(model)] == [3]
+
+
+def test_routing_on_two_digit_images_scores_both_digits(tmp_path):
+    """On a MultiMNIST-like file the rerun's accuracy is the two-digit accuracy (both
+    digits in the top two, as analyze multimnist): the first digit alone being the top
+    class once counted as right."""
+    from capsmed.evaluate.analyses.routing import routing_entropy
+    from capsmed.models import create_model
+
+    torch.manual_seed(0)
+    kwargs = {"in_channels": 1, "num_classes": 3, "input_size": [28, 28], **TINY_CAPSNET}
+    model = create_model("capsnet", **kwargs).eval()
+    images = np.random.default_rng(0).integers(0, 256, (6, 1, 28, 28), dtype=np.uint8)
+    with torch.no_grad():
+        order = model(torch.from_numpy(images).float() / 255).scores.argsort(1, True).numpy()
+    # the first digit is the top class everywhere; the second is the runner-up on the
+    # first two images only, elsewhere the last class: two-digit accuracy 2/6
+    first = order[:, 0]
+    second = np.where(np.arange(6) < 2, order[:, 1], order[:, 2])
+    data = tmp_path / "two.h5"
+    with DatasetWriter(data, dataset="toy", kind="multimnist", domain="digits",
+                       class_names=["a", "b", "c"], image_shape=(1, 28, 28),
+                       preprocessing={}, source={}) as w:
+        w.append("test", images, first, np.array([f"g{i}" for i in range(6)]),
+                 meta={"label2": second})
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run, model, {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
+                                 "data": str(data), "class_names": ["a", "b", "c"]})
+    (run / "metrics.jsonl").write_text("")
+    result = routing_entropy(run, device="cpu")
+    trained = next(r for r in result.by_iterations if r["trained"])
+    assert result.two_label and trained["accuracy"] == pytest.approx(2 / 6)
+    assert trained["agreement"] == 1.0
+
+
+def test_affine_scores_a_cross_validation_runs_held_out_fold(tmp_path):
+    """A fold run's file has no 'test' split (its test is the held-out rows of 'all'):
+    the two-label check looked for one and stopped with 'the file is damaged'."""
+    from capsmed.models import create_model
+
+    data = tmp_path / "cv.h5"
+    images = np.random.default_rng(0).integers(0, 256, (6, 1, 28, 28), dtype=np.uint8)
+    with DatasetWriter(data, dataset="toy", kind="folder", domain="generic",
+                       class_names=["a", "b"], image_shape=(1, 28, 28), preprocessing={},
+                       source={}) as w:
+        w.append("all", images, np.array([0, 1] * 3), np.array([f"g{i}" for i in range(6)]),
+                 folds=np.arange(6) % 2)
+    torch.manual_seed(0)
+    kwargs = {"in_channels": 1, "num_classes": 2, "input_size": [28, 28], **TINY_CAPSNET}
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run, create_model("capsnet", **kwargs),
+                    {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
+                     "data": str(data), "class_names": ["a", "b"]})
+    np.save(run / "test_indices.npy", np.array([0, 1, 2]))
+    np.save(run / "train_indices.npy", np.array([3, 4, 5]))
+    result = runner.invoke(app, ["-q", "analyze", "affine", str(run), "--sweep-step", "180"])
+    assert result.exit_code == 0, result.output
+    record = json.loads((run / "analysis" / "affine" / "affine.json").read_text())
+    assert record["samples"] == 3
+
+
+def test_analyses_of_an_unfinished_run_say_so(tiny_h5, tmp_path, caplog):
+    """As capsmed evaluate: the checkpoint of a run still training is of an intermediate
+    epoch, which the analyses used without a word."""
+    from capsmed.train.loop import TrainingInterrupted
+
+    with pytest.raises(TrainingInterrupted):
+        train(TrainConfig(data=str(tiny_h5), arch="capsnet", epochs=3, batch_size=8,
+                          steps_per_epoch=1, patience=None, out=str(tmp_path / "run"),
+                          model_kwargs=TINY_CAPSNET),
+              disable_progress=True, stop_after_steps=2)
+    result = runner.invoke(app, ["analyze", "compactness", str(tmp_path / "run"),
+                                 "--factor", "rotation", "--steps", "2", "--max-samples", "2"])
+    assert result.exit_code == 0, result.output
+    assert "its training has not finished" in " ".join(result.stderr.split())

@@ -175,3 +175,60 @@ def test_the_capsule_representation_says_which_routing_it_follows(arch, size, kw
     images = np.zeros((2, channels, size, size), np.uint8)
     label, features = representations(model, images, torch.device("cpu"))
     assert label == f"class capsules ({where})" and len(features) == 2
+
+
+def _two_digit_file(path, split, folds=None, sources=True):
+    """Six hand-made two-digit samples of two classes (28x28), first digits stored."""
+    rng = np.random.default_rng(1)
+    image_a = rng.integers(0, 120, (6, 1, 28, 28), dtype=np.uint8)
+    image_b = rng.integers(0, 120, (6, 1, 28, 28), dtype=np.uint8)
+    meta = {"label2": np.array([1, 0, 1, 0, 1, 0])}
+    if sources:
+        meta |= {"image_a": image_a, "shift_a": np.zeros((6, 2), np.int64)}
+    from capsmed.data.contract import DatasetWriter
+
+    with DatasetWriter(path, dataset="toy", kind="multimnist", domain="digits",
+                       class_names=["non-mitosis", "mitosis"],
+                       image_shape=(1, 28, 28), preprocessing={}, source={}) as w:
+        w.append(split, image_a + image_b, np.array([0, 1, 0, 1, 0, 1]),
+                 np.array([f"g{i}" for i in range(6)]), meta=meta, folds=folds)
+    return path, image_a
+
+
+def test_two_digit_images_without_their_sources_are_refused(tmp_path):
+    """preprocess multimnist --no-store-sources keeps no single digits: the overlaid
+    pairs were taken as the 'single' digits, so four digits were overlaid."""
+    data, _ = _two_digit_file(tmp_path / "two.h5", "test", sources=False)
+    run = _checkpoint(tmp_path / "caps", "capsnet", data, **TINY_CAPSNET)
+    result = runner.invoke(app, ["-q", "analyze", "manifold", str(run), "--pairs", "1",
+                                 "--radius", "1"])
+    assert result.exit_code == 1 and "not their sources" in result.stderr
+    assert not (run / "analysis").exists()
+
+
+def test_a_cross_validation_runs_held_out_rows_keep_their_meta(tmp_path):
+    """A fold run's test rows come with their meta (MultiMNIST's first digits and
+    second labels); they were dropped, and the manifold test overlaid two-digit images."""
+    from capsmed.evaluate.analyses.common import load_samples
+    from capsmed.runs import open_run
+
+    data, image_a = _two_digit_file(tmp_path / "cv.h5", "all", folds=np.arange(6) % 2)
+    run = _checkpoint(tmp_path / "caps", "capsnet", data, **TINY_CAPSNET)
+    np.save(run / "test_indices.npy", np.array([0, 2, 4]))
+    np.save(run / "train_indices.npy", np.array([1, 3, 5]))
+    samples = load_samples(open_run(run, device="cpu"), "test", with_meta=True)
+    assert samples.labels.tolist() == [0, 0, 0]
+    assert samples.meta["label2"].tolist() == [1, 1, 1]
+    np.testing.assert_array_equal(single_digits(samples), image_a[[0, 2, 4]])
+
+
+@pytest.mark.parametrize("radius, step", [(7, 4), (10, 4)])
+def test_offsets_that_move_the_digit_off_the_image_are_refused(tiny_h5, tmp_path, radius,
+                                                               step):
+    """At 28 px the moving digit left the canvas whole (a grid of the fixed digit alone,
+    scored without a word), and beyond it the shift failed with a traceback."""
+    run = _checkpoint(tmp_path / "caps", "capsnet", tiny_h5, **TINY_CAPSNET)
+    result = runner.invoke(app, ["-q", "analyze", "manifold", str(run), "--pairs", "1",
+                                 "--radius", str(radius), "--step", str(step)])
+    assert result.exit_code == 1 and "off the 28 px image" in result.stderr
+    assert not (run / "analysis").exists()

@@ -178,3 +178,36 @@ def test_transfer_copies_batch_norm_statistics_with_the_weights(tmp_path):
     thawed(torch.randn(4, 1, 28, 28))
     assert not torch.equal(dict(thawed.named_modules())[name].running_mean,
                            norm.running_mean)
+
+
+def test_unfinished_or_changed_sources_are_refused(tiny_h5, tmp_path):
+    """A base run still training lent the layers of an intermediate epoch, and after it
+    changed a rerun reused AnB runs holding the old layers."""
+    from capsmed.train.loop import TrainingInterrupted
+
+    def base(name, seed, epochs=1, **stop):
+        cfg = TrainConfig(data=str(tiny_h5), arch="capsnet", epochs=epochs, batch_size=8,
+                          steps_per_epoch=1, patience=None, seed=seed,
+                          out=str(tmp_path / name),
+                          model_kwargs=TINY_CAPSNET)
+        try:
+            return train(cfg, disable_progress=True, **stop)
+        except TrainingInterrupted:
+            return tmp_path / name
+
+    given = base("given", 5, epochs=3, stop_after_steps=2)  # epoch 1 of 3 kept, resumable
+    out = tmp_path / "transfer"
+    args = ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b", str(tiny_h5),
+            "--base-a", str(given), "--base-b", str(given), "--layers", "conv.0", "--out",
+            str(out), *FAST, *TINY_ARGS]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "its training has not finished" in result.stderr
+    assert not out.exists()
+
+    shutil.rmtree(given)
+    shutil.copytree(base("first", 5), given)
+    assert runner.invoke(app, args).exit_code == 0
+    shutil.rmtree(given)  # the source is trained again: other weights
+    shutil.copytree(base("second", 6), given)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "A1B: its frozen layers" in result.stderr

@@ -48,7 +48,7 @@ from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.evaluate.analyses.configs import AffineConfig
 from capsmed.figures import pyplot, save_figure
-from capsmed.runs import OpenRun, open_run
+from capsmed.runs import OpenRun
 
 log = logging.getLogger(__name__)
 
@@ -297,11 +297,12 @@ def analyze_affine(run_dir: Path, data: Path | None = None, affnist: Path | None
         The result and the folder written.
     """
     cfg = config or AffineConfig()
-    run = open_run(run_dir, data, device)
+    run = common.open_analysed(run_dir, data, device)
     if affnist is not None:  # fail before the long part
         check_affnist(run, Path(affnist))
-    common.refuse_two_label(run.data_path, cfg.split, "affine")
-    samples = common.load_samples(run, cfg.split, max_samples=cfg.max_samples, seed=cfg.seed)
+    samples = common.load_samples(run, cfg.split, with_meta=True,
+                                  max_samples=cfg.max_samples, seed=cfg.seed)
+    common.refuse_two_label(samples, run.data_path, cfg.split, "affine")
     result = affine_robustness(run.model, samples.images, samples.labels, run.device, cfg)
     if affnist is not None:
         result.affnist = affnist_accuracy(run, Path(affnist), cfg.batch_size)

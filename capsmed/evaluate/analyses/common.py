@@ -19,12 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsmed.data.contract import SECOND_LABEL, SplitData, is_two_label, load_split
+from capsmed.data.contract import SECOND_LABEL, SplitData, load_split
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.models.common import ModelOutput
-from capsmed.runs import OpenRun
-from capsmed.train.run_data import TEST_ROWS
+from capsmed.runs import OpenRun, open_run
+from capsmed.runs.rows import read_rows
+from capsmed.train.run_data import CV_SPLIT, TEST_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,18 @@ ANALYSIS_DIR = "analysis"
 # A transform applied to a float batch [B, C, H, W] in [0, 1]; ``start`` is the index of
 # the batch's first image, so per-image parameters drawn up front can be looked up.
 BatchTransform = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def open_analysed(run_dir: Path, data: Path | None = None,
+                  device: str | torch.device = "auto") -> OpenRun:
+    """:func:`capsmed.runs.open_run`, warning (as ``capsmed evaluate`` does) when the
+    run's training has not finished: its checkpoint is of an intermediate epoch."""
+    run = open_run(run_dir, data, device)
+    if run.unfinished:
+        log.warning("%s: its training has not finished (resume.pt is there), so this "
+                    "analyses the epoch %s checkpoint; after capsmed train --resume %s, "
+                    "analyse again", run.run_dir, run.meta.get("epoch"), run.run_dir)
+    return run
 
 
 def load_samples(run: OpenRun, split: str = "test", with_meta: bool = False,
@@ -43,6 +56,12 @@ def load_samples(run: OpenRun, split: str = "test", with_meta: bool = False,
     """
     if split == "test" and (run.run_dir / TEST_ROWS).is_file() and run.own_data:
         samples = run.samples(split)
+        if with_meta:  # the held-out rows' meta (MultiMNIST's second label and sources)
+            whole = load_split(run.data_path, CV_SPLIT, with_meta=True)
+            rows = read_rows(run.run_dir / TEST_ROWS, len(whole),
+                             f"{run.data_path}'s split '{CV_SPLIT}'")
+            samples = SplitData(samples.images, samples.labels, samples.groups,
+                                {k: v[rows] for k, v in whole.meta.items()})
     else:
         samples = load_split(run.data_path, split, with_meta=with_meta)
     if not len(samples):
@@ -106,10 +125,12 @@ def two_digit_hits(scores: np.ndarray, first: np.ndarray, second: np.ndarray
     return a & b, a, b
 
 
-def refuse_two_label(path: Path, split: str, analysis: str) -> None:
-    """Refuse a two-label split for an analysis that scores one class per image: its
-    top-1 accuracy would only ask whether the first digit ranks highest."""
-    if is_two_label(path, split):
+def refuse_two_label(samples: SplitData, path: Path, split: str, analysis: str) -> None:
+    """Refuse two-label ``samples`` (loaded with their meta) for an analysis that scores
+    one class per image: its top-1 accuracy would only ask whether the first digit ranks
+    highest. Checked on the samples, not the file: a cross-validation run's ``test`` is
+    its held-out rows of the file's ``all`` split."""
+    if SECOND_LABEL in samples.meta:
         raise CapsmedError(f"{path}: split '{split}' has two labels per image ({SECOND_LABEL}"
                            f"); analyze {analysis} scores one class per image, so use "
                            "capsmed analyze multimnist for two-digit accuracy")

@@ -47,7 +47,6 @@ from capsmed.evaluate.analyses.configs import (
     CompactnessConfig,
 )
 from capsmed.figures import pyplot, save_figure
-from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +172,7 @@ def analyze_compactness(run_dir: Path, config: CompactnessConfig | None = None,
     """Compactness scores of ``run_dir``'s checkpoint; writes
     ``RUN_DIR/analysis/compactness/``. Returns the record and the folder."""
     cfg = config or CompactnessConfig()
-    run = open_run(run_dir, data, device)
+    run = common.open_analysed(run_dir, data, device)
     samples = common.load_samples(run, cfg.split, max_samples=cfg.max_samples, seed=cfg.seed)
     describe, results = semantic_compactness(run.model, samples.images, samples.labels,
                                              run.device, cfg)

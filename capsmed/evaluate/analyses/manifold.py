@@ -45,12 +45,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsmed.data.contract import SplitData
+from capsmed.data.contract import SECOND_LABEL, SplitData
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.evaluate.analyses.configs import ManifoldConfig
 from capsmed.figures import pyplot, save_figure
-from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +95,23 @@ def translation_grid(fixed: np.ndarray, moving: np.ndarray, radius: int = 4, ste
     return images, offsets
 
 
-def single_digits(samples: SplitData) -> np.ndarray:
+def single_digits(samples: SplitData, origin: str = "the data") -> np.ndarray:
     """One centred object per sample: MultiMNIST's first digits moved back to the
-    centre, or the images themselves."""
+    centre, or the images themselves.
+
+    Raises:
+        CapsmedError: two-digit images without their first digits stored (``preprocess
+            multimnist --no-store-sources``): each image holds two digits, not one.
+    """
     meta = samples.meta
     if "image_a" in meta and "shift_a" in meta:
         return np.stack([shift_image(im, -int(dy), -int(dx))
                          for im, (dy, dx) in zip(meta["image_a"], meta["shift_a"], strict=True)])
+    if SECOND_LABEL in meta:
+        raise CapsmedError(f"{origin}: its images hold two digits ({SECOND_LABEL}) but not "
+                           "their sources (meta/image_a, meta/shift_a), and the manifold "
+                           "test needs single digits; make the file without "
+                           "--no-store-sources, or pass --data with single-digit images")
     return samples.images
 
 
@@ -268,9 +277,14 @@ def analyze_manifold(run_dir: Path, config: ManifoldConfig | None = None,
     """Paper 003's manifold test of ``run_dir``; writes ``RUN_DIR/analysis/manifold/``.
     Returns the record and the folder."""
     cfg = config or ManifoldConfig()
-    run = open_run(run_dir, data, device)
+    run = common.open_analysed(run_dir, data, device)
+    side = min(run.input_shape[1:])
+    if cfg.radius * cfg.step >= side:  # the moving digit would leave the canvas whole
+        raise CapsmedError(f"--radius {cfg.radius} x --step {cfg.step} px shifts the moving "
+                           f"digit by up to {cfg.radius * cfg.step} px, off the {side} px "
+                           "image; give a smaller radius or step")
     samples = common.load_samples(run, cfg.split, with_meta=True)
-    digits = single_digits(samples)
+    digits = single_digits(samples, f"{run.data_path}: split '{cfg.split}'")
     rows, panels, first_grid = [], [], None
     for fixed, moving in choose_pairs(samples.labels, cfg.pairs, cfg.seed):
         a, b = digits[fixed], digits[moving]

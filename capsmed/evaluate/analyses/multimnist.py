@@ -20,11 +20,11 @@ from capsmed.evaluate.analyses.common import (
     analysis_dir,
     class_scores,
     load_samples,
+    open_analysed,
     two_digit_hits,
     write_csv,
     write_json,
 )
-from capsmed.runs import open_run
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def analyze_multimnist(run_dir: Path, device: str = "auto", data: Path | None = 
                        split: str = "test", batch_size: int = 256) -> tuple[MultiMnistResult,
                                                                              Path]:
     """Two-digit accuracy of ``run_dir`` on a two-label (MultiMNIST) split."""
-    run = open_run(run_dir, data, device)
+    run = open_analysed(run_dir, data, device)
     samples = load_samples(run, split, with_meta=True)
     if SECOND_LABEL not in samples.meta:
         raise CapsmedError(f"{run.data_path}: split '{split}' has no second label (meta "

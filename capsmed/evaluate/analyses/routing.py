@@ -34,10 +34,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from capsmed.data.contract import SECOND_LABEL
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import pyplot, save_figure
-from capsmed.runs import open_run
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,9 @@ class RoutingResult:
             (:data:`SWEEP`; the trained count marked ``trained``): ``iterations``,
             ``accuracy``, ``entropy``, ``normalised`` and ``agreement``, the share of
             test images given the trained count's class.
+        two_label: The split holds two digits per image (MultiMNIST): ``accuracy`` is
+            the two-digit accuracy (both digits in the top two, as ``analyze
+            multimnist``) and ``agreement`` compares the top two classes.
     """
 
     run_dir: str
@@ -71,6 +74,7 @@ class RoutingResult:
     per_class: dict[str, dict[str, float]]
     samples: int
     by_iterations: list[dict[str, float]] = field(default_factory=list)
+    two_label: bool = False
 
 
 def read_entropy_curve(run_dir: Path) -> list[dict[str, Any]]:
@@ -139,14 +143,26 @@ def routed_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, RoutedCapsules)]
 
 
+def _predicted(model: nn.Module, images: np.ndarray, device: torch.device, batch_size: int,
+               second: np.ndarray | None) -> np.ndarray:
+    """Predicted classes [N]; for two-digit images the top two classes, sorted [N, 2]."""
+    if second is None:
+        return common.predict(model, images, device, batch_size)
+    scores = common.class_scores(model, images, device, batch_size)
+    return np.sort(np.argsort(-scores, axis=1, kind="stable")[:, :2], axis=1)
+
+
 @torch.no_grad()
 def iteration_sweep(model: nn.Module, images: np.ndarray, labels: np.ndarray,
                     device: torch.device, batch_size: int = 256,
-                    counts: tuple[int, ...] = SWEEP) -> list[dict[str, float]]:
+                    counts: tuple[int, ...] = SWEEP, second: np.ndarray | None = None
+                    ) -> list[dict[str, float]]:
     """Accuracy and coupling entropy of the kept checkpoint with each routing iteration
     count in ``counts`` (1: uniform couplings, no agreement step), the weights as
     trained. Tells whether the agreement steps change what the model predicts; empty
-    for a model without a routing layer whose count can be set."""
+    for a model without a routing layer whose count can be set. With ``second`` labels
+    (two digits per image) the accuracy is the two-digit accuracy and the agreement
+    compares the top two classes."""
     layers = routed_layers(model)
     if not layers:
         return []
@@ -157,9 +173,11 @@ def iteration_sweep(model: nn.Module, images: np.ndarray, labels: np.ndarray,
             for layer in layers:
                 layer.iterations = count
             entropy, _, upper = checkpoint_entropy(model, images, device, batch_size)
-            predicted = common.predict(model, images, device, batch_size)
+            predicted = _predicted(model, images, device, batch_size, second)
+            right = (predicted == labels if second is None else
+                     (predicted == np.sort(np.stack([labels, second], 1), axis=1)).all(1))
             rows.append({"iterations": count, "trained": count == trained[0],
-                         "accuracy": common.accuracy(predicted, labels),
+                         "accuracy": float(right.mean()) if len(right) else 0.0,
                          "entropy": float(entropy.mean()),
                          "normalised": float(entropy.mean() / math.log(upper))
                          if upper > 1 else 0.0, "predicted": predicted})
@@ -168,17 +186,20 @@ def iteration_sweep(model: nn.Module, images: np.ndarray, labels: np.ndarray,
             layer.iterations = count
     reference = next(r["predicted"] for r in rows if r["trained"])
     for r in rows:
-        r["agreement"] = float((r.pop("predicted") == reference).mean())
+        same = (r.pop("predicted") == reference).reshape(len(reference), -1).all(1)
+        r["agreement"] = float(same.mean())
     return rows
 
 
 def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
                     batch_size: int = 256) -> RoutingResult:
     """The routing entropy of one run over training and at its kept checkpoint."""
-    run = open_run(run_dir, device=device)
+    run = common.open_analysed(run_dir, device=device)
     require_couplings(run.model, run.run_dir, run.arch)
     curve = read_entropy_curve(run.run_dir)
-    samples = common.load_samples(run, split)
+    samples = common.load_samples(run, split, with_meta=True)
+    second = samples.meta.get(SECOND_LABEL)  # two digits per image: two-digit accuracy
+    second = None if second is None else np.asarray(second, dtype=np.int64)
     per_sample, lower, upper = checkpoint_entropy(run.model, samples.images, run.device,
                                                   batch_size)
     log_j = math.log(upper) if upper > 1 else 1.0  # J = 1: entropy 0, nothing to normalise
@@ -192,14 +213,14 @@ def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
     for point in curve:
         point["normalised"] = point["routing_entropy"] / log_j
     sweep = iteration_sweep(run.model, samples.images, samples.labels, run.device,
-                            batch_size)
+                            batch_size, second=second)
     return RoutingResult(run_dir=str(run.run_dir), arch=run.arch,
                          layer=routing_layer_name(run.model), lower_capsules=lower,
                          upper_capsules=upper, curve=curve,
                          test_entropy=float(per_sample.mean()),
                          test_normalised=float(per_sample.mean() / log_j),
                          per_class=per_class, samples=len(per_sample),
-                         by_iterations=sweep)
+                         by_iterations=sweep, two_label=second is not None)
 
 
 def _labels(results: list[RoutingResult]) -> list[str]:

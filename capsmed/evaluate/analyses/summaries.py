@@ -69,7 +69,10 @@ def routing_tables(results: Sequence[RoutingResult], split: str) -> list[Table]:
             f"The kept checkpoint with other routing iteration counts ({split})",
             ["run", "iterations", "accuracy", "entropy", "normalised", "same class"],
             sweep, ["1 iteration: uniform couplings, no agreement step; same class: share "
-                    "of images given the trained count's class"], names=2))
+                    "of images given the trained count's class",
+                    *(["two digits per image: accuracy is the two-digit accuracy (both in "
+                       "the top two), same class compares the top two"]
+                      if any(r.two_label for r in results) else [])], names=2))
     return tables
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import yaml
 from torch import nn
 
@@ -136,9 +137,40 @@ def _check_trained_on(run_dir: Path, data: Path, what: str) -> None:
                            "pass a run trained on it, or remove it to train one")
 
 
+def _check_finished(run_dir: Path, what: str) -> None:
+    """Refuse a base run whose training has not finished: its checkpoint is of an
+    intermediate epoch, and the layers it lends would change when it is resumed."""
+    from capsmed.train.run_config import RESUME_FILE
+
+    if (Path(run_dir) / RESUME_FILE).is_file():
+        raise CapsmedError(f"{run_dir}: its training has not finished ({RESUME_FILE} is "
+                           f"there), so {what} would lend the layers of an intermediate "
+                           f"epoch; finish it first: capsmed train --resume {run_dir}")
+
+
+def _check_same_source(run_dir: Path, source: Path, prefixes: list[str]) -> None:
+    """Refuse to reuse a transfer run whose frozen layers are not its source's current
+    weights (the source was resumed or retrained since they were copied)."""
+    from safetensors.torch import load_file
+
+    from capsmed.train.run_config import WEIGHTS
+
+    if not (run_dir / WEIGHTS).is_file() or not (source / WEIGHTS).is_file():
+        return  # no checkpoint yet (resumed from its first epoch) or the source is gone
+    ours, theirs = load_file(str(run_dir / WEIGHTS)), load_file(str(source / WEIGHTS))
+    stale = [name for name, value in ours.items()
+             if any(name == p or name.startswith(p + ".") for p in prefixes)
+             and name in theirs and not torch.equal(value, theirs[name])]
+    if stale:
+        raise CapsmedError(f"{run_dir}: its frozen layers ({stale[0]}, ...) differ from "
+                           f"{source}'s checkpoint, which changed since they were copied; "
+                           "remove it to train it again from the current one")
+
+
 def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
     """Train ``cfg`` (a TrainConfig) unless its run directory already holds the same
-    finished run (reused) or an interrupted one (resumed)."""
+    finished run (reused) or an interrupted one (resumed); a transfer run only while
+    its frozen layers are still its source's weights."""
     from capsmed.train.engine import resume, train
 
     out = Path(cfg.out)
@@ -153,6 +185,8 @@ def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
             raise CapsmedError(f"{out}: holds a run with other options; choose another "
                                "--out or remove it")
         _check_trained_on(out, Path(cfg.data), "its data")
+        if cfg.transfer_from and cfg.freeze_transferred:
+            _check_same_source(out, Path(cfg.transfer_from), list(cfg.transfer_layers))
         if (out / "summary.json").is_file():
             log.info("reusing the finished run %s", out)
             return out
@@ -211,6 +245,7 @@ def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
     given = {t: Path(r) for t, r in (("A", cfg.base_a), ("B", cfg.base_b)) if r is not None}
     for task, run in given.items():  # "base B" must be a network trained on B
         _check_trained_on(run, Path(cfg.a if task == "A" else cfg.b), f"--{task.lower()}")
+        _check_finished(run, f"--base-{task.lower()}")
     bases = {t: (r, _meta(r)) for t, r in given.items()}
     archs = {meta["arch"] for _, meta in bases.values()} | ({cfg.arch} if cfg.arch else set())
     if len(archs) > 1:
