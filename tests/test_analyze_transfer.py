@@ -143,6 +143,16 @@ def test_networks_with_branches_or_shortcuts_need_named_layers(tiny_h5, tmp_path
     assert result.exit_code == 1 and "name the layers with --layers" in result.stderr
 
 
+@pytest.mark.parametrize("layers", ["conv.0,conv.0", "conv.0,conv.0.weight"])
+def test_a_layer_given_twice_is_refused(tiny_h5, tmp_path, layers):
+    """A repeated (or covered) prefix made A2B transfer what A1B did, silently."""
+    result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b",
+                                 str(tiny_h5), "--arch", "capsnet", "--layers", layers,
+                                 "--out", str(tmp_path / "t")])
+    assert result.exit_code == 1 and "is given twice" in result.stderr, result.output
+    assert not (tmp_path / "t").exists()
+
+
 def test_transfer_copies_batch_norm_statistics_with_the_weights(tmp_path):
     from capsmed.models import create_model
     from capsmed.train.checkpoint import save_checkpoint

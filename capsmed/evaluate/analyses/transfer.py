@@ -201,6 +201,13 @@ def _split_layers(items: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 def _check_layers(model: nn.Module, layers: list[tuple[str, ...]]) -> None:
     names = [n for n, _ in model.named_parameters()]
+    given = [p for layer in layers for p in layer]
+    for i, prefix in enumerate(given):  # A(k+1)B would transfer what AkB did
+        other = next((q for q in given[:i] if q == prefix or prefix.startswith(q + ".")
+                      or q.startswith(prefix + ".")), None)
+        if other is not None:
+            raise CapsmedError(f"--layers: '{prefix}' is given twice (or covers, or is "
+                               f"covered by, '{other}'); name each layer once")
     for layer in layers:
         for prefix in layer:
             if not any(n == prefix or n.startswith(prefix + ".") for n in names):
