@@ -197,6 +197,37 @@ def test_tiff_of_fewer_than_8_bits_is_scaled_to_full_range(tmp_path):
     assert read_image(tmp_path / "minisblack4.tif").max() == 255
 
 
+def test_tiff_of_12_bits_is_scaled_to_full_range(tmp_path):
+    """A 12-bit TIFF's 4095 is white (its BitsPerSample says so), not 16 of 255, in a
+    folder run and in the TUPAC16/AML readers' ``v >> 8`` alike."""
+    from capsmed.data.images import read_image, read_rgb_tiff, to_uint8
+
+    ramp = np.array([[0, 1365, 2730, 4095]], np.uint16).repeat(4, 0)
+    tifffile.imwrite(tmp_path / "grey12.tif", ramp, bitspersample=12)
+    tifffile.imwrite(tmp_path / "rgb12.tif", np.dstack([ramp] * 3), bitspersample=12,
+                     photometric="rgb")
+    path = tmp_path / "grey12.tif"
+    assert to_uint8(read_image(path), "full", path)[0].tolist() == [0, 85, 170, 255]
+    assert read_rgb_tiff(tmp_path / "rgb12.tif")[0, :, 1].tolist() == [0, 85, 170, 255]
+
+
+def test_a_tiff_stack_is_refused_not_read_as_its_first_page(tmp_path):
+    """A 3-channel ImageJ TIFF (a page per channel) is not its first channel in grey;
+    a reduced-resolution page (a pyramid, a thumbnail) is no stack."""
+    from capsmed.data.images import read_image
+
+    rgb = np.zeros((16, 16, 3), np.uint8)
+    rgb[..., 0], rgb[..., 2] = 200, 50
+    tifffile.imwrite(tmp_path / "channels.tif", np.moveaxis(rgb, -1, 0), imagej=True,
+                     metadata={"axes": "CYX"})
+    with pytest.raises(CapsmedError, match=r"channels.tif: a stack of 3 TIFF pages"):
+        read_image(tmp_path / "channels.tif")
+    with tifffile.TiffWriter(tmp_path / "pyramid.tif") as tif:
+        tif.write(rgb, metadata=None)
+        tif.write(rgb[::2, ::2], subfiletype=1, metadata=None)
+    assert np.array_equal(read_image(tmp_path / "pyramid.tif"), rgb)
+
+
 def test_exif_orientation_is_counted_in_a_warning(tmp_path, caplog):
     from PIL import Image
 

@@ -55,3 +55,42 @@ def test_level_and_mpp_are_refused_where_they_cannot_apply(tmp_path):
         cv2.imwrite(str(image), np.full((80, 80, 3), 200, np.uint8))
         with pytest.raises(CapsmedError, match="plain.png: a plain image"):
             make_recipe(TUPAC16, overrides).prepare(image, None)
+
+
+def test_a_grey_png_with_alpha_stays_grey_as_training_reads_it(tmp_path):
+    """OpenCV expands a grey + alpha PNG to BGRA: a colour recipe (DIARETDB1, TUPAC16)
+    must refuse it as it refuses the same image without alpha, and a class folder of
+    such images is grey, not RGB."""
+    from PIL import Image
+
+    from capsmed.data.sources.folder.config import FolderConfig
+    from capsmed.data.sources.folder.reader import load_image
+
+    grey = np.random.default_rng(2).integers(0, 256, (24, 24), dtype=np.uint8)
+    Image.fromarray(grey).save(tmp_path / "plain.png")
+    Image.fromarray(np.dstack([grey, np.full_like(grey, 200)]), "LA").save(tmp_path / "la.png")
+    for name in ("plain.png", "la.png"):
+        with pytest.raises(CapsmedError, match=f"{name}: expected an RGB image"):
+            read_rgb(tmp_path / name)
+        image, _, native, _ = load_image(tmp_path / name, None, FolderConfig())
+        assert native == 1 and np.array_equal(image[0], grey), name
+
+
+def test_a_translucent_image_is_refused_by_runs_whose_sets_have_no_alpha(tmp_path):
+    """A digit drawn on a transparent canvas lives in its alpha channel; dropping the
+    alpha gave an MNIST model a black image. An opaque alpha is dropped as before."""
+    stroke = np.zeros((28, 28), np.uint8)
+    stroke[6:22, 12:16] = 255
+    drawn = np.dstack([np.zeros((28, 28, 3), np.uint8), stroke])  # black ink, in alpha
+    cv2.imwrite(str(tmp_path / "drawn.png"), drawn)
+    cv2.imwrite(str(tmp_path / "opaque.png"), np.dstack([np.dstack([stroke] * 3),
+                                                         np.full_like(stroke, 255)]))
+    mnist = DatasetRecord("mnist", tuple("0123456789"), 1, (28, 28), {"seed": 0})
+    blood = DatasetRecord("bloodmnist", tuple("abcdefgh"), 3, (28, 28), {},
+                          source_kind="medmnist")
+    for record in (mnist, blood):
+        recipe = make_recipe(record, Overrides())
+        with pytest.raises(CapsmedError, match="drawn.png: has transparent pixels"):
+            recipe.convert(tmp_path / "drawn.png")
+        image, _ = recipe.convert(tmp_path / "opaque.png")
+        assert np.array_equal(image[0], stroke), record.dataset

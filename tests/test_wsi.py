@@ -122,6 +122,23 @@ def test_synthetic_slides_are_pyramids_openslide_reads(tmp_path):
     assert tumour_tiles >= 3
 
 
+def test_a_16_bit_grey_plain_image_is_refused_not_clipped_to_white(tmp_path):
+    """Pillow's fallback slide reader clips 16-bit grey at 255: a ramp read as nearly all
+    white. An 8-bit image of the same ramp reads as itself."""
+    from capsmed.data.slides import on_white, open_slide
+
+    ramp = np.tile(np.linspace(0, 65535, 64).astype(np.uint16), (64, 1))
+    cv2.imwrite(str(tmp_path / "deep.png"), ramp)
+    cv2.imwrite(str(tmp_path / "flat.png"), (ramp >> 8).astype(np.uint8))
+    tifffile.imwrite(tmp_path / "deep.tif", ramp)
+    for name in ("deep.png", "deep.tif"):
+        with pytest.raises(CapsmedError, match=f"{name}: a 16-bit grey plain image"):
+            open_slide(tmp_path / name)
+    with open_slide(tmp_path / "flat.png") as slide:
+        rgb = on_white(slide.read_region((0, 0), 0, (64, 64)))
+    assert np.array_equal(rgb[..., 1], (ramp >> 8).astype(np.uint8))
+
+
 def test_generic_tiff_pyramid_reports_mpp_from_resolution_tags(tmp_path):
     info = describe_slide(_slide(tmp_path / "g.tiff", fmt="tiff", mpp=0.5))
     assert info.vendor == "generic-tiff" and info.mpp == 0.5

@@ -109,15 +109,19 @@ def read_tiff(path: Path) -> tuple[np.ndarray, tuple[int, ...]]:
 
     The pixels come back as (H, W) grey or (H, W, C) RGB(A) in their stored dtype:
     planar storage is moved to channels-last, MINISWHITE is inverted (0 is white
-    there) and a palette image is looked up in its colour map. An interpretation whose
+    there), a palette image is looked up in its colour map and samples of fewer bits
+    than their dtype (2-7, 9-15) are scaled to its full range. An interpretation whose
     samples are not grey or RGB (CMYK, Lab, uncompressed YCbCr, ...) is refused: read
-    as RGB it would be a different image.
+    as RGB it would be a different image. So is a stack (pages of channels, z or time):
+    its first page alone is not the image. A pyramid's or a thumbnail's extra pages are
+    not a stack.
     """
     check_image_file(path)
     with _tifffile_warnings() as warned:
         try:
             with tifffile.TiffFile(path) as tif:
                 page = tif.pages[0]
+                stack = tif.series[0] if tif.series else None
                 image = page.asarray()
                 kind, axes, bits = page.photometric, page.axes, page.bitspersample
                 extras = tuple(int(e) for e in page.extrasamples)
@@ -127,6 +131,11 @@ def read_tiff(path: Path) -> tuple[np.ndarray, tuple[int, ...]]:
                                f"{exc})") from exc
     if image.size == 0:  # tifffile warns (about a bad offset, ...) and reads nothing
         raise CapsmedError(f"{path}: cannot read TIFF ({'; '.join(warned) or 'no image'})")
+    if stack is not None and len(stack.pages) > 1:  # channels, z or time as pages
+        raise CapsmedError(f"{path}: a stack of {len(stack.pages)} TIFF pages (axes "
+                           f"{stack.axes}, shape {'x'.join(map(str, stack.shape))}), not "
+                           "one image; save each page, or an RGB composite of the "
+                           "channels, as its own file")
     for message in warned:
         log.debug("%s: %s", path, message)
     if image.ndim == 3 and axes.startswith("S"):
@@ -151,7 +160,16 @@ def read_tiff(path: Path) -> tuple[np.ndarray, tuple[int, ...]]:
     if kind != P.PALETTE and image.dtype == np.uint8 and 1 < bits < 8:
         # 2- to 7-bit samples come as 0..2**bits - 1: full scale is 255, as in a viewer
         image = np.rint(image * (255.0 / ((1 << bits) - 1))).astype(np.uint8)
+    elif kind != P.PALETTE and image.dtype == np.uint16 and 8 < bits < 16:
+        # 9- to 15-bit samples (a 12-bit camera) likewise: full scale is 65535, not 4095
+        image = np.rint(image * (65535.0 / ((1 << bits) - 1))).astype(np.uint16)
     return image, extras
+
+
+def _png_grey_alpha(data: np.ndarray) -> bool:
+    """Whether the bytes are a PNG whose header says grey + alpha (colour type 4)."""
+    return (len(data) > 25 and data[:8].tobytes() == b"\x89PNG\r\n\x1a\n"
+            and data[12:16].tobytes() == b"IHDR" and int(data[25]) == 4)
 
 
 def read_image(path: Path) -> np.ndarray:
@@ -159,6 +177,8 @@ def read_image(path: Path) -> np.ndarray:
 
     TIFF goes through tifffile (first page), everything else through OpenCV with
     ``IMREAD_UNCHANGED`` (so 16-bit and alpha survive; EXIF orientation is not applied).
+    A grey + alpha PNG comes back as (H, W, 2), as a TIFF does, not as OpenCV's BGRA:
+    it is a grey image, which colour-only readers refuse.
     """
     if path.suffix.lower() in (".tif", ".tiff"):
         image, _ = read_tiff(path)
@@ -181,6 +201,8 @@ def read_image(path: Path) -> np.ndarray:
                                f"a {path.suffix[1:].upper()} file)")
         if image.ndim == 3 and image.shape[-1] >= 3:  # OpenCV stores BGR(A)
             image = image[..., [2, 1, 0, *range(3, image.shape[-1])]]
+        if _png_grey_alpha(data) and image.ndim == 3 and image.shape[-1] == 4:
+            image = image[..., [0, 3]]  # OpenCV expands grey + alpha to BGRA: grey again
     if image.ndim not in (2, 3) or (image.ndim == 3 and not 1 <= image.shape[-1] <= 4):
         raise CapsmedError(f"{path}: expected a grey or colour 2-D image, got shape "
                            f"{image.shape}")

@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 SLIDE_SUFFIXES = (".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs",
                   ".svslide", ".bif", ".dcm", ".png", ".jpg", ".jpeg")
 
+# Pillow modes of more than 8 bits a sample: ImageSlide's read_region clips them to 8
+DEEP_MODES = {"I;16": "16-bit grey", "I;16B": "16-bit grey", "I;16L": "16-bit grey",
+              "I;16N": "16-bit grey", "I": "32-bit integer", "F": "floating-point"}
+
+
 @dataclass(frozen=True)
 class SlideInfo:
     """What a slide says about itself (all of it is recorded in the dataset file)."""
@@ -65,7 +70,16 @@ def open_slide(path: Path) -> Any:
     if not path.is_file():
         raise CapsmedError(f"{path}: no such slide file")
     try:
-        return openslide.open_slide(str(path))
+        slide = openslide.open_slide(str(path))
+        if isinstance(slide, openslide.ImageSlide):
+            with Image.open(path) as image:
+                mode = image.mode
+            if mode in DEEP_MODES:  # Pillow's RGBA conversion clips these at 255
+                slide.close()
+                raise CapsmedError(f"{path}: a {DEEP_MODES[mode]} plain image, whose "
+                                   "values the slide reader would clip at 255; save it as "
+                                   "8-bit or as a pyramidal TIFF")
+        return slide
     except Image.DecompressionBombError as exc:
         raise CapsmedError(f"{path}: plain image too large for Pillow; convert it to a "
                            f"pyramidal TIFF ({exc})") from None

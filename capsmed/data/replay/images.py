@@ -45,6 +45,18 @@ def alpha_on_white(image: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(colour), 0, 255).astype(np.uint8)
 
 
+def opaque(path: Path, image: np.ndarray, dataset: str) -> np.ndarray:
+    """(H, W[, C]) uint8 without its alpha channel (C 2 or 4), refused when a pixel is
+    not opaque: a set without alpha (MNIST, MedMNIST) never showed the colour under a
+    transparent pixel, which is often black, or the whole picture is in the alpha."""
+    if image.ndim != 3 or image.shape[-1] not in (2, 4):
+        return image
+    if int(image[..., -1].min()) < 255:
+        raise CapsmedError(f"{path}: has transparent pixels, but {dataset} images have no "
+                           "alpha channel; flatten the image onto its background first")
+    return image[..., :-1]
+
+
 def read_rgb(path: Path) -> np.ndarray:
     """Any colour image file as (H, W, 3) uint8 RGB (TIFF as the TUPAC16 reader reads it;
     other formats with 16 bits scaled as it does)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from capsmed.data.images import read_image, to_uint8
-from capsmed.data.replay.images import WholeImage
+from capsmed.data.replay.images import WholeImage, opaque
 from capsmed.errors import CapsmedError
 
 
@@ -24,9 +24,7 @@ class MedmnistImage(WholeImage):
     """One MedMNIST image file (PNG, JPEG, TIFF, ...)."""
 
     def convert(self, path: Path) -> tuple[np.ndarray, tuple[int, int]]:
-        image = to_uint8(read_image(path), "full", path)
-        if image.ndim == 3 and image.shape[-1] in (2, 4):  # alpha: MedMNIST has none
-            image = image[..., :-1]
+        image = opaque(path, to_uint8(read_image(path), "full", path), self.record.dataset)
         image = image if image.ndim == 3 else image[..., None]
         h, w = image.shape[:2]
         if (h, w) != self.shape:

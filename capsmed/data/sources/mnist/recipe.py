@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from capsmed.data.images import convert_channels, read_image, resize_image, to_uint8
-from capsmed.data.replay.images import WholeImage
+from capsmed.data.replay.images import WholeImage, opaque
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,8 @@ class DigitImage(WholeImage):
 
     def grey(self, path: Path) -> np.ndarray:
         """The file as grey (H, W, 1) uint8, warned about when it looks dark on light."""
-        image = convert_channels(to_uint8(read_image(path), "full", path), 1)
+        image = to_uint8(read_image(path), "full", path)
+        image = convert_channels(opaque(path, image, self.record.dataset), 1)
         if image.mean() > 127:  # the digit sets are light strokes on black
             log.warning("%s: mostly light (mean %.0f of 255), but %s images are light "
                         "strokes on a black background; invert the image if its strokes "
