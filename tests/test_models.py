@@ -92,6 +92,29 @@ def test_too_small_input_and_unknown_options_fail_clearly():
         create_model("alexnet")
 
 
+@pytest.mark.parametrize("name, kwargs, text", [
+    # a third width was dropped: the run recorded widths [3, 4, 5] for a 2-conv LeNet
+    ("lenet", {"widths": (3, 4, 5)}, "lenet widths must be two numbers"),
+    ("convnet-avg", {"channels": (4, 4, 8)}, "convnet-avg channels must be two numbers"),
+    # kernel_size 0 / false fell back to the 9x9 defaults, true built 1x1 kernels
+    ("capsnet", {"kernel_size": 0}, "kernel_size must be a positive integer, got 0"),
+    ("capsnet", {"kernel_size": True}, "kernel_size must be a positive integer, got True"),
+    ("aff-capsnet", {"kernel_size": False}, "kernel_size must be a positive integer"),
+    # a negative rate meant no dropout; with no hidden layer dropout had nowhere to go
+    ("baseline", {"dropout": -0.5}, r"dropout must be within \[0, 1\), got -0.5"),
+    ("convnet-fc", {"hidden": ()}, "with hidden=\\[\\] it has no effect"),
+    # routed once, as 0 or 1 iterations, instead of refused (capsnet refuses it)
+    ("parallel-dr", {"routing_iters": -1}, "routing_iters must be >= 0, got -1"),
+    # em-capsnet refuses these; parallel-em trained with constant / inverted activations
+    ("parallel-em", {"final_lambda": 0.0}, "final_lambda must be > 0, got 0.0"),
+    ("parallel-em", {"final_lambda": -0.01}, "final_lambda must be > 0"),
+    ("parallel-em", {"pose": 1}, "pose must be >= 2"),
+])
+def test_option_values_the_model_would_not_use_as_given_are_refused(name, kwargs, text):
+    with pytest.raises(CapsmedError, match=text):
+        create_model(name, num_classes=3, **{**TINY.get(name, {}), **kwargs})
+
+
 def test_squash_matches_hand_values():
     s = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
     v = squash(s)

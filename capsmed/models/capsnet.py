@@ -93,6 +93,18 @@ class CapsNet(CapsmedModel):
                            couplings=couplings)
 
 
+def _kernels(kernel_size: int | None, conv_kernel: int, primary_kernel: int
+             ) -> tuple[int, int]:
+    """Both convolutions' kernels: ``kernel_size`` for both when given (checked here:
+    its default None exempts it from the type check, and 0 or false must not fall
+    back to the 9x9 defaults unnoticed)."""
+    if kernel_size is None:
+        return conv_kernel, primary_kernel
+    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1:
+        raise CapsmedError(f"kernel_size must be a positive integer, got {kernel_size!r}")
+    return kernel_size, kernel_size
+
+
 @register_model("capsnet", paper="Sabour et al. 2017; paper 000 Table 1 (8.2M at 28x28)")
 def capsnet(in_channels: int = 1, num_classes: int = 10,
             input_size: int | tuple[int, int] = 28, conv_channels: int = 256,
@@ -109,10 +121,11 @@ def capsnet(in_channels: int = 1, num_classes: int = 10,
     ``kernel_size`` sets both convolutions' kernels at once (paper 004 Table 3; the same
     name as the ConvNets' option, so one sweep covers every model).
     """
+    conv_kernel, primary_kernel = _kernels(kernel_size, conv_kernel, primary_kernel)
     return CapsNet(in_channels, num_classes, as_size(input_size),
-                   conv_channels=conv_channels, conv_kernel=kernel_size or conv_kernel,
+                   conv_channels=conv_channels, conv_kernel=conv_kernel,
                    primary_types=primary_types, primary_dim=primary_dim,
-                   primary_kernel=kernel_size or primary_kernel, class_dim=class_dim,
+                   primary_kernel=primary_kernel, class_dim=class_dim,
                    routing=routing,
                    routing_iters=routing_iters, routing_eta=routing_eta,
                    grad_through_routing=grad_through_routing,
@@ -139,10 +152,11 @@ def aff_capsnet(in_channels: int = 1, num_classes: int = 10,
     CapsNet row (13,475,648 -> "13.5M") shows it rounds, so the ~0.1M gap is left
     documented rather than guessed away.
     """
+    conv_kernel, primary_kernel = _kernels(kernel_size, conv_kernel, primary_kernel)
     return CapsNet(in_channels, num_classes, as_size(input_size),
-                   conv_channels=conv_channels, conv_kernel=kernel_size or conv_kernel,
+                   conv_channels=conv_channels, conv_kernel=conv_kernel,
                    primary_types=primary_types, primary_dim=primary_dim,
-                   primary_kernel=kernel_size or primary_kernel, class_dim=class_dim,
+                   primary_kernel=primary_kernel, class_dim=class_dim,
                    routing="none",
                    routing_iters=1, routing_eta=1.0, grad_through_routing=True,
                    shared_transform=True, squash=squash,

@@ -43,6 +43,11 @@ class ConvNetFC(CapsmedModel):
         super().__init__()
         if padding not in ("same", "valid"):
             raise CapsmedError(f"padding must be 'same' or 'valid', got '{padding}'")
+        if not 0.0 <= dropout < 1.0:  # a negative rate would silently mean no dropout
+            raise CapsmedError(f"dropout must be within [0, 1), got {dropout}")
+        if dropout > 0 and not hidden:
+            raise CapsmedError("dropout follows the first hidden FC layer; with hidden=[] "
+                               "it has no effect: give dropout=0 or a hidden layer")
         self.standardize = Standardize(in_channels, input_mean, input_std)
         h, w = input_size
         shrink = 0 if padding == "same" else len(channels) * (kernel_size - 1)
@@ -80,6 +85,9 @@ class ConvNetAvg(CapsmedModel):
                  channels: tuple[int, int], kernel_size: int,
                  input_mean: list[float] | None, input_std: list[float] | None) -> None:
         super().__init__()
+        if len(channels) != 2:  # two convolutions: a third width would be dropped unseen
+            raise CapsmedError(f"convnet-avg channels must be two numbers (its two "
+                               f"convolutions), got {list(channels)}")
         h, w = input_size
         need = 2 * kernel_size - 1
         if h < need or w < need:

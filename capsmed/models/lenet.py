@@ -23,6 +23,9 @@ class LeNet(CapsmedModel):
                  input_mean: list[float] | None = None,
                  input_std: list[float] | None = None) -> None:
         super().__init__()
+        if len(widths) != 2:  # two convolutions: a third width would be dropped unseen
+            raise CapsmedError(f"lenet widths must be two numbers (its two convolutions), "
+                               f"got {list(widths)}")
         self.standardize = Standardize(in_channels, input_mean, input_std)
         h, w = input_size
         fh, fw = (h // 2 - 4) // 2, (w // 2 - 4) // 2

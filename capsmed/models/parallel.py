@@ -95,6 +95,8 @@ class ParallelDRCapsNet(CapsmedModel):
             raise CapsmedError(f"capsule_layers must be 2, 3 or 4, got {capsule_layers}")
         if mid_caps < 1:
             raise CapsmedError(f"mid_caps must be >= 1, got {mid_caps}")
+        if routing_iters < 0:  # RoutedCapsules would quietly run a negative count as 1
+            raise CapsmedError(f"routing_iters must be >= 0, got {routing_iters}")
         if capsule_layers == 2:  # paper 001: primary capsules shortened by the branch count
             primary_dim = max(4, primary_dim // branches)
         h, w = input_size
@@ -236,6 +238,11 @@ class ParallelEMCapsNet(CapsmedModel):
             raise CapsmedError(f"branches must be >= 1, got {branches}")
         if capsule_layers not in (2, 3, 4):
             raise CapsmedError(f"capsule_layers must be 2, 3 or 4, got {capsule_layers}")
+        # as em-capsnet: a lambda <= 0 fixes or inverts every activation, pose 1 is no matrix
+        if final_lambda <= 0:
+            raise CapsmedError(f"final_lambda must be > 0, got {final_lambda}")
+        if pose < 2:
+            raise CapsmedError(f"pose must be >= 2 (a pose x pose matrix), got {pose}")
         types = primary_types if capsule_layers > 2 else max(1, primary_types // branches)
         blocks = 2 if capsule_layers == 2 else 1
         h, w = input_size

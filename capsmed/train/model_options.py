@@ -39,7 +39,8 @@ def check_model_kwargs(arch: str, kwargs: dict[str, Any]) -> None:
 # (architectures, option, value that makes them inert, the options then without effect)
 INERT = (
     (("capsnet",), "routing", "em", ("routing_eta", "grad_through_routing")),
-    (("capsnet",), "routing", "none", ("routing_iters", "routing_eta")),
+    (("capsnet",), "routing", "none", ("routing_iters", "routing_eta",
+                                        "grad_through_routing")),
     (("em-capsnet",), "capsule_layers", 2, ("mid_types",)),
     (("parallel-dr",), "capsule_layers", 2, ("mid_caps", "mid_dim")),
     (("parallel-dr",), "capsule_layers", 3, ("mid_caps",)),

@@ -102,6 +102,8 @@ def test_the_check_forward_leaves_the_seeded_run_unchanged(toy_h5, tmp_path):
      "capsnet: routing_eta, grad_through_routing have no effect with routing=em"),
     ("capsnet", {"routing": "none", "routing_iters": 5},
      "capsnet: routing_iters has no effect with routing=none"),
+    ("capsnet", {"routing": "none", "grad_through_routing": False},  # one uniform pass
+     "capsnet: grad_through_routing has no effect with routing=none"),
     ("em-capsnet", {"mid_types": 8}, "em-capsnet: mid_types has no effect with "
      "capsule_layers=2"),
     ("parallel-dr", {"mid_caps": 4}, "parallel-dr: mid_caps has no effect with "
