@@ -47,3 +47,37 @@ def test_scalars_are_grouped_and_options_are_hparams(tiny_h5, tmp_path):
     assert events.Scalars("best/val_loss")[-1].value == pytest.approx(best["val_loss"])
     assert events.Scalars("final/train_loss")[-1].value == \
         pytest.approx(records[-1]["train_loss"])
+
+
+def test_a_run_resumed_after_a_crash_shows_each_epoch_once(tiny_h5, tmp_path, monkeypatch):
+    """A run killed after its last saved state (here: the start) had logged epochs 1-2;
+    resumed, it logs them again. TensorBoard shows each epoch once, as metrics.jsonl
+    does, not both attempts' values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from capsmed.train import handlers as handlers_module
+    from capsmed.train.engine import resume
+    from capsmed.train.handlers import HANDLERS, LoopHandler
+
+    class NodeLost(LoopHandler):  # after TensorBoard, before the resumable state
+        @classmethod
+        def create(cls, run):
+            return cls()
+
+        def on_epoch_end(self, loop):
+            if loop.record["epoch"] == 2:
+                raise RuntimeError("node lost")
+
+    run = tmp_path / "tb"
+    monkeypatch.setattr(handlers_module, "HANDLERS", (*HANDLERS[:-1], NodeLost, HANDLERS[-1]))
+    with pytest.raises(RuntimeError, match="node lost"):
+        train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=3, batch_size=16,
+                          tensorboard=True, out=str(run), model_kwargs=TINY_LENET),
+              disable_progress=True)
+    monkeypatch.setattr(handlers_module, "HANDLERS", HANDLERS)
+    resume(run, disable_progress=True)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss/train")] == \
+        [(r["epoch"], pytest.approx(r["train_loss"])) for r in records]

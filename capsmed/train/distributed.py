@@ -4,7 +4,9 @@
 ``LOCAL_RANK``; :func:`setup` then joins the process group (NCCL on CUDA, gloo on
 CPU). Every rank draws the same global batch from the same seeded sampler and trains
 on its share ``batch[rank::world]``; DistributedDataParallel averages the gradients,
-so a run on N devices follows the single-device run with the same global batch.
+each rank's loss weighted by its share's size (shares of a batch that does not split
+evenly differ by one sample; one can be empty), so a run on N devices follows the
+single-device run with the same global batch.
 """
 
 from __future__ import annotations
@@ -72,6 +74,16 @@ class Distributed:
         box = [text]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def broadcast_buffers(self, module: torch.nn.Module) -> None:
+        """Rank 0's buffers (BatchNorm's running statistics) on every rank, in place.
+        DDP sends them at the start of each training forward only, so after an epoch's
+        last step each rank holds the statistics of its own share: validated with
+        those, each rank's part of the validation loss would be another model's than
+        the checkpoint rank 0 writes."""
+        if self.enabled:
+            for buffer in module.buffers():
+                dist.broadcast(buffer, src=0)
 
     def barrier(self) -> None:
         if self.enabled:

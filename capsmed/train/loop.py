@@ -104,6 +104,7 @@ class TrainingLoop:
         self.in_epoch = False
         self._epoch_started = 0.0
         self._sampler_state = run.sampler.generator.get_state()
+        self._job_sums: tuple[int, list[float]] = (-1, [])  # see _sum_over_ranks
         self.handlers: list[LoopHandler] = []
 
     @property
@@ -137,6 +138,7 @@ class TrainingLoop:
             self._emit("on_step")
             if p.step % CHECK_EVERY == 0 or p.step == len(run.sampler):
                 self._check_finite()
+                self._sum_over_ranks()
                 self._emit("on_check")
             if self.stop_reason and p.step < len(run.sampler):
                 self._stop(f"at epoch {p.epoch}, step {p.step}")
@@ -158,9 +160,25 @@ class TrainingLoop:
         if not self.in_epoch:
             return self.progress, self.run.sampler.generator.get_state()
         loss_sum, correct = self.run.tally.sums.tolist()
+        seen = self.progress.seen
+        if self.run.ctx.enabled:  # the whole job's sums (rank 0 writes the state)
+            step, (loss_sum, correct, seen) = self._job_sums
+            assert step == self.progress.global_step, "job sums of another step"
         spent = self.progress.epoch_seconds + time.perf_counter() - self._epoch_started
         return (dataclasses.replace(self.progress, loss_sum=loss_sum, correct=correct,
-                                    epoch_seconds=spent), self._sampler_state)
+                                    seen=int(seen), epoch_seconds=spent),
+                self._sampler_state)
+
+    def _sum_over_ranks(self) -> None:
+        """Under torchrun, the epoch's partial sums over every rank (a collective: every
+        rank calls it at the same step), which :meth:`resume_point` saves: each rank's
+        own are only its share of the batches."""
+        run = self.run
+        if run.ctx.enabled:
+            seen = torch.tensor([float(self.progress.seen)], device=run.device,
+                                dtype=torch.float64)
+            sums = run.ctx.sum(torch.cat([run.tally.sums, seen])).tolist()
+            self._job_sums = (self.progress.global_step, sums)
 
     def _emit(self, event: str) -> None:
         for handler in self.handlers:
@@ -169,6 +187,7 @@ class TrainingLoop:
     def _stop(self, where: str) -> NoReturn:
         if self.in_epoch:
             self._check_finite()  # a state past a non-finite loss is never saved
+            self._sum_over_ranks()
         self._emit("on_stop")
         run_dir = self.run.run_dir
         raise TrainingInterrupted(f"{run_dir}: stopped ({self.stop_reason}) {where}; "
@@ -194,10 +213,14 @@ def _restore(run: Run, state: dict[str, Any] | None) -> Progress:
         run.train_step.scaler.load_state_dict(state["scaler"])
         run.sampler.generator.set_state(state["sampler"])
         restore_rng(state, run.settings.augment_rng)
-        return Progress(**state["progress"])
+        progress = Progress(**state["progress"])
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise CapsmedError(f"{run.run_dir / RESUME_FILE}: does not fit this run's model "
                            f"and options ({first_line(exc)})") from None
+    if not run.ctx.is_main:  # a partial epoch's saved sums are the whole job's (over
+        # every rank): rank 0 carries them on, the others start from 0
+        progress = dataclasses.replace(progress, loss_sum=0.0, correct=0.0, seen=0)
+    return progress
 
 
 def _kept(p: Progress) -> str:
@@ -221,6 +244,7 @@ def _finish_epoch(run: Run, p: Progress, started: float) -> dict[str, Any]:
                               "train_acc": totals[1] / max(1.0, totals[2]), "lr": lr,
                               "images_per_s": round(totals[2] / train_seconds, 1)}
     if run.val_data is not None:
+        ctx.broadcast_buffers(run.model)  # validate the model rank 0 keeps
         record.update(evaluate_loss(run, run.val_data))
     record["seconds"] = round(time.perf_counter() - started + p.epoch_seconds, 3)
     selection = record.get("val_loss", train_loss)

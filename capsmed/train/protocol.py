@@ -48,7 +48,11 @@ SESSION_OPTIONS = frozenset({"out", "device", "data_loading", "loader_workers",
 #     --transfer-from standardises inputs as the source run did; --per-class-limit
 #     without folds trains one pass over what it keeps, and a fraction on top of it as
 #     many steps as one pass over the limited set (as with folds).
-PROTOCOL_REVISION = 3
+#   4 (2026-11-27): under torchrun each rank's loss is weighed by its share of the
+#     batch (uneven shares were averaged evenly; an empty one stopped the run as NaN),
+#     a partial epoch's resumed sums are every rank's, and BatchNorm models validate
+#     with rank 0's statistics (those of the checkpoint it writes).
+PROTOCOL_REVISION = 4
 
 PROTOCOL_FIELDS = ("fraction", "imbalance", "augment", "augment_recipe", "sampler",
                    "class_weights", "folds", "per_class_limit", "transfer_layers",

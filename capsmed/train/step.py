@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from capsmed.data.loader import TwoLabels
@@ -194,14 +195,29 @@ class TrainStep:
             x = augment_batch(x, s.augment, s.augment_rng, share)
         out = forward(self.model, x, y, s)
         loss, correct = loss_and_correct(out, x, y, s)
+        objective = loss
+        if share is not None:  # torchrun: weighed by this rank's share of the batch
+            if len(y) == 0:  # a last batch smaller than the ranks left this one nothing:
+                # it still joins the gradient average, with 0 (its mean is 0/0)
+                loss = torch.nan_to_num(loss, nan=0.0)
+            objective = loss * _share_weight(len(y), share)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        self.scaler.scale(objective).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         loss = loss.detach()
         if self.tally is not None:
             self.tally.add(loss, correct, len(y))
         return loss, correct
+
+
+def _share_weight(n: int, share: tuple[int, torch.Tensor]) -> float:
+    """What this rank's mean loss over its ``n`` samples is weighted by so that the
+    gradient DistributedDataParallel averages over the ranks is the mean over the
+    global batch: ``n * world / size``. A global batch of a size that is not a multiple
+    of the ranks gives shares one sample apart; an even average of their means would
+    weigh the samples of the smaller shares more than the single process does."""
+    return n * dist.get_world_size() / share[0]
 
 
 class GraphedTrainStep:

@@ -41,10 +41,8 @@ class TensorBoard(LoopHandler):
     run's hyper-parameters at the end. Rank 0 only."""
 
     def __init__(self, run: Run) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
         self.run = run
-        self.writer: Any = SummaryWriter(log_dir=str(run.run_dir / "tensorboard"))
+        self.writer: Any = None
 
     @classmethod
     def create(cls, run: Run) -> TensorBoard | None:
@@ -59,6 +57,16 @@ class TensorBoard(LoopHandler):
         except ImportError:
             raise CapsmedError("--tensorboard needs the tensorboard package: pip install "
                                "'capsmed[tensorboard]'") from None
+
+    def on_start(self, loop: LoopState) -> None:
+        """Open the writer. A resumed run writes its epochs again from its state's
+        epoch on, and a run killed after its last saved state had written some of them
+        already: ``purge_step`` hides those (metrics.jsonl drops them too), else
+        TensorBoard shows both attempts' values at those epochs."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(self.run.run_dir / "tensorboard"),
+                                    purge_step=loop.progress.epoch)
 
     def on_epoch_end(self, loop: LoopState) -> None:
         record = loop.record
@@ -86,4 +94,5 @@ class TensorBoard(LoopHandler):
             self.writer.add_scalar(tag, value, step)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
