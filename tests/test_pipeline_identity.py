@@ -49,6 +49,11 @@ def test_a_dataset_digest_covers_content_not_bytes_or_time(tmp_path):
     with h5py.File(d, "a") as f:
         f.attrs["preprocessing"] = json.dumps({"size": 32})
     assert dataset_digest(d) != dataset_digest(a)  # the preprocessing record differs
+    e = _h5(tmp_path / "e.h5", "2024-01-01")
+    with h5py.File(e, "a") as f:  # made by another command line, with other versions
+        f.attrs["provenance"] = json.dumps({"command_line": "capsmed preprocess x -o e.h5",
+                                            "versions": {"torch": "9.9"}})
+    assert dataset_digest(e) == dataset_digest(a)
 
 
 def test_a_content_digest_is_kept_for_later_processes(tmp_path, monkeypatch):

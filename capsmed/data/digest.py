@@ -6,8 +6,8 @@ One place for both kinds (STYLE 14):
   and the data digest ``capsmed train`` records in a run's ``config.yaml``);
 * :func:`dataset_digest`: the *content* of a dataset file: every array (images,
   labels, groups, folds, per-sample metadata) and the file's record (class names,
-  preprocessing parameters, format), but not its bytes, its creation time or the
-  capsmed version that wrote it. A dataset remade with the same content keeps its
+  preprocessing parameters, format), but not its bytes, its creation time, the
+  capsmed version that wrote it or its provenance (command line, library versions). A dataset remade with the same content keeps its
   digest, so the pipeline runs that read it keep their identity.
 
 Both are cached in memory by (path, size, mtime, inode), so expanding a grid of
@@ -30,7 +30,7 @@ from capsmed.errors import CapsmedError
 CHUNK = 8 << 20
 ROWS = 4096  # rows of a dataset hashed at a time
 # File attributes that say when or by what a file was written, not what it holds.
-NOT_CONTENT = frozenset({"created", "capsmed_version", "source"})
+NOT_CONTENT = frozenset({"created", "capsmed_version", "source", "provenance"})
 _cache: dict[tuple[str, int, int, int], str] = {}
 _content: dict[tuple[str, int, int, int], str] = {}
 _store: Path | None = None
