@@ -407,3 +407,160 @@ def test_a_folder_a_stage_command_names_outside_out_is_an_input(tmp_path):
     (images / "b" / "1.png").unlink()
     (images / "b").rmdir()
     assert not execute.stage_done(state, stage)
+
+
+class _Cluster:
+    """A scheduler whose jobs outlive the runner: every job submitted stays queued."""
+
+    name, OPTIONS, detached, refresh_seconds = "slurm", frozenset(), True, 0.0
+
+    def __init__(self, out: Path) -> None:
+        from capsmed.pipeline.executors.base import ExecutorSettings
+
+        self.settings = ExecutorSettings(out, "smoke")
+        self.submitted: list[tuple[str, tuple[str, ...]]] = []
+        self.cancelled: list[str] = []
+        self.ended: dict = {}  # job id -> its final JobState (others stay queued)
+
+    def gpus_available(self):
+        return None
+
+    def submit(self, items, placed):
+        from capsmed.pipeline.work import Job
+
+        known, jobs = {k: j.job_id for k, j in placed.items()}, []
+        for item in items:
+            self.submitted.append((item.key, tuple(known[k] for k in item.after
+                                                   if k in known)))
+            jobs.append(Job(item.key, self.name, f"9_{len(self.submitted)}"))
+            known[item.key] = jobs[-1].job_id
+        return jobs
+
+    def poll(self, jobs):
+        from capsmed.pipeline.work import QUEUED, JobState
+
+        return {j.job_id: self.ended.get(j.job_id, JobState(QUEUED)) for j in jobs
+                if j.job_id not in self.cancelled}
+
+    def cancel(self, jobs):
+        self.cancelled += [j.job_id for j in jobs]
+
+
+def _detached_run(pipeline, state, cluster, runs, stages=()):
+    from types import SimpleNamespace
+
+    from capsmed.pipeline.follow import follow
+
+    items = work_items(pipeline, state, list(stages), runs, pipeline.runs, {}, None,
+                       lambda text: None, True)
+    follow(pipeline, state, cluster, items, SimpleNamespace(retries=1, detach=True),
+           RunBoard(pipeline.name, len(runs)))
+
+
+def test_a_live_job_of_other_options_is_replaced_not_adopted(tmp_path):
+    """--detach after a change of the runs' options re-attached to the queued jobs of the
+    old options ('submitted 0 job(s)'): they trained what the YAML no longer says."""
+    from types import SimpleNamespace
+
+    from capsmed.pipeline.follow import follow
+    from capsmed.pipeline.ledger import Ledger
+    from capsmed.pipeline.work import FINISHED, JobState
+
+    def epochs(n):
+        return lambda raw: (raw.pop("analyses"), raw["variables"].update(epochs=n))
+
+    pipeline, state = _pipeline(tmp_path, epochs(1))
+    first = _Cluster(pipeline.out)
+    _detached_run(pipeline, state, first, pipeline.runs[:2])
+    assert [k for k, _ in first.submitted] == [f"run:{r.label}" for r in pipeline.runs[:2]]
+    again = _Cluster(pipeline.out)  # unchanged: re-attached, nothing submitted
+    _detached_run(pipeline, state, again, pipeline.runs[:2])
+    assert again.submitted == [] and again.cancelled == []
+    changed, _ = _pipeline(tmp_path, epochs(2))
+    waiting = _Cluster(changed.out)  # capsmed run wait: neither followed nor cancelled
+    asked = waiting.poll
+    waiting.poll = lambda jobs: (asked(jobs), waiting.ended.update(  # ends once asked
+        {j.job_id: JobState(FINISHED) for j in jobs}))[0]
+    items = work_items(changed, state, [], changed.runs[:2], changed.runs, {}, None,
+                       lambda text: None, True)
+    assert follow(changed, state, waiting, items, SimpleNamespace(retries=1, detach=False),
+                  RunBoard(changed.name, 2), submit=False) == {}
+    assert waiting.cancelled == [] and waiting.submitted == []
+    third = _Cluster(changed.out)
+    _detached_run(changed, state, third, changed.runs[:2])
+    assert sorted(third.cancelled) == ["9_1", "9_2"]
+    assert [k for k, _ in third.submitted] == [f"run:{r.label}" for r in changed.runs[:2]]
+    entries = Ledger(state.records).entries()
+    assert {e.identity for e in entries.values()} == {run_identity(r)
+                                                     for r in changed.runs[:2]}
+
+
+def test_a_live_data_stage_job_of_other_commands_is_replaced_with_its_runs(tmp_path):
+    """A queued data stage job of the old commands, adopted, made the old data and its
+    runs (queued after it) trained on it."""
+    def seed(value):
+        def change(raw):
+            raw.pop("analyses")
+            raw["datasets"]["tupac16"]["commands"][1][-3] = value  # --seed of preprocess
+        return change
+
+    pipeline, state = _pipeline(tmp_path, seed("0"))
+    pipeline.stages["tupac16"].output.unlink()  # the data stage is to be made
+    first = _Cluster(pipeline.out)
+    _detached_run(pipeline, state, first, pipeline.runs[:1], [pipeline.stages["tupac16"]])
+    assert first.submitted == [("stage:tupac16", ()), (f"run:{pipeline.runs[0].label}",
+                                                       ("9_1",))]
+    changed, _ = _pipeline(tmp_path, seed("1"))
+    changed.stages["tupac16"].output.unlink()
+    second = _Cluster(changed.out)
+    _detached_run(changed, state, second, changed.runs[:1], [changed.stages["tupac16"]])
+    assert sorted(second.cancelled) == ["9_1", "9_2"]  # the run waited for the old stage
+    assert second.submitted == [("stage:tupac16", ()), (f"run:{changed.runs[0].label}",
+                                                        ("9_1",))]
+
+
+def test_a_live_job_waiting_for_a_job_that_ended_is_submitted_again_after_it(tmp_path):
+    """The runner gone, the data stage's job failed while its run's job stayed queued
+    after it: the rerun submitted the stage again, and re-attached to the run's job,
+    which waited for the failed one (Slurm cancels it: a retry lost; or, after a job
+    that completed without its work, it would start before the new one)."""
+    from capsmed.pipeline.work import FAILED, JobState
+
+    pipeline, state = _pipeline(tmp_path, lambda raw: raw.pop("analyses"))
+    pipeline.stages["tupac16"].output.unlink()
+    stages, runs = [pipeline.stages["tupac16"]], pipeline.runs[:1]
+    first = _Cluster(pipeline.out)
+    _detached_run(pipeline, state, first, runs, stages)
+    second = _Cluster(pipeline.out)
+    second.submitted = [("earlier", ())] * 2  # its job ids follow the first's
+    second.ended["9_1"] = JobState(FAILED, "Slurm: out of memory")
+    _detached_run(pipeline, state, second, runs, stages)
+    assert second.cancelled == ["9_2"]
+    assert second.submitted[2:] == [("stage:tupac16", ()), (f"run:{runs[0].label}",
+                                                           ("9_3",))]
+
+
+def test_a_run_queued_after_its_data_is_remade_keeps_its_job(tmp_path):
+    """A run submitted after a data stage that makes its file again recorded the
+    identity of the old file: status called its running job another run's, and a
+    rerun took it for a job of other options."""
+    from capsmed.pipeline.work import FINISHED, RUNNING, JobState
+
+    pipeline, state = _pipeline(tmp_path, lambda raw: raw.pop("analyses"))
+    record = state.records / "stages" / "tupac16.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"commands": "made-by-other-commands"}))
+    stages, run = [pipeline.stages["tupac16"]], pipeline.runs[0]
+    first = _Cluster(pipeline.out)
+    _detached_run(pipeline, state, first, [run], stages)
+    assert first.submitted == [("stage:tupac16", ()), (f"run:{run.label}", ("9_1",))]
+    pipeline.stages["tupac16"].output.write_bytes(b"version 2")  # the stage made it
+    record.unlink()
+    run_id = run_identity(run)
+    state.write_record(run_id, label=run.label, started=time.time() + 1)  # its job began
+    second = _Cluster(pipeline.out)
+    second.ended.update({"9_1": JobState(FINISHED), "9_2": JobState(RUNNING)})
+    _detached_run(pipeline, state, second, [run], stages)
+    assert second.cancelled == [] and second.submitted == []
+    rows = {r.label: r for r in _rows(pipeline, state, lambda name, jobs: second.poll(jobs))}
+    assert (rows[run.label].status, rows[run.label].run_id) == ("running", run_id)

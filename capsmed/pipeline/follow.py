@@ -4,7 +4,7 @@ the files (a run is done only when its folder says so)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from capsmed.errors import CapsmedError
@@ -13,10 +13,11 @@ from capsmed.pipeline.drive import Driver
 from capsmed.pipeline.execute import current_identity, stage_done
 from capsmed.pipeline.executors import create_executor
 from capsmed.pipeline.executors.base import Executor
-from capsmed.pipeline.ledger import Ledger, job_states, live_only
+from capsmed.pipeline.ledger import Ledger, job_states, live_only, task_identity
 from capsmed.pipeline.spec import Pipeline
 from capsmed.pipeline.state import PipelineState
-from capsmed.pipeline.work import Job, JobState, WorkItem
+from capsmed.pipeline.status import RunStarts
+from capsmed.pipeline.work import FAILED, Job, JobState, WorkItem
 
 
 def poller(executor: Executor) -> Callable[[str, Sequence[Job]], dict[str, JobState]]:
@@ -49,6 +50,29 @@ def attach(state: PipelineState, executor: Executor) -> dict[str, Job]:
     return live
 
 
+SUPERSEDED = "superseded: its work changed, or a job it waited for, since it was submitted"
+
+
+def superseded(state: PipelineState, items: Sequence[WorkItem], live: Mapping[str, Job],
+               submitting: bool = True) -> dict[str, Job]:
+    """The ``live`` jobs (key -> job) that no longer do their item's work: a job runs
+    what it was given at submission, so one whose run's options or data, or whose data
+    stage's or analysis's commands, changed since; and one that waits for such a job
+    or, when ``submitting``, for an item submitted again (its old job ended: Slurm
+    would start this one after that one, or cancel it)."""
+    entries = Ledger(state.records).entries()
+    starts = RunStarts(state)
+    redo = {i.key for i in items if (i.key not in live and submitting)
+            or (i.key in live and i.key in entries
+                and not starts.ran(entries[i.key], task_identity(i)))}
+    waiting = redo
+    while waiting:
+        waiting = {i.key for i in items if i.key in live and i.key not in redo
+                   and set(i.after) & redo}
+        redo |= waiting
+    return {i.key: live[i.key] for i in items if i.key in redo and i.key in live}
+
+
 def ledger_executor(state: PipelineState) -> str | None:
     """The executor of the study's most recent jobs no runner saw end, if any."""
     entries = [e for e in Ledger(state.records).entries().values() if e.ended is None]
@@ -63,6 +87,8 @@ def follow(pipeline: Pipeline, state: PipelineState, executor: Executor,
     ledger = Ledger(state.records)
     live = attach(state, executor)
     mine = {k: j for k, j in live.items() if k in {i.key for i in items}}
+    stale = superseded(state, items, mine, submit)
+    mine = {k: j for k, j in mine.items() if k not in stale}
     if not submit:
         items = [i for i in items if i.key in mine]
     driver = Driver(executor, items, options.retries if submit else 0,
@@ -70,6 +96,17 @@ def follow(pipeline: Pipeline, state: PipelineState, executor: Executor,
                     lambda what, item, detail: show(board, what, item, detail),
                     submitted=ledger.submitted, ended=ledger.ended)
     with board:
+        if stale and submit:  # never this study's result: stopped, and submitted anew
+            executor.cancel(list(stale.values()))
+            for job in stale.values():
+                ledger.ended(job, JobState(FAILED, SUPERSEDED))
+            board.note(f"cancelled {len(stale)} job(s) whose work (options, data, "
+                       "commands) or a job they waited for changed since they were "
+                       "submitted; submitting them again")
+        elif stale:
+            board.note(f"not following {len(stale)} job(s) whose work or a job they "
+                       "waited for changed since they were submitted (capsmed run "
+                       f"{pipeline.path} replaces them)")
         new = driver.start(mine)
         if mine:
             board.note(f"re-attached to {len(mine)} job(s) submitted earlier")

@@ -42,7 +42,7 @@ class Ledger:
     def submitted(self, item: WorkItem, job: Job) -> None:
         line = {"key": item.key, "label": item.label, "kind": item.kind,
                 "executor": job.executor, "job": job.job_id, "submitted": time.time()}
-        identity = getattr(item.task, "identity", lambda: None)()
+        identity = task_identity(item)
         self._append({**line, "identity": identity} if identity else line)
 
     def ended(self, job: Job, state: JobState) -> None:
@@ -83,6 +83,15 @@ class Ledger:
     def open_jobs(self) -> dict[str, Job]:
         """Jobs no runner has seen end: key -> job."""
         return {k: e.job for k, e in self.entries().items() if e.ended is None}
+
+
+def task_identity(item: WorkItem) -> str | None:
+    """What the item's task does, as of now: a run's identity, a data stage's or an
+    analysis's commands. None where it is not known yet: a run's data not made, or
+    made again by the data stage it waits for (the file there now is the old data)."""
+    if item.kind == "run" and item.after:
+        return None
+    return getattr(item.task, "identity", lambda: None)()
 
 
 def by_executor(jobs: Mapping[str, Job]) -> dict[str, list[Job]]:

@@ -148,6 +148,7 @@ def _sbatch_options(value: Any, where: str, path: Path | str) -> dict[str, str]:
 RESERVED_SBATCH = {
     "gpus-per-node": "resources.gpus", "gres": "resources.gpus", "gpus": "resources.gpus",
     "nodes": "resources.nodes", "ntasks-per-node": "resources.tasks",
+    "ntasks": "resources.tasks",  # it wins over --ntasks-per-node: one process fewer
     "cpus-per-task": "resources.cpus", "mem": "resources.mem_gb",
     "time": "resources.time_min", "partition": "resources.partition",
     "account": "resources.account", "qos": "resources.qos",

@@ -49,7 +49,7 @@ def run_rows(state: PipelineState, planned: Plan, poll: Poll | None) -> list[Run
     entries = Ledger(state.records).entries()
     open_jobs = {k: e.job for k, e in entries.items() if e.ended is None}
     states = job_states(open_jobs, poll) if open_jobs and poll is not None else {}
-    started = _Starts(state)
+    started = RunStarts(state)
     rows = []
     for run, run_id, status in planned:
         key = f"run:{run.label}"
@@ -61,7 +61,7 @@ def run_rows(state: PipelineState, planned: Plan, poll: Poll | None) -> list[Run
     return rows
 
 
-class _Starts:
+class RunStarts:
     """Which identity a ledger job ran: the one it recorded at submission, else the
     one of its label whose record started after the job was submitted."""
 

@@ -18,6 +18,7 @@ from capsmed.errors import CapsmedError
 from capsmed.pipeline.execute import (
     INTERRUPTED_REASON,
     analysis_done,
+    command_hash,
     execute_analysis,
     execute_run,
     execute_stage,
@@ -44,6 +45,10 @@ class StageTask:
             return execute_stage(state, self.stage, placement.env, placement.persistent)
         except CapsmedError as exc:  # a full disk while writing its record
             return str(exc)
+
+    def identity(self) -> str:
+        """Its commands: a job of other commands makes another file."""
+        return command_hash(self.stage.commands)
 
     def progress(self) -> object:
         return None
@@ -147,6 +152,10 @@ class AnalysisTask:
                                     placement.persistent)
         except CapsmedError as exc:
             return str(exc)
+
+    def identity(self) -> str:
+        """Its command as written (its runs' folders are filled in when it starts)."""
+        return command_hash([self.analysis.command])
 
     def progress(self) -> object:
         return None

@@ -222,8 +222,12 @@ class SlurmExecutor:
             handles = [executor.submit(SlurmJob(item.task, self.notes, lead,
                                                 res.time_min or DEFAULT_TIME_MIN))
                        for item in group]
-        return [Job(item.key, self.name, str(h.job_id))
+        jobs = [Job(item.key, self.name, str(h.job_id))
                 for item, h in zip(group, handles, strict=True)]
+        for job in jobs:  # Slurm's ids start over (a new cluster, MaxJobId): a note of
+            # an older job of this id is not this one's (it writes its own at its end)
+            (self.notes / f"{job.job_id}.json").unlink(missing_ok=True)
+        return jobs
 
     def _parameters(self, res: Resources, after: list[str]) -> dict[str, Any]:
         time_min = res.time_min or DEFAULT_TIME_MIN
@@ -287,7 +291,9 @@ class SlurmExecutor:
             return JobState(RUNNING if word == "RUNNING" else QUEUED)  # left squeue just now
         why = ENDED.get(word, word.lower())
         if word == "FAILED":
-            why = f"exit code {exit_code.split(':')[0]}"
+            code, _, signal = exit_code.partition(":")
+            why = (f"killed by signal {signal}" if signal not in ("", "0")
+                   else f"exit code {code}")
         elif word == "CANCELLED" and " by " in state:
             why = f"cancelled by uid {state.split(' by ')[1]}"
         return JobState(FAILED, f"Slurm: {why}")

@@ -1,0 +1,106 @@
+"""How the Slurm executor reads a job's end, without a cluster: stand-in squeue/sacct
+answers and a stand-in submitit, as Slurm 22.05 gives them (checked on
+scripts/slurm-local.sh)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from capsmed.pipeline.executors import ExecutorSettings, executor_class
+from capsmed.pipeline.resources import Resources
+from capsmed.pipeline.work import WorkItem
+
+submitit = pytest.importorskip("submitit")
+
+
+class _Task:
+    kind = "analysis"
+
+    def __call__(self, placement):
+        return None
+
+    def progress(self):
+        return None
+
+
+def _slurm(tmp_path, monkeypatch, squeue="", sacct=""):
+    from capsmed.pipeline.executors import slurm
+
+    answers = {"squeue": squeue, "sacct": sacct}
+    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 0, answers[argv[0]], ""))
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/" + name)
+    executor = executor_class("slurm")(ExecutorSettings(tmp_path, "study"))
+    executor.notes.mkdir(parents=True)
+    return executor
+
+
+class _Submitit:
+    """submitit.SlurmExecutor as the executor uses it: a batch gets the ids given."""
+
+    ids: list[str] = []
+
+    def __init__(self, folder, max_num_timeout):
+        self.handles = []
+
+    def update_parameters(self, **params):
+        pass
+
+    @contextlib.contextmanager
+    def batch(self):
+        yield
+        for handle, job_id in zip(self.handles, _Submitit.ids, strict=True):
+            handle.job_id = job_id
+
+    def submit(self, function):
+        self.handles.append(SimpleNamespace(job_id=None))
+        return self.handles[-1]
+
+
+def test_a_note_of_an_earlier_job_of_the_same_id_is_not_the_new_jobs(tmp_path, monkeypatch):
+    """Slurm's job ids start over (a new cluster; MaxJobId wraps): a 'finished' note an
+    older job 7_0 left in the study made the new job 7_0, which failed, read as
+    finished (an analysis, whose end is its job's, was taken as done)."""
+    executor = _slurm(tmp_path, monkeypatch, sacct="7_0|FAILED|1:0\n7_1|COMPLETED|0:0\n")
+    for job_id in ("7_0", "7_1"):
+        (executor.notes / f"{job_id}.json").write_text('{"outcome": "finished"}')
+    monkeypatch.setattr(submitit, "SlurmExecutor", _Submitit)
+    monkeypatch.setattr(_Submitit, "ids", ["7_0", "7_1"])
+    items = [WorkItem(f"analysis:{n}", n, _Task(), Resources()) for n in ("a", "b")]
+    jobs = executor.submit(items, {})
+    assert [j.job_id for j in jobs] == ["7_0", "7_1"]
+    states = executor.poll(jobs)
+    assert (states["7_0"].state, states["7_0"].reason) == ("failed", "Slurm: exit code 1")
+    assert states["7_1"].state == "finished"
+
+
+@pytest.mark.parametrize("sacct, reason", [
+    ("5|FAILED|0:9", "Slurm: killed by signal 9"),  # kill -9: not 'exit code 0'
+    ("5|FAILED|3:0", "Slurm: exit code 3"),
+    ("5|CANCELLED|0:0", "Slurm: cancelled"),  # --kill-on-invalid-dep: its dependency failed
+    ("5|CANCELLED by 1000|0:15", "Slurm: cancelled by uid 1000"),
+    ("5|NODE_FAIL|0:0", "Slurm: node failure"),
+    ("5|BOOT_FAIL|0:0", "Slurm: node failed to boot"),
+    ("5|DEADLINE|0:0", "Slurm: deadline reached"),
+    ("5|PREEMPTED|0:15", "Slurm: preempted"),
+])
+def test_each_end_slurm_accounts_for_is_named(tmp_path, monkeypatch, sacct, reason):
+    from capsmed.pipeline.work import Job
+
+    executor = _slurm(tmp_path, monkeypatch, sacct=sacct + "\n")
+    state = executor.poll([Job("run:x", "slurm", "5")])["5"]
+    assert (state.state, state.reason) == ("failed", reason)
+
+
+def test_an_sbatch_ntasks_that_would_override_the_runs_processes_is_refused():
+    """sbatch ntasks: 1 beside the --ntasks-per-node=2 of a 2-GPU run: Slurm starts one
+    task (SLURM_NTASKS=1), and the run trained in one process, not data-parallel."""
+    from capsmed.errors import CapsmedError
+    from capsmed.pipeline.resources import check_resources
+
+    with pytest.raises(CapsmedError, match="--ntasks is set by capsmed"):
+        check_resources({"gpus": 2, "sbatch": {"ntasks": 1}}, "resources", "p.yaml")
