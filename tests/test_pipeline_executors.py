@@ -154,7 +154,8 @@ def test_runs_per_gpu_shares_each_gpu_spreading_jobs_first(tmp_path):
     executor = LocalExecutor(ExecutorSettings(tmp_path, "t", devices=("0", "1"),
                                               options={"runs_per_gpu": 2}))
     assert executor.jobs == 4
-    items = [_item(k, Holder(k, []), gpus=1) for k in "abcd"] + [_item("pair", Holder("pair", []), after="abcd", gpus=2)]
+    items = [_item(k, Holder(k, []), gpus=1) for k in "abcd"]
+    items.append(_item("pair", Holder("pair", []), after="abcd", gpus=2))
     failures, _ = _drive(executor, items)
     assert failures == {}
     placed = dict(starts)  # by job: the threads may start in any order

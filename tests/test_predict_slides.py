@@ -201,3 +201,18 @@ def test_a_tupac16_slide_keeps_windows_on_pale_unsaturated_tissue(tiny_h5, tmp_p
     tiled = predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "b", options).results[0]
     assert (whole.x < 256).sum() > 5
     assert sorted(zip(tiled.x, tiled.y, strict=True)) == sorted(zip(whole.x, whole.y, strict=True))
+
+
+@pytest.mark.parametrize("extra, named", [(["--stride", "16"], "--stride"),
+                                          (["--min-tissue", "0.9"], "--min-tissue")])
+def test_a_grid_option_with_centres_is_refused_not_ignored(wsi_run, tmp_path, extra, named):
+    """--stride and --min-tissue shape a grid: with --centres the given tiles were scored
+    as given and summary.json recorded the option as if it had been applied."""
+    run_dir, paths = wsi_run
+    (tmp_path / "c.csv").write_text(f"input,x,y\n{paths[0]},100,100\n")
+    out = runner.invoke(app, ["-q", "predict", str(run_dir), str(paths[0]), "-o",
+                              str(tmp_path / "out"), "--centres", str(tmp_path / "c.csv"),
+                              "--device", "cpu", *extra])
+    assert out.exit_code == 1 and not (tmp_path / "out").exists()
+    assert (f"{tmp_path / 'c.csv'}: {named} choose the windows of a grid; with --centres "
+            "the windows are the given ones") in out.stderr

@@ -452,3 +452,41 @@ def test_bad_input_fails_cleanly_through_the_cli(tmp_path, make):
     assert_clean_failure(result, str(victim), out)
     assert message in result.stderr
 
+
+
+def test_tiles_narrower_than_a_mask_pixel_take_the_mask_pixel_under_them():
+    """8-px tiles on a 16-px mask: rounding gave a tile its right-hand neighbour's mask
+    pixel, so a glass tile left of the tissue was kept and the tissue's last tile was not."""
+    mask = np.zeros((8, 8), bool)
+    mask[:, 2:4] = True  # level-0 x 32..64 at mask_downsample 16
+    xs = np.arange(0, 128, 8)
+    frac = tissue_fractions(mask, (128, 128), xs, np.array([0]), 8.0)[0]
+    assert xs[frac == 1].tolist() == [32, 40, 48, 56] and set(frac) == {0.0, 1.0}
+    # 12-px tiles: each takes the mask pixel holding most of it
+    xs = np.arange(0, 120, 12)
+    frac = tissue_fractions(mask, (128, 128), xs, np.array([0]), 12.0)[0]
+    assert xs[frac == 1].tolist() == [36, 48]
+
+
+def test_a_slide_without_points_is_warned_about_like_one_without_geojson(tmp_path, caplog):
+    """Every tile of a slide the points CSV leaves out became background, unannounced
+    (a slide without a GeoJSON was already warned about)."""
+    csv = _labels_csv(tmp_path / "p.csv", ["a,300,300,tumor"])
+    with caplog.at_level("WARNING"):
+        labelling = tile_labels.load_labels(_cfg(points_csv=str(csv)),
+                                            {"a": (1024, 1024), "b": (1024, 1024)}, {})
+    assert labelling.per_slide["b"].points is None
+    assert f"b: no point in {csv} for this slide; all its tiles are unlabelled" in caplog.text
+    assert "a: no point" not in caplog.text
+
+
+def test_tiles_that_fit_the_slide_exactly_are_all_kept():
+    """896 px at 0.2 um/px tiled at 0.28 um/px, 64 px: 640 px, ten tiles. The division
+    gives 639.99999999999989, which lost the last column to the floor."""
+    from capsmed.data.slides import Resolution
+
+    res = Resolution(level=0, downsample=0.28 / 0.2, read_size=90, mpp=0.28)
+    edges = grid_edges(896, res, _cfg(slide_labels_csv="x", tile_size=64))
+    assert len(edges) == 10 and edges[-1] + res.footprint(64) <= 896 + 1e-6
+    assert len(grid_edges(89, res, _cfg(slide_labels_csv="x", tile_size=64))) == 0
+

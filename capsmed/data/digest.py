@@ -7,8 +7,9 @@ One place for both kinds (STYLE 14):
 * :func:`dataset_digest`: the *content* of a dataset file: every array (images,
   labels, groups, folds, per-sample metadata) and the file's record (class names,
   preprocessing parameters, format), but not its bytes, its creation time, the
-  capsmed version that wrote it or its provenance (command line, library versions). A dataset remade with the same content keeps its
-  digest, so the pipeline runs that read it keep their identity.
+  capsmed version that wrote it or its provenance (command line, library versions). A
+  dataset remade with the same content keeps its digest, so the pipeline runs that read
+  it keep their identity.
 
 Both are cached in memory by (path, size, mtime, inode), so expanding a grid of
 hundreds of runs over one file reads it once. :func:`keep_digests_in` adds a file of

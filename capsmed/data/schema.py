@@ -37,7 +37,9 @@ FORMAT_VERSION = 1
 #     images as they are; an RGBA stain target is composited over white. (TUPAC16's
 #     faster patch cutting and look-ups write the same arrays: not a reason.)
 #   3 (2026-11-27): TIFF samples of 9-15 bits scaled to full range; a grey + alpha PNG
-#     read as grey (OpenCV made it colour); a TUPAC16 mitosis listed twice counted once.
+#     read as grey (OpenCV made it colour); a TUPAC16 mitosis listed twice counted once;
+#     WSI tiles narrower than a mask pixel take the pixel under them, and a last tile
+#     that fits exactly is kept.
 DATA_REVISION = 3
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")
 

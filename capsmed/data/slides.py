@@ -125,8 +125,12 @@ def tissue_fractions(mask: np.ndarray, dims0: tuple[int, int], xs: np.ndarray,
     integral = np.pad(mask.astype(np.int64), ((1, 0), (1, 0))).cumsum(0).cumsum(1)
 
     def bounds(edges: np.ndarray, scale: float, size: int) -> tuple[np.ndarray, np.ndarray]:
-        lo = np.clip(np.round(edges * scale), 0, size - 1).astype(np.int64)
-        hi = np.clip(np.round((edges + footprint) * scale), lo + 1, size).astype(np.int64)
+        lo, hi = np.round(edges * scale), np.round((edges + footprint) * scale)
+        # a tile narrower than a mask pixel can round to no pixel, or to its neighbour's:
+        # it takes the pixel under its centre
+        lo = np.where(hi <= lo, np.floor((edges + footprint / 2) * scale), lo)
+        lo = np.clip(lo, 0, size - 1).astype(np.int64)
+        hi = np.clip(hi, lo + 1, size).astype(np.int64)
         return lo, hi
 
     x0, x1 = bounds(xs, sx, mw)

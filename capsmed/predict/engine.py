@@ -162,6 +162,12 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     if opts.centres is not None and not recipe.windowed:
         raise CapsmedError(f"--centres applies to patch and slide runs; a {record.dataset} "
                            "run predicts one class per image")
+    grid_only = [flag for flag, value in (("--stride", opts.overrides.stride),
+                                          ("--min-tissue", opts.overrides.min_tissue))
+                 if value is not None]
+    if opts.centres is not None and grid_only:  # the given windows are scored as given
+        raise CapsmedError(f"{opts.centres}: {' and '.join(grid_only)} choose the windows "
+                           "of a grid; with --centres the windows are the given ones")
     if not recipe.windowed and (opts.class_name is not None
                                 or opts.threshold != PredictOptions.threshold):
         raise CapsmedError(f"--class and --threshold apply to patch and slide runs; a "

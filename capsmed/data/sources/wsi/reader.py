@@ -106,7 +106,9 @@ def tissue_mask(thumb: np.ndarray, cfg: WsiConfig) -> tuple[np.ndarray, float]:
 def grid_edges(extent0: int, res: Resolution, cfg: WsiConfig) -> np.ndarray:
     """Level-0 left (or top) edges of whole tiles along one axis of ``extent0`` px."""
     span = extent0 / res.downsample  # axis length at the tiling resolution
-    n = int(math.floor((span - cfg.tile_size) / cfg.step)) + 1 if span >= cfg.tile_size else 0
+    # a tile that fits exactly is kept: 896 / (0.28 / 0.2) is 639.99999999999989
+    fits = (span - cfg.tile_size) / cfg.step + 1e-9
+    n = int(math.floor(fits)) + 1 if fits >= 0 else 0
     return np.round(np.arange(n) * cfg.step * res.downsample).astype(np.int64)
 
 

@@ -228,6 +228,9 @@ def load_labels(cfg: Any, dims: Mapping[str, tuple[int, int]],
                 x, y = ps.xy[bad[0]]
                 raise CapsmedError(f"{path}: line {ps.lines[bad[0]]}: point ({x:g}, {y:g}) is "
                                    f"outside slide {slide} ({w}x{h} at level 0)")
+        for s in sorted(set(dims) - set(points)):
+            log.warning("%s: no point in %s for this slide; all its tiles are unlabelled",
+                        s, path)
         classes = {c for ps in points.values() for c in ps.labels}
     else:
         mode = "polygons"
