@@ -89,6 +89,9 @@ GRID_WITHOUT_HALF_CAPSNET = [  # each field's values exist; one combination does
     ({"report": {"tables": [{"rows": "condition", "columns": "arch",
                              "paper": {"full": {"lenet": float("nan")}}}]}},
      "report.tables[0].paper.full: expected numbers, got nan"),
+    ({"report": {"tables": [{"rows": "condition", "columns": "arch",
+                             "curve": {"x": {"full": 100, "half": 0}}}]}},
+     "report.tables[0].curve.x: row half is at 0, which a log axis cannot show"),
     ({"report": {"tables": [{"rows": "dataset", "columns": "arch"}]}},
      "report.tables[0]: cell tupac16 / capsnet pools runs of condition full, half as if "
      "they were repetitions"),

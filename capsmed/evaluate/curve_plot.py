@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capsmed.errors import CapsmedError
 from capsmed.figures import pyplot, save_figure
 
 # Paper 000 draws CapsNet solid, the Baseline dotted and LeNet dashed (Fig. 2).
@@ -29,7 +30,15 @@ def plot_curves(path: Path, title: str, x: Mapping[str, float],
 
     Returns:
         How many points were drawn: ``{"ours": n, "paper": m}``.
+
+    Raises:
+        CapsmedError: ``log_x`` with a row at x <= 0, which a log axis cannot place
+            (matplotlib draws a broken axis, the other rows squeezed into one corner).
     """
+    unplaceable = [f"{row} (x = {value:g})" for row, value in x.items() if value <= 0]
+    if log_x and unplaceable:
+        raise CapsmedError(f"{path}: '{title}' puts {', '.join(unplaceable)} at x <= 0, "
+                           "which a log axis cannot show; give the curve log_x: false")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -151,6 +151,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         raise CapsmedError(f"batch size must be >= 1, got {batch_size}")
     if not report_name or Path(report_name).name != report_name or report_name in (".", ".."):
         raise CapsmedError(f"--report-name must be a plain folder name, got '{report_name}'")
+    _check_report_folder(Path(run_dir) / report_name)
     run = open_run(run_dir, data, device)
     run_dir, dev, model, meta, info = run.run_dir, run.device, run.model, run.meta, run.info
     assert run.data_path is not None and info is not None  # need_data: refused otherwise
@@ -219,6 +220,17 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
                       files=tuple(files))
 
 
+def _check_report_folder(report_dir: Path) -> None:
+    """Refuse a report folder that holds something other than an earlier report: the
+    new report replaces the whole folder (``--report-name tensorboard`` would delete the
+    run's TensorBoard logs)."""
+    if report_dir.is_dir() and not (report_dir / "report.json").is_file() \
+            and any(report_dir.iterdir()):
+        raise CapsmedError(f"{report_dir}: holds files but no report.json, so it is not an "
+                           "earlier report and the report would replace it; choose another "
+                           "--report-name")
+
+
 def _write_files(out: Path, run_dir: Path, report: ClassificationReport, title: str,
                  context: dict[str, Any], agr: AgreementResult | None,
                  capsules: tuple[Any, Any] | None, class_names: tuple[str, ...],
@@ -234,8 +246,9 @@ def _write_files(out: Path, run_dir: Path, report: ClassificationReport, title: 
     if capsules is not None:
         recon, perturbations = capsules
         paths = write_capsule_grids(recon, perturbations, class_names, out)
-        figures.append(("Reconstructions", "test inputs and their reconstructions from "
-                        "the predicted class capsule (paper 000 Fig. 3)", paths[0]))
+        figures.append(("Reconstructions", f"{context['split']} inputs and their "
+                        "reconstructions from the predicted class capsule (paper 000 "
+                        "Fig. 3)", paths[0]))
         figures += [("Capsule dimension perturbations", f"'{class_names[g.class_index]}'"
                      ": each row shifts one dimension by -0.25..+0.25", p)
                     for g, p in zip(perturbations, paths[1:], strict=True)]

@@ -119,8 +119,9 @@ def training_facts(config: dict[str, Any]) -> dict[str, Any]:
     and default-off ones left out, the data path and output folder too: the table
     above names them) and the versions that trained it."""
     train = config.get("train") or {}
+    # ``v is False``, not ``v in (..., False)``: 0 == False, and seed 0 or fold 0 is set
     shown = {k: v for k, v in train.items() if k not in ("data", "out")
-             and v not in (None, {}, [], False)}
+             and v is not None and v is not False and v != {} and v != []}
     env = config.get("environment") or {}
     shown |= {f"trained with {k}": env[k] for k in ("capsmed", "torch", "device",
                                                     "precision") if k in env}

@@ -43,6 +43,11 @@ def check_curve(raw: Any, rows: list[str], train_fields: set[str], where: str,
         if bad:
             raise CapsmedError(f"{path}: {where}.curve.x: {bad[0]} is not a row of the "
                                f"table with a number (its rows: {', '.join(rows)})")
+        at_zero = [str(k) for k, v in x.items() if v <= 0]
+        if at_zero and spec.get("log_x", True):  # a log axis has no place for them
+            raise CapsmedError(f"{path}: {where}.curve.x: row {at_zero[0]} is at "
+                               f"{x[at_zero[0]]}, which a log axis cannot show; give "
+                               "log_x: false, or a number above 0")
     elif str(x) not in train_fields:
         raise CapsmedError(f"{path}: {where}.curve.x: '{x}' is not a capsmed train "
                            "option (e.g. fraction), nor a mapping {ROW: number}")
