@@ -140,3 +140,15 @@ def test_the_table_shortens_long_input_names_at_80_columns_never_splits_them(tmp
         assert "…" in shown and shown.endswith(f"-{i:06d}.tif"), row
         assert all(piece in os.path.basename(names[i]) for piece in shown.split("…"))
     assert f"{root}/" in lines  # the shared folder on a line of its own, whole
+
+
+@pytest.mark.parametrize("name", ["c.webp", "scan.GIF", "s.svs"])
+def test_an_image_in_a_format_predict_skips_is_refused_not_left_out(tmp_path, name):
+    touch(tmp_path / "d" / "a.png")
+    touch(tmp_path / "d" / "sub" / name)
+    touch(tmp_path / "d" / "notes.txt")  # not an image: passed over
+    with pytest.raises(CapsmedError, match=f"{name}: a .* file, a format this run does not "
+                       "read from folders .* it would be left out"):
+        gather_inputs([tmp_path / "d"], slides=False)
+    if name == "s.svs":  # a run that reads slides takes it
+        assert len(gather_inputs([tmp_path / "d"], slides=True)) == 2

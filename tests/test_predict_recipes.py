@@ -94,3 +94,28 @@ def test_a_translucent_image_is_refused_by_runs_whose_sets_have_no_alpha(tmp_pat
             recipe.convert(tmp_path / "drawn.png")
         image, _ = recipe.convert(tmp_path / "opaque.png")
         assert np.array_equal(image[0], stroke), record.dataset
+
+
+def test_a_translucent_photograph_is_refused_by_patch_runs_not_scored_as_tissue(tmp_path):
+    """A TUPAC16 tile cut out on a transparent canvas: the black under its alpha read as
+    dense tissue, so windows over nothing were scored. An opaque alpha is dropped."""
+    rgb = np.random.default_rng(1).integers(90, 230, (96, 96, 3), dtype=np.uint8)
+    alpha = np.full((96, 96), 255, np.uint8)
+    alpha[:, :48] = 0
+    cv2.imwrite(str(tmp_path / "cut.png"), np.dstack([rgb * (alpha[..., None] > 0),
+                                                      alpha])[..., [2, 1, 0, 3]])
+    tifffile.imwrite(tmp_path / "cut.tif", np.dstack([rgb, alpha]), photometric="rgb",
+                     extrasamples=[2])
+    cv2.imwrite(str(tmp_path / "opaque.png"), np.dstack([rgb[..., ::-1],
+                                                         np.full_like(alpha, 255)]))
+    cv2.imwrite(str(tmp_path / "plain.png"), rgb[..., ::-1])
+    diaretdb1 = DatasetRecord("diaretdb1", ("healthy", "lesion"), 1, (28, 28),
+                              {"patch_size": 32, "output_size": 28, "min_fov": 0.75,
+                               "clip_limit": 3.0, "tile_grid": [8, 8]})
+    for record in (TUPAC16, diaretdb1):
+        recipe = make_recipe(record, Overrides())
+        for name in ("cut.png", "cut.tif"):
+            with pytest.raises(CapsmedError, match=f"{name}: has transparent pixels, but "
+                               f"{record.dataset} images have no alpha"):
+                recipe.prepare(tmp_path / name, None)
+    assert np.array_equal(read_rgb(tmp_path / "opaque.png"), read_rgb(tmp_path / "plain.png"))

@@ -25,8 +25,8 @@ def predict(
     out: Path = typer.Option(..., *OUTPUT_FLAGS, help="New folder for the predictions."),
     class_name: str = typer.Option(None, "--class", help="Class of the heatmaps and "
                                    "GeoJSON positives [the second class: mitosis, lesion]."),
-    threshold: float = option(PredictOptions, "threshold", "A window is positive when its "
-                              "score of --class is at least this"),
+    threshold: float = option(PredictOptions, "threshold", "A window is positive (its predicted "
+                              "class is --class) when its score of --class is at least this"),
     stride: int = typer.Option(None, help="Window step in source pixels [the recorded "
                                "stride, else half the patch; wsi: the tile]."),
     min_tissue: float = typer.Option(None, help="Least tissue (DIARETDB1: field-of-view) "

@@ -70,6 +70,7 @@ class Prediction:
     counts: dict[str, int]
     positives: int = 0
     per_input: list[dict[str, Any]] = field(default_factory=list)
+    windowed: bool = True  # False: one prediction per image, no class/threshold/positives
 
 
 @dataclass
@@ -173,6 +174,10 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
         raise CapsmedError(f"--class and --threshold apply to patch and slide runs; a "
                            f"{record.dataset} run predicts one class per image, its "
                            "highest-scoring one")
+    if not recipe.windowed and opts.shape != PredictOptions.shape:
+        raise CapsmedError(f"--shape applies to patch and slide runs (their GeoJSON); a "
+                           f"{record.dataset} run predicts one class per image and writes "
+                           "no GeoJSON")
     centres = read_centres(opts.centres) if opts.centres is not None else {}
     items = gather_inputs(inputs, slides=recipe.slides)
     if centres:
@@ -206,7 +211,7 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
     scorer = _BatchScorer(model, device, opts.batch_size)
     queue: deque[_Open] = deque()
     done = Prediction(staging, [], [], record.class_names[class_index], opts.threshold,
-                      {name: 0 for name in record.class_names})
+                      {name: 0 for name in record.class_names}, windowed=recipe.windowed)
 
     def drain() -> None:
         while queue and queue[0].closed and queue[0].scored == queue[0].pushed:
@@ -293,17 +298,24 @@ def _summary(run_dir: Path, meta: dict[str, Any], record: DatasetRecord, done: P
              opts: PredictOptions, class_index: int) -> dict[str, Any]:
     _, score_kind = class_probabilities(np.zeros((0, len(record.class_names))),
                                         meta["loss_kind"])
+    # an image-level run has no --class, --threshold or positives (None): its images are
+    # their highest-scoring class, and 0 "positives" of a class would read as a finding
+    call = {"class": done.class_name, "class_index": class_index,
+            "threshold": opts.threshold, "geojson_shape": opts.shape}
+    if not done.windowed:
+        call = dict.fromkeys(call)
     return {
         "run_dir": str(run_dir), "arch": meta["arch"], "checkpoint_epoch": meta["epoch"],
         "dataset": record.dataset, "class_names": list(record.class_names),
         "preprocessing_from": record.origin, "preprocessing": record.preprocessing,
         "overrides": {k: v for k, v in asdict(opts.overrides).items() if v is not None},
-        "scores": score_kind, "class": done.class_name, "class_index": class_index,
-        "threshold": opts.threshold, "geojson_shape": opts.shape,
+        "scores": score_kind, **call,
         "decision": f"a window is '{done.class_name}' when its {done.class_name} score is "
-                    f">= {opts.threshold}, else its highest-scoring other class; an "
-                    "image-level prediction is its highest-scoring class",
+                    f">= {opts.threshold}, else its highest-scoring other class"
+                    if done.windowed else "an image's prediction is its highest-scoring "
+                    "class",
         "inputs": len(done.results), "windows": sum(len(r.x) for r in done.results),
-        "predicted_counts": done.counts, "positives": done.positives,
+        "predicted_counts": done.counts,
+        "positives": done.positives if done.windowed else None,
         "per_input": done.per_input, "failed": done.failed,
     }

@@ -47,10 +47,12 @@ def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
     found: list[Path] = []
     for item in map(Path, given):
         if item.is_dir():
-            files = FolderWalk().files(item, suffixes)
+            others: list[Path] = []
+            files = FolderWalk().files(item, suffixes, others=others)
             if not files:
                 raise CapsmedError(f"{item}: no input files in this folder (looked for "
                                    f"{', '.join(suffixes)})")
+            _refuse_unread_images(item, others, suffixes)
             found += files
         elif item.is_file() or item.is_symlink():
             found.append(check_file(item, "input file"))
@@ -74,6 +76,22 @@ def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
         taken.add(unique.casefold())
         out.append(InputFile(path, str(path), unique))
     return out
+
+
+def _refuse_unread_images(folder: Path, others: list[Path], suffixes: tuple[str, ...]
+                          ) -> None:
+    """Refuse image files in an input folder that predict does not look for (WebP,
+    GIF, DICOM, a slide for a run that reads none, ...): they would be left out
+    without a word, their rows missing from predictions.csv."""
+    from capsmed.data.sources.folder.reader import UNREAD_IMAGE_EXTENSIONS
+
+    unread = [p for p in others if p.suffix.lower() in UNREAD_IMAGE_EXTENSIONS]
+    if unread:
+        raise CapsmedError(f"{unread[0]}: a {unread[0].suffix[1:].upper()} file, a format "
+                           f"this run does not read from folders ({len(unread)} such "
+                           f"file(s) under {folder}); it would be left out: convert such "
+                           f"files to {', '.join(s[1:] for s in suffixes)} or move them "
+                           "out")
 
 
 def read_centres(path: Path) -> dict[str, np.ndarray]:

@@ -36,8 +36,10 @@ def summary_table(result: Prediction) -> Table:
         rows.append([f"... and {len(result.results) - SHOWN} more", "", "", ""])
     top = max(result.counts, key=result.counts.__getitem__) if result.results else "-"
     rows.append(["all inputs", str(sum(len(r.x) for r in result.results)),
-                 str(result.positives), top])
-    return Table(title=f"positives: {result.class_name} >= {result.threshold:g}",
+                 str(result.positives) if result.windowed else "-", top])
+    title = (f"positives: {result.class_name} >= {result.threshold:g}" if result.windowed
+             else "one prediction per image: its highest-scoring class")
+    return Table(title=title,
                  columns=[text_column("input"), Column("windows"), Column("positives"),
                           text_column("most predicted", short="top class")],
                  rows=rows, total_rows=1,

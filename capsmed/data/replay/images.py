@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from capsmed.data.images import read_image, read_rgb_tiff, to_uint8
+from capsmed.data.images import read_image, to_uint8
 from capsmed.data.patches import extract_patches, grid_centres, resize_patches, window_fraction
 from capsmed.data.record import DatasetRecord
 from capsmed.data.replay.options import Overrides
@@ -57,15 +57,16 @@ def opaque(path: Path, image: np.ndarray, dataset: str) -> np.ndarray:
     return image[..., :-1]
 
 
-def read_rgb(path: Path) -> np.ndarray:
-    """Any colour image file as (H, W, 3) uint8 RGB (TIFF as the TUPAC16 reader reads it;
-    other formats with 16 bits scaled as it does)."""
-    if path.suffix.lower() in TIFF_SUFFIXES:
-        return read_rgb_tiff(path)
-    image = read_8bit(path)
+def read_rgb(path: Path, dataset: str = "the training") -> np.ndarray:
+    """Any colour image file as (H, W, 3) uint8 RGB (TIFF pixels as the TUPAC16 reader
+    reads them, 16 bits scaled as it does in every format). An alpha channel is dropped
+    when opaque and refused otherwise (:func:`opaque`): the photographs of ``dataset``
+    have none, and the colour under a transparent pixel (often black) would be scored
+    as tissue."""
+    image = read_8bit(path)  # a TIFF through read_tiff, as read_rgb_tiff reads it
     if image.ndim != 3 or image.shape[-1] not in (3, 4):  # as read_rgb_tiff refuses it
         raise CapsmedError(f"{path}: expected an RGB image, got shape {image.shape}")
-    return np.ascontiguousarray(image[..., :3])
+    return np.ascontiguousarray(opaque(path, image, dataset))
 
 
 def recorded(record: DatasetRecord, key: str) -> Any:
@@ -110,7 +111,7 @@ class PatchRecipe(abc.ABC):
         if self.overrides.level is not None or self.overrides.mpp is not None:
             raise CapsmedError(f"{path}: a plain image, read whole at its own resolution; "
                                "--level and --mpp apply to whole slides only")
-        rgb = read_rgb(path)
+        rgb = read_rgb(path, self.record.dataset)
         h, w = rgb.shape[:2]
         if h < self.size or w < self.size:
             raise CapsmedError(f"{path}: image is {w}x{h} px, smaller than one "

@@ -1,0 +1,47 @@
+"""capsmed predict, more: what summary.json and the terminal table claim for a run that
+predicts one class per image."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import capsmed
+from capsmed.errors import CapsmedError
+from capsmed.predict.config import PredictOptions
+from capsmed.predict.engine import predict
+from capsmed.predict.report import summary_table
+from tests.helpers import TINY, folder_dataset
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("more-folder")
+    data = folder_dataset(work, images_per_class=6, patients=3)
+    run = capsmed.train_run(data, "lenet", epochs=1, batch_size=8, seed=0, device="cpu",
+                            out=str(work / "lenet"), model_kwargs=TINY["lenet"])
+    return run, sorted((work / "images").rglob("*.png"))[:4]
+
+
+def test_an_image_level_summary_claims_no_class_threshold_or_positives(folder_run,
+                                                                        tmp_path):
+    run, files = folder_run
+    done = predict(run, files, tmp_path / "out", PredictOptions(device="cpu"))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    # "positives: 0" of the second class at 0.5 would read as a finding about the images
+    for key in ("class", "class_index", "threshold", "geojson_shape", "positives"):
+        assert summary[key] is None, key
+    assert summary["decision"] == "an image's prediction is its highest-scoring class"
+    assert sum(summary["predicted_counts"].values()) == summary["inputs"] == len(files)
+    table = summary_table(done)
+    assert "positives:" not in table.title
+    assert table.rows[-1][2] == "-"
+
+
+def test_shape_is_refused_for_an_image_level_run_not_ignored(folder_run, tmp_path):
+    run, files = folder_run
+    with pytest.raises(CapsmedError, match="--shape applies to patch and slide runs"):
+        predict(run, files[:1], tmp_path / "out", PredictOptions(device="cpu",
+                                                                 shape="point"))
+    assert not (tmp_path / "out").exists()
