@@ -144,3 +144,49 @@ def test_a_dataset_made_in_a_worker_records_its_own_command(tmp_path):
         recorded = yaml.safe_load(f.attrs["provenance"])["command_line"]
     assert recorded == command_line(["capsmed", *args])
     assert sys.argv[0] != "capsmed"  # this process's own argv is left as it was
+
+
+def test_a_benchmark_in_a_worker_reports_its_own_peak_memory(tmp_path):
+    """``capsmed bench`` reports the peak memory of its process (on a CPU the peak of the
+    process's whole life): after a bigger benchmark in the same worker it reported that
+    one's peak, not its own. Each benchmark now gets a process of its own."""
+    import json
+
+    def bench(name: str, *options: str) -> float:
+        results = tmp_path / f"{name}.jsonl"
+        args = ["-q", "bench", "train", "--arch", "lenet", "--device", "cpu", "--steps",
+                "1", "--warmup", "0", *options, "--results", str(results)]
+        assert workers.run_in_worker(args, tmp_path / "w.log", {"OMP_NUM_THREADS": "1"}) == 0
+        return json.loads(results.read_text())["peak_memory_mib"]
+
+    try:
+        big = bench("big", "--batch-size", "128", "--input-size", "96")
+        small = bench("small", "--batch-size", "2")
+    finally:
+        workers.close_workers()
+    assert small < big - 100, (small, big)  # ~360 MiB alone, ~540 after the big one
+
+
+def test_compiled_variants_of_many_commands_never_fall_back_to_eager(tmp_path):
+    """What torch.compile made stays for the next command of the same shapes (its
+    warm-up paid once per worker), with room for every variant: at dynamo's default of
+    8 per function, the ninth model variant a worker compiled ran eagerly, and a later
+    `train --compile` trained otherwise than a fresh `capsmed train --compile`."""
+    import torch
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from capsmed.cli.worker import run_command
+
+    def forward(x):
+        return x.sin() + 1
+
+    compiled = torch.compile(forward, backend="eager", dynamic=False)
+    try:
+        for rank in range(1, 11):  # ten commands, each compiling one more variant
+            compiled(torch.ones((2,) * rank))
+            assert run_command(["--version"], str(tmp_path / "w.log")) == 0
+        assert len(_debug_get_cache_entry_list(forward.__code__)) == 10
+        compiled(torch.ones((2,) * 3))  # a later command of earlier shapes: kept
+        assert len(_debug_get_cache_entry_list(forward.__code__)) == 10
+    finally:
+        torch._dynamo.reset()

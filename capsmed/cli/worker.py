@@ -9,8 +9,9 @@ entry point, exit code and output, with stdout and stderr sent to the run's log.
 
 Nothing of one command is left for the next: the CLI sets logging and progress
 anew for every command, training seeds every generator and scopes its signal
-handlers and precision flags to the run, so a run trained here is bit-identical
-to one trained by ``capsmed train`` (tests/test_study_worker.py).
+handlers and precision flags to the run, and what torch.compile made is kept with
+room for every variant (none falls back to eager), so a run trained here is
+bit-identical to one trained by ``capsmed train`` (tests/test_study_worker.py).
 
 Protocol (one JSON object per line): on file descriptor ``--requests`` the runner
 writes ``{"args": [...], "log": PATH}``; this process answers ``{"code": N}`` on
@@ -81,7 +82,21 @@ def capsmed_main() -> str:
     return os.path.join(os.path.dirname(capsmed.__file__), "__main__.py")
 
 
+# compiled variants per function a worker keeps room for: more than its commands make
+# (MAX_COMMANDS in capsmed.pipeline.workers, a few variants each)
+WORKER_RECOMPILE_LIMIT = 512
+
+
 def _release_memory() -> None:
+    # What torch.compile made is kept for the next run of the same shapes (its warm-up
+    # is paid once per worker), but each model variant takes one of dynamo's
+    # recompile_limit slots per function (8), and once they are full a later `train
+    # --compile` silently runs eagerly (other weights than `capsmed train` makes): room
+    # for every variant the worker's commands can make.
+    if "torch._dynamo" in sys.modules:
+        from capsmed.models.compiled import raise_recompile_limit
+
+        raise_recompile_limit(WORKER_RECOMPILE_LIMIT)
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():

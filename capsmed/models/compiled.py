@@ -54,7 +54,7 @@ def compiled_on_cuda(fn: F) -> F:
                 or not routing_compile_enabled()):
             return fn(*args, **kwargs)
         if compiled is None:
-            _raise_recompile_limit()
+            raise_recompile_limit(RECOMPILE_LIMIT)
             compiled = torch.compile(fn, fullgraph=True)
         try:
             return compiled(*args, **kwargs)
@@ -73,13 +73,15 @@ def compiled_on_cuda(fn: F) -> F:
 RECOMPILE_LIMIT = 64
 
 
-def _raise_recompile_limit() -> None:
-    """Allow more compiled variants per function than dynamo's default of 8.
+def raise_recompile_limit(limit: int) -> None:
+    """Allow at least ``limit`` compiled variants per function (dynamo's default: 8;
+    past it, a function silently runs eagerly).
 
     Each combination of grad mode (training / evaluation), autocast dtype, couplings
     returned or not, and layer shape is a variant; an analysis that loads several
-    models in one process, or a model with several routed layers, passes 8 quickly.
+    models in one process, or a model with several routed layers, passes 8 quickly,
+    and so does a study worker that trains many models one after another.
     """
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    setattr(config, name, max(getattr(config, name), limit))

@@ -12,7 +12,8 @@ command fails with its exit code, the next one gets a fresh worker), Ctrl-C and 
 runner's SIGTERM reach it as they reach any child (:func:`signal_children`), and it
 dies with the runner (``PR_SET_PDEATHSIG``; started from one long-lived thread,
 since the signal follows the thread that started the child). A worker is retired
-after :data:`MAX_COMMANDS` commands, and after a command it could not finish.
+after :data:`MAX_COMMANDS` commands, and after a command it could not finish. A
+benchmark (:data:`FRESH_COMMANDS`) gets a worker of its own: it measures its process.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ TORCH_COMMANDS = frozenset({"train", "evaluate", "analyze", "predict", "export",
 # adapters: pydantic, for option parsing).
 PRELOAD = ("torch", "torch._dynamo", "typer._adapters", "capsmed.train.run",
            "capsmed.train.engine", "capsmed.train.loop", "capsmed.evaluate.evaluation")
+# The commands that measure the process they run in: ``bench`` reports its peak memory
+# (on a CPU ``ru_maxrss``, the peak of the whole process's life, which nothing resets),
+# so in a worker it reported an earlier command's. Each runs in a worker of its own.
+FRESH_COMMANDS = frozenset({"bench"})
+
+
+def command_name(args: Sequence[str]) -> str:
+    """The sub-command of ``capsmed ARGS`` (``-q``, ``-v`` may come before it)."""
+    return next((a for a in args if not a.startswith("-")), "")
 
 
 class Worker:
@@ -136,11 +146,13 @@ class WorkerPool:
         self._lock = threading.Lock()
 
     def run(self, args: Sequence[str], log: Path, env: Mapping[str, str]) -> int:
-        worker = self._take(env, preload=bool(args) and args[0] in TORCH_COMMANDS)
+        name = command_name(args)
+        fresh = name in FRESH_COMMANDS
+        worker = Worker(env) if fresh else self._take(env, preload=name in TORCH_COMMANDS)
         code = worker.run(args, log)
-        if code in (0, 1) and worker.usable:  # ended on its own: fit for the next
+        if code in (0, 1) and worker.usable and not fresh:  # ended on its own: reused
             self._give_back(worker)
-        else:  # killed, interrupted, crashed: a fresh process for the next command
+        else:  # killed, interrupted, crashed, a benchmark's: a fresh one for the next
             worker.close(timeout=2.0)
         return code
 
