@@ -18,7 +18,7 @@ one core: read every file the source reads and apply the per-pixel transform
 (TUPAC16: each image, ``rgb2hed``; DIARETDB1: each fundus image and its four lesion
 confidence maps, decoded with OpenCV, CLAHE on LAB lightness). Each full set is
 preprocessed with one worker (to set beside the single-core floor) and with the
-default worker count (one per CPU), which must never be slower than one worker.
+default worker count (one per CPU, up to 8), which must never be slower than one worker.
 
     .venv/bin/python benchmarks/preprocess.py [--only tupac16|diaretdb1]
         [--workdir bench_out] [--profile]
@@ -42,9 +42,11 @@ TARGET_S = {"tupac16": 60, "diaretdb1": 30}
 CHILD = """
 import json, resource, sys, time
 from pathlib import Path
+from capsmed.data.pool import default_workers
 from capsmed.progress import set_progress_enabled
 set_progress_enabled(False)
 name, raw, out, workers, profile = sys.argv[1:6]
+workers = 1 if profile == "1" else int(workers)
 if name == "tupac16":
     from capsmed.data.sources.tupac16.reader import Tupac16Config as Config
     from capsmed.data.sources.tupac16.reader import preprocess_tupac16 as run
@@ -58,10 +60,10 @@ if profile == "1":
     prof.runcall(run, Path(raw), Path(out), Config(workers=1))
     pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
 else:
-    run(Path(raw), Path(out), Config(workers=int(workers)))
+    run(Path(raw), Path(out), Config(workers=workers))
 wall = time.perf_counter() - t
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"preprocess_s": wall,
+print(json.dumps({"preprocess_s": wall, "workers": default_workers(workers),
                   "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
                   "main_peak_mib": me.ru_maxrss / 1024, "worker_peak_mib": kids.ru_maxrss / 1024}))
 """
@@ -229,8 +231,8 @@ def main() -> None:
             source = raw if count == FULL[name] else subset(name, raw, count)
             low = floor(name, source) if workers == 1 else None
             r = measure(name, source, args.workdir / f"{name}-{count}.h5", workers, False)
-            r.update(dataset=name, images=count, workers=workers or os.cpu_count(),
-                     floor_s=low, machine=machine(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            r.update(dataset=name, images=count, floor_s=low, machine=machine(),
+                     time=time.strftime("%Y-%m-%dT%H:%M:%S"))
             with results.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(r) + "\n")
             target = (f"<= {TARGET_S[name]} s: "

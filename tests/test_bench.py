@@ -69,8 +69,51 @@ def test_bench_and_models_refuse_impossible_settings_and_record_nothing(tmp_path
                           (["--input-size", "0"], "--input-size must be >= 1, got 0"),
                           (["--num-classes", "1"], "--num-classes must be >= 2, got 1"),
                           (["--precision", "foo"], "--precision must be one of auto"),
-                          (["--model-arg", "widths=abc"], "model option widths='abc' must")):
+                          (["--model-arg", "widths=abc"], "model option widths='abc' must"),
+                          # the model was built for 20 classes, the line said 10
+                          (["--model-arg", "num_classes=20"],
+                           "--model-arg num_classes: the input shape is set with "
+                           "--num-classes"),
+                          (["--model-arg", "in_channels=3"], "set with --channels")):
         assert_clean_failure(CliRunner().invoke(app, [*base, *args]), message)
     assert not results.exists()  # the history that run --dry-run estimates from
     assert_clean_failure(CliRunner().invoke(app, ["models", "--channels", "0"]),
                          "--channels must be >= 1, got 0")
+
+
+def _bench(results: Path, *extra: str) -> None:
+    args = ["bench", "train", "--arch", "lenet", "--batch-size", "4", "--steps", "1",
+            "--warmup", "0", "--device", "cpu", "--results", str(results), *extra]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+
+
+def test_a_line_records_its_model_options_and_estimates_take_only_default_models(
+        tmp_path):
+    """A line timed on a model built with --model-arg once read as the registry's
+    default model: capsmed run --dry-run then estimated paper-size runs from a toy's
+    rate."""
+    from capsmed.pipeline.estimate import user_rates
+
+    results = tmp_path / "bench" / "train.jsonl"
+    _bench(results, "--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]")
+    _bench(results)
+    tiny, default = (json.loads(line) for line in results.read_text().splitlines())
+    assert tiny["model_options"] == {"widths": [3, 4], "hidden": [8]}
+    assert default["model_options"] == {}
+    [rate] = user_rates(tmp_path / "bench")
+    assert rate.images_per_s == default["train_images_per_s"]
+
+
+def test_a_result_after_a_line_cut_short_is_a_line_of_its_own(tmp_path):
+    """A cut last line (a full disk, a killed writer) swallowed the next result."""
+    from capsmed.pipeline.estimate import user_rates
+
+    results = tmp_path / "train.jsonl"
+    results.write_text('{"arch": "lenet", "device": "cp')
+    _bench(results)
+    cut, line = results.read_text().splitlines()
+    assert cut == '{"arch": "lenet", "device": "cp'
+    assert json.loads(line)["arch"] == "lenet"
+    [rate] = user_rates(tmp_path)
+    assert rate.images_per_s == json.loads(line)["train_images_per_s"]

@@ -52,3 +52,34 @@ def test_runs_sharing_the_gpu_run_each_architecture_alone(tmp_path):
     alone = study_throughput.paper_study_hours({"lenet": {**figures, "runs_per_gpu": 1}})
     assert abs(result["paper000_gpu_hours"] - alone[0] / 2) < 1e-9 * alone[0]
     assert "runs per GPU: 2" in study_throughput.table(result)
+
+
+def _row(started: float, wall_s: float, epoch_seconds: list[float]) -> dict:
+    return {"arch": "lenet", "mode": "eager", "started": started, "wall_s": wall_s,
+            "epoch_s": sum(epoch_seconds), "epoch_seconds": epoch_seconds,
+            "epochs": len(epoch_seconds), "train_samples": 1000,
+            "train_images": 1000 * len(epoch_seconds), "checkpoint_writes": 1,
+            "checkpoint_write_s": 0.5, "batch_size": 128}
+
+
+def test_the_extrapolation_matches_a_hand_computation():
+    """Three made-up lenet runs: steady rate 6,000 images / 60 s = 100 img/s; overheads
+    (first-epoch extra + wall - epochs) 20+50 = 70 (started first), 10+30 = 40, 2+28 =
+    30. jimenez2018 has 144 lenet runs of 50 epochs over 36 x (55k + 55k + 60k + 50k)
+    training images: 396M images, 3,960,000 s at 100 img/s. With K runs sharing the
+    GPU, each of the K workers pays the first run's overhead once (it counted once)."""
+    import copy
+
+    rows = [_row(0.0, 100.0, [30.0, 10.0, 10.0]), _row(100.0, 60.0, [12.0, 10.0, 10.0]),
+            _row(50.0, 70.0, [20.0, 10.0, 10.0])]
+    alone = study_throughput.per_arch(copy.deepcopy(rows), {"*": 200.0})["lenet"]
+    assert alone["images_per_s"] == 100.0 and alone["first_run_overhead_s"] == 70.0
+    assert alone["later_run_overhead_s"] == 35.0 and alone["busy_share_of_study"] == 0.61
+    hours, covered, total = study_throughput.paper_study_hours({"lenet": alone})
+    assert (covered, total) == (144, 432)
+    assert abs(hours - (3_960_000 + 70 + 143 * 35) / 3600) < 1e-9
+    shared = study_throughput.per_arch(copy.deepcopy(rows), {"lenet": 200.0}, 2)["lenet"]
+    assert shared["first_run_overhead_s"] == 55.0 and shared["later_run_overhead_s"] == 30.0
+    assert shared["busy_share_of_study"] == 122 / 400
+    hours, _, _ = study_throughput.paper_study_hours({"lenet": shared})
+    assert abs(hours - (3_960_000 + 2 * 55 + 142 * 30) / 2 / 3600) < 1e-9

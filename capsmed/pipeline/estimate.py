@@ -42,6 +42,8 @@ def user_rates(folder: Path | None = None) -> list[Rate]:
 def _bench_line(line: str, source: str) -> Rate | None:
     try:
         row = json.loads(line)
+        if row.get("model_options"):  # not the registry's default model: no rate for it
+            return None
         shape, _, classes = str(row["input"]).partition(", ")
         channels, size, _ = (int(v) for v in shape.split("x"))
         device = str(row["device"])

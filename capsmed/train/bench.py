@@ -16,7 +16,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,9 @@ class BenchResult:
     capsmed: str
     when: str
     tf32: bool = False  # TF32 matmuls and convolutions (only with --precision tf32)
+    # --model-arg options: a line without them is the registry's default model, which
+    # capsmed run --dry-run takes the line's rate for
+    model_options: dict[str, Any] = field(default_factory=dict)
 
 
 def _sync(device: torch.device) -> None:
@@ -104,6 +107,7 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
     """
     _check_options(batch_size=batch_size, steps=steps, warmup=warmup, input_size=input_size,
                    channels=channels, num_classes=num_classes, precision=precision)
+    _check_model_options(model_kwargs or {})
     dev = select_device(device)
     mode = precision_mode(precision, dev)
     if cuda_graph and (dev.type != "cuda" or mode == "fp16"):
@@ -158,7 +162,7 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
         peak_memory_mib=round(_peak_memory_mib(dev), 1), channels_last=use_cl,
         compiled=compile_model, cuda_graph=cuda_graph, steps=steps, torch=str(torch.__version__),
         capsmed=__version__, when=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        tf32=mode == "tf32")
+        tf32=mode == "tf32", model_options=dict(model_kwargs or {}))
 
 
 def _check_options(*, precision: str, **values: int | None) -> None:
@@ -171,6 +175,19 @@ def _check_options(*, precision: str, **values: int | None) -> None:
     if precision not in PRECISIONS:
         raise CapsmedError(f"--precision must be one of {', '.join(PRECISIONS)}, got "
                            f"{precision!r}")
+
+
+# Model options that are the benchmark's input shape: given as --model-arg they built a
+# model for other inputs than the images timed and the line records.
+SHAPE_OPTIONS = {"in_channels": "--channels", "num_classes": "--num-classes",
+                 "input_size": "--input-size"}
+
+
+def _check_model_options(model_kwargs: dict[str, Any]) -> None:
+    for key, option in SHAPE_OPTIONS.items():
+        if key in model_kwargs:
+            raise CapsmedError(f"--model-arg {key}: the input shape is set with {option}, "
+                               "not as a model option")
 
 
 def _time_steps(run_step: Callable[[int], object], steps: int, warmup: int,
@@ -193,7 +210,21 @@ def _time_steps(run_step: Callable[[int], object], steps: int, warmup: int,
 
 
 def append_result(result: BenchResult, path: Path) -> None:
-    """Append one JSON line (with the host name) to ``path``."""
+    """Append one JSON line (with the host name) to ``path``. After a line cut short
+    (a full disk, a killed writer) the result starts a line of its own: appended to
+    the cut one, both would be lost to a reader."""
     path = Path(path)
     ensure_writable_dir(path.parent)
-    append_line(path, json.dumps({**asdict(result), "host": platform.node()}))
+    line = json.dumps({**asdict(result), "host": platform.node()})
+    append_line(path, "\n" + line if _ends_mid_line(path) else line)
+
+
+def _ends_mid_line(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            if fh.seek(0, 2) == 0:
+                return False
+            fh.seek(-1, 2)
+            return fh.read(1) != b"\n"
+    except OSError:  # none yet, or not a file: append_line says why it cannot write
+        return False
