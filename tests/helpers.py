@@ -51,3 +51,14 @@ def folder_dataset(work: Path, images_per_class: int = 10, patients: int = 5) ->
     return capsmed.preprocess("folder", work / "images", work / "shapes.h5", size=28,
                               channels=1, group_pattern=r"^(P\d+)_", workers=1,
                               fractions={"train": 0.6, "val": 0.2, "test": 0.2})
+
+
+def folder_lenet(work: Path) -> tuple[Path, list[Path]]:
+    """A tiny LeNet run trained one epoch on :func:`folder_dataset` (6 images a class,
+    3 patients) in ``work``, and four of the set's image files."""
+    import capsmed
+
+    data = folder_dataset(work, images_per_class=6, patients=3)
+    run = capsmed.train_run(data, "lenet", epochs=1, batch_size=8, seed=0, device="cpu",
+                            out=str(work / "lenet"), model_kwargs=TINY["lenet"])
+    return run, sorted((work / "images").rglob("*.png"))[:4]

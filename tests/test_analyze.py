@@ -48,6 +48,19 @@ def caps_run(tiny_h5, tmp_path_factory):
                              model_kwargs=TINY_CAPSNET), disable_progress=True)
 
 
+def _untrained_capsnet_run(run, data, class_names):
+    """``run``: a tiny capsnet checkpoint (untrained) of ``data``'s 28 px grey images."""
+    from capsmed.models import create_model
+
+    kwargs = {"in_channels": 1, "num_classes": len(class_names), "input_size": [28, 28],
+              **TINY_CAPSNET}
+    run.mkdir()
+    save_checkpoint(run, create_model("capsnet", **kwargs),
+                    {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
+                     "data": str(data), "class_names": list(class_names)})
+    return run
+
+
 def _fresh_copy(run, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("analysis"))
@@ -245,14 +258,8 @@ def test_routing_refuses_a_convnet(tiny_h5, tmp_path):
 
 
 def test_routing_without_logged_entropy_analyses_the_checkpoint(tiny_h5, tmp_path):
-    from capsmed.models import create_model
 
-    kwargs = {"in_channels": 1, "num_classes": 2, "input_size": [28, 28], **TINY_CAPSNET}
-    run = tmp_path / "old"
-    run.mkdir()
-    save_checkpoint(run, create_model("capsnet", **kwargs),
-                    {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
-                     "data": str(tiny_h5), "class_names": ["non-mitosis", "mitosis"]})
+    run = _untrained_capsnet_run(tmp_path / "old", tiny_h5, ["non-mitosis", "mitosis"])
     (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train_loss": 0.5}) + "\n")
     result = runner.invoke(app, ["-q", "analyze", "routing", str(run)])
     assert result.exit_code == 0, result.output
@@ -269,18 +276,13 @@ def test_routing_into_a_used_folder_leaves_no_figure_of_the_earlier_runs(caps_ru
                                                                          tmp_path):
     """Figures that only some calls draw (the epoch curves) must not survive from an
     earlier call into the same --out, where they would pass for the new runs'."""
-    from capsmed.models import create_model
 
     out = tmp_path / "figs"
     result = runner.invoke(app, ["-q", "analyze", "routing", str(caps_run), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert (out / "routing_entropy_epochs.png").is_file()
-    kwargs = {"in_channels": 1, "num_classes": 2, "input_size": [28, 28], **TINY_CAPSNET}
-    old = tmp_path / "old"  # no routing entropy logged: no curves to draw
-    old.mkdir()
-    save_checkpoint(old, create_model("capsnet", **kwargs),
-                    {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
-                     "data": str(tiny_h5), "class_names": ["non-mitosis", "mitosis"]})
+    # no routing entropy logged: no curves to draw
+    old = _untrained_capsnet_run(tmp_path / "old", tiny_h5, ["non-mitosis", "mitosis"])
     (old / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train_loss": 0.5}) + "\n")
     result = runner.invoke(app, ["-q", "analyze", "routing", str(old), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -476,7 +478,6 @@ def test_routing_on_two_digit_images_scores_both_digits(tmp_path):
 def test_affine_scores_a_cross_validation_runs_held_out_fold(tmp_path):
     """A fold run's file has no 'test' split (its test is the held-out rows of 'all'):
     the two-label check looked for one and stopped with 'the file is damaged'."""
-    from capsmed.models import create_model
 
     data = tmp_path / "cv.h5"
     images = np.random.default_rng(0).integers(0, 256, (6, 1, 28, 28), dtype=np.uint8)
@@ -486,12 +487,7 @@ def test_affine_scores_a_cross_validation_runs_held_out_fold(tmp_path):
         w.append("all", images, np.array([0, 1] * 3), np.array([f"g{i}" for i in range(6)]),
                  folds=np.arange(6) % 2)
     torch.manual_seed(0)
-    kwargs = {"in_channels": 1, "num_classes": 2, "input_size": [28, 28], **TINY_CAPSNET}
-    run = tmp_path / "run"
-    run.mkdir()
-    save_checkpoint(run, create_model("capsnet", **kwargs),
-                    {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
-                     "data": str(data), "class_names": ["a", "b"]})
+    run = _untrained_capsnet_run(tmp_path / "run", data, ["a", "b"])
     np.save(run / "test_indices.npy", np.array([0, 1, 2]))
     np.save(run / "train_indices.npy", np.array([3, 4, 5]))
     result = runner.invoke(app, ["-q", "analyze", "affine", str(run), "--sweep-step", "180"])

@@ -14,7 +14,7 @@ from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.helpers import TINY, folder_dataset
+from tests.helpers import TINY, folder_lenet
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +27,7 @@ def tupac_lenet(tiny_h5, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def folder_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("array-folder")
-    data = folder_dataset(work, images_per_class=6, patients=3)
-    run = capsmed.train_run(data, "lenet", epochs=1, batch_size=8, seed=0, device="cpu",
-                            out=str(work / "lenet"), model_kwargs=TINY["lenet"])
-    return run, sorted((work / "images").rglob("*.png"))[:4]
+    return folder_lenet(tmp_path_factory.mktemp("array-folder"))
 
 
 def test_windows_of_an_array_equal_predict_on_the_file(tupac_lenet, tiny_raw, tmp_path):

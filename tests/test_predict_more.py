@@ -7,21 +7,16 @@ import json
 
 import pytest
 
-import capsmed
 from capsmed.errors import CapsmedError
 from capsmed.predict.config import PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.predict.report import summary_table
-from tests.helpers import TINY, folder_dataset
+from tests.helpers import folder_lenet
 
 
 @pytest.fixture(scope="module")
 def folder_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("more-folder")
-    data = folder_dataset(work, images_per_class=6, patients=3)
-    run = capsmed.train_run(data, "lenet", epochs=1, batch_size=8, seed=0, device="cpu",
-                            out=str(work / "lenet"), model_kwargs=TINY["lenet"])
-    return run, sorted((work / "images").rglob("*.png"))[:4]
+    return folder_lenet(tmp_path_factory.mktemp("more-folder"))
 
 
 def test_an_image_level_summary_claims_no_class_threshold_or_positives(folder_run,
