@@ -167,6 +167,24 @@ def test_a_benchmark_in_a_worker_reports_its_own_peak_memory(tmp_path):
     assert small < big - 100, (small, big)  # ~360 MiB alone, ~540 after the big one
 
 
+def test_a_benchmark_started_by_a_large_process_reports_its_own_peak(tmp_path):
+    """A process inherits its parent's peak RSS through fork and exec (ru_maxrss): a
+    benchmark started by a large runner (this test process after 1,000 tests) reported
+    the runner's peak. Its own (VmHWM) starts anew with the program."""
+    import subprocess
+    import sys
+
+    from capsmed.train.bench import peak_rss_mib
+
+    ballast = bytearray(600 * 2**20)  # this process: 600 MiB more than the child needs
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    code = "from capsmed.train.bench import peak_rss_mib; print(peak_rss_mib())"
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                 text=True, check=True).stdout)
+    assert child < peak_rss_mib() - 400, (child, peak_rss_mib())
+    del ballast
+
+
 def test_compiled_variants_of_many_commands_never_fall_back_to_eager(tmp_path):
     """What torch.compile made stays for the next command of the same shapes (its
     warm-up paid once per worker), with room for every variant: at dynamo's default of

@@ -43,8 +43,8 @@ TORCH_COMMANDS = frozenset({"train", "evaluate", "analyze", "predict", "export",
 PRELOAD = ("torch", "torch._dynamo", "typer._adapters", "capsmed.train.run",
            "capsmed.train.engine", "capsmed.train.loop", "capsmed.evaluate.evaluation")
 # The commands that measure the process they run in: ``bench`` reports its peak memory
-# (on a CPU ``ru_maxrss``, the peak of the whole process's life, which nothing resets),
-# so in a worker it reported an earlier command's. Each runs in a worker of its own.
+# (on a CPU the peak of the whole process's life, which nothing resets), so in a worker
+# it reported an earlier command's. Each runs in a worker of its own.
 FRESH_COMMANDS = frozenset({"bench"})
 
 

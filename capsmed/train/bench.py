@@ -8,12 +8,14 @@ timed; the device is synchronised before and after the timed steps only.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import platform
 import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -88,8 +90,21 @@ def _sync(device: torch.device) -> None:
 def _peak_memory_mib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    # Linux reports ru_maxrss in KiB: the whole process's peak, model and data included.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mib()
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (MiB), model and data included: Linux's
+    ``VmHWM``, which starts anew with the program (``ru_maxrss`` does not: a process
+    started by a large one, as a study worker by its runner, inherits that one's peak
+    through fork and exec); ``ru_maxrss`` elsewhere."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    # ru_maxrss: KiB on Linux, bytes on macOS
+    scale = 2**20 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
 
 
 def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps: int = 20,
