@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 # OpenCV's own limit (CV_IO_MAX_IMAGE_PIXELS): 32768 x 32768. A larger plain image is a
 # whole slide, which `capsmed preprocess wsi` reads tile by tile.
 MAX_IMAGE_PIXELS = 1 << 30
+# Image formats capsmed's folder readers do not read (the class-folder source, predict's
+# input folders): refused there, as left out a class or a prediction would be missing.
+UNREAD_IMAGE_EXTENSIONS = frozenset(
+    (".webp", ".gif", ".pgm", ".ppm", ".pbm", ".pnm", ".jp2", ".j2k", ".jpx", ".jxl",
+     ".heic", ".heif", ".avif", ".dcm", ".dicom", ".tga", ".exr", ".hdr", ".svs", ".ndpi",
+     ".mrxs", ".scn", ".vms", ".czi", ".nii", ".nrrd", ".mha", ".mhd"))
 _JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 

@@ -83,7 +83,7 @@ def _refuse_unread_images(folder: Path, others: list[Path], suffixes: tuple[str,
     """Refuse image files in an input folder that predict does not look for (WebP,
     GIF, DICOM, a slide for a run that reads none, ...): they would be left out
     without a word, their rows missing from predictions.csv."""
-    from capsmed.data.sources.folder.reader import UNREAD_IMAGE_EXTENSIONS
+    from capsmed.data.images import UNREAD_IMAGE_EXTENSIONS
 
     unread = [p for p in others if p.suffix.lower() in UNREAD_IMAGE_EXTENSIONS]
     if unread:

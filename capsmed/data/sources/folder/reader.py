@@ -26,6 +26,7 @@ import numpy as np
 from capsmed.data.contract import DatasetWriter
 from capsmed.data.files import FolderWalk, check_file, check_name, refuse_same_stem, shown
 from capsmed.data.images import (
+    UNREAD_IMAGE_EXTENSIONS,
     convert_channels,
     exif_orientation,
     read_image,
@@ -44,11 +45,6 @@ from capsmed.errors import CapsmedError
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
-# image formats this source does not read: left out silently, a class would lose images
-UNREAD_IMAGE_EXTENSIONS = frozenset(
-    (".webp", ".gif", ".pgm", ".ppm", ".pbm", ".pnm", ".jp2", ".j2k", ".jpx", ".jxl",
-     ".heic", ".heif", ".avif", ".dcm", ".dicom", ".tga", ".exr", ".hdr", ".svs", ".ndpi",
-     ".mrxs", ".scn", ".vms", ".czi", ".nii", ".nrrd", ".mha", ".mhd"))
 FILES_PER_JOB = 64  # a worker job reads this many files: amortises pickling and start-up
 LOW_RANGE_16BIT = 4096  # a 16-bit image whose maximum is below this holds <= 12 bits
 
