@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from capsmed.io import WriteError
 from capsmed.train.config import TrainConfig
@@ -114,3 +114,58 @@ def test_the_interval_is_an_option_of_train_refused_below_zero(tiny_h5, tmp_path
     result = CliRunner().invoke(app, [*args, "--state-every-minutes", "-1"])
     assert_clean_failure(result, "state_every_minutes must be >= 0, got -1.0")
     assert not (tmp_path / "r").exists()
+
+
+def _crashed_attempts_checkpoint(run, epoch):
+    """As if the crashed attempt had kept a later epoch after the state was written."""
+    from capsmed.data.digest import file_digest
+
+    weights = {k: v + 1 for k, v in _weights(run).items()}
+    meta = json.loads((run / "checkpoint.json").read_text())
+    for name in ("checkpoint.safetensors", "checkpoint.json"):
+        (run / name).unlink()  # replaced, as save_checkpoint does, not written over
+    save_file(weights, str(run / "checkpoint.safetensors"))
+    meta.update(epoch=epoch, weights_digest=file_digest(run / "checkpoint.safetensors"))
+    (run / "checkpoint.json").write_text(json.dumps(meta))
+
+
+def test_resume_puts_back_the_checkpoint_of_the_states_kept_epoch(
+        tiny_h5, tmp_path, monkeypatch):
+    """A replay that is not bit-identical (a GPU) may not keep the crashed attempt's later
+    epoch again: its weights must not pass for the resumed run's best."""
+    from capsmed.train.loop import TrainingInterrupted
+
+    run = tmp_path / "run"
+    revive = _killed_at(monkeypatch, 5)  # in epoch 2: the state of epoch 1's end is last
+    with pytest.raises(Killed):
+        train(_caps(tiny_h5, run, state_every_minutes=0), disable_progress=True)
+    revive()
+    assert load_state(run)["progress"]["best_epoch"] == 1
+    kept = _weights(run)
+    _crashed_attempts_checkpoint(run, epoch=2)
+    with pytest.raises(TrainingInterrupted):
+        resume(run, disable_progress=True, stop_after_steps=1)
+    assert json.loads((run / "checkpoint.json").read_text())["epoch"] == 1
+    restored = _weights(run)
+    assert all(torch.equal(kept[k], restored[k]) for k in kept)
+    resume(run, disable_progress=True)  # finished: the kept pair goes with resume.pt
+    assert not list(run.glob("resume*"))
+    best = [r["epoch"] for r in _metrics(run) if r["best"]][-1]
+    assert json.loads((run / "checkpoint.json").read_text())["epoch"] == best
+
+
+def test_resume_from_the_start_drops_the_crashed_attempts_checkpoint(
+        tiny_h5, tmp_path, monkeypatch):
+    from capsmed.train.loop import TrainingInterrupted
+
+    run = tmp_path / "run"
+    revive = _killed_at(monkeypatch, 6)  # default interval: only the start's state
+    with pytest.raises(Killed):
+        train(_caps(tiny_h5, run), disable_progress=True)
+    revive()
+    assert load_state(run)["progress"]["best_epoch"] == 0
+    assert (run / "checkpoint.json").is_file()  # epoch 1's, from the lost attempt
+    with pytest.raises(TrainingInterrupted):
+        resume(run, disable_progress=True, stop_after_steps=1)
+    assert not (run / "checkpoint.json").exists()
+    assert not (run / "checkpoint.safetensors").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capsmed.train.checkpoint import save_checkpoint
+from capsmed.train.checkpoint import restore_for_resume, save_checkpoint
 from capsmed.train.handlers.base import LoopHandler, LoopState
 
 if TYPE_CHECKING:
@@ -21,6 +21,11 @@ class BestCheckpoint(LoopHandler):
     @classmethod
     def create(cls, run: Run) -> BestCheckpoint | None:
         return cls(run) if run.ctx.is_main else None
+
+    def on_start(self, loop: LoopState) -> None:
+        """On ``--resume``, the checkpoint of the state's kept epoch, not one a crashed
+        attempt wrote after the state."""
+        restore_for_resume(self.run.run_dir, loop.progress.best_epoch)
 
     def on_epoch_end(self, loop: LoopState) -> None:
         record = loop.record

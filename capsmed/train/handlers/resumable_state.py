@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from capsmed.train.checkpoint import drop_kept, keep_for_resume
 from capsmed.train.handlers.base import LoopHandler, LoopState
 from capsmed.train.state import RESUME_FILE
 
@@ -22,7 +23,9 @@ class ResumableState(LoopHandler):
     takes seconds to write; at every epoch end it cost as much as the training of a
     short epoch on a GPU. Written at a check point inside an epoch it is as exact as
     at an epoch end (the epoch's batches are drawn again from the sampler's state at
-    its start and the finished ones skipped). The state at the run's start is written
+    its start and the finished ones skipped). The checkpoint of the state's kept epoch
+    is kept beside it (hard links), for ``--resume`` to put back
+    (:func:`~capsmed.train.checkpoint.keep_for_resume`). The state at the run's start is written
     with its folder (``Run._create_folder``), so a run killed before the first write
     here resumes from its start.
     """
@@ -55,6 +58,7 @@ class ResumableState(LoopHandler):
 
     def on_end(self, loop: LoopState) -> None:
         (self.run.run_dir / RESUME_FILE).unlink(missing_ok=True)  # nothing to resume
+        drop_kept(self.run.run_dir)
 
     def _due(self) -> bool:
         return time.monotonic() - self.last_write >= self.every_s
@@ -62,4 +66,5 @@ class ResumableState(LoopHandler):
     def _save(self, loop: LoopState) -> None:
         progress, sampler_state = loop.resume_point()
         self.run.save_state(progress, sampler_state)
+        keep_for_resume(self.run.run_dir)  # the checkpoint that goes with it
         self.saved_step, self.last_write = progress.global_step, time.monotonic()
