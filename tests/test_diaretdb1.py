@@ -336,3 +336,22 @@ def test_bad_input_fails_cleanly_through_the_cli(raw, tmp_path, corrupt):
     result = _preprocess(copy, out)
     assert_clean_failure(result, str(victim), out)
     assert message in result.stderr
+
+
+def test_a_translucent_fundus_image_is_refused_and_an_opaque_alpha_dropped(tmp_path):
+    """As predict refuses it: the colour under a transparent pixel is not the photograph."""
+    from capsmed.data.sources.diaretdb1.layout import read_rgb_png
+
+    rgb = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    alpha = np.full((16, 16, 1), 255, np.uint8)
+    Image.fromarray(np.concatenate([rgb, alpha], axis=-1)).save(tmp_path / "a.png")
+    np.testing.assert_array_equal(read_rgb_png(tmp_path / "a.png"), rgb)
+    alpha[:4] = 0
+    Image.fromarray(np.concatenate([rgb, alpha], axis=-1)).save(tmp_path / "a.png")
+    palette = Image.new("P", (16, 16))
+    palette.putpalette([0, 0, 0, 200, 100, 50])
+    palette.save(tmp_path / "p.png", transparency=0)  # index 0 transparent everywhere
+    for name in ("a.png", "p.png"):
+        with pytest.raises(CapsmedError, match=rf"{name}: has transparent pixels, but "
+                                               "DIARETDB1"):
+            read_rgb_png(tmp_path / name)

@@ -198,3 +198,26 @@ def test_a_mitosis_listed_twice_counts_once_and_is_warned_about(tmp_path, caplog
            "once" in caplog.text
     csv.write_text("10,20\n20,10\n")  # the same numbers in the other order: two mitoses
     assert read_mitosis_csv(csv).tolist() == [[10, 20], [20, 10]]
+
+
+def test_a_translucent_image_is_refused_and_an_opaque_alpha_dropped(tiny_raw, tmp_path):
+    """Predict refuses translucent photographs (the colour under transparency, often
+    black, would be scored as tissue): preprocessing refuses them too, naming the file."""
+    import tifffile
+
+    raw = tmp_path / "raw"
+    shutil.copytree(tiny_raw, raw)
+    tif = discover(raw)[0].tif
+    rgb = read_rgb_tiff(tif)
+    alpha = np.full(rgb.shape[:2], 255, np.uint8)
+    tifffile.imwrite(tif, np.dstack([rgb, alpha]), photometric="rgb",
+                     extrasamples=["unassalpha"])
+    np.testing.assert_array_equal(read_rgb_tiff(tif), rgb)  # opaque: dropped
+    alpha[:8] = 0
+    tifffile.imwrite(tif, np.dstack([rgb, alpha]), photometric="rgb",
+                     extrasamples=["unassalpha"])
+    cfg = Tupac16Config(positives_per_mitosis=1, workers=1)
+    with pytest.raises(CapsmedError, match=rf"{tif.name}: has transparent pixels, but "
+                                           "TUPAC16 images have no alpha"):
+        preprocess_tupac16(raw, tmp_path / "out.h5", cfg)
+    assert not (tmp_path / "out.h5").exists()

@@ -289,8 +289,21 @@ def resize_image(image: np.ndarray, size: int, keep_aspect: bool) -> np.ndarray:
     return out
 
 
-def read_rgb_tiff(path: Path) -> np.ndarray:
-    """Read an RGB(A) TIFF as (H, W, 3) uint8, or fail naming the file."""
+def opaque(path: Path, image: np.ndarray, dataset: str) -> np.ndarray:
+    """(H, W[, C]) uint8 without its alpha channel (C 2 or 4), refused when a pixel is
+    not opaque: a set without alpha (MNIST, MedMNIST, TUPAC16) never showed the colour
+    under a transparent pixel, which is often black, or the whole picture is in the alpha."""
+    if image.ndim != 3 or image.shape[-1] not in (2, 4):
+        return image
+    if int(image[..., -1].min()) < 255:
+        raise CapsmedError(f"{path}: has transparent pixels, but {dataset} images have no "
+                           "alpha channel; flatten the image onto its background first")
+    return image[..., :-1]
+
+
+def read_rgb_tiff(path: Path, dataset: str = "the training") -> np.ndarray:
+    """Read an RGB(A) TIFF as (H, W, 3) uint8, or fail naming the file. An alpha channel
+    is dropped when opaque and refused otherwise (:func:`opaque`), as predict does."""
     image, _ = read_tiff(path)
     if image.ndim != 3 or image.shape[-1] not in (3, 4):
         raise CapsmedError(f"{path}: expected an RGB image, got shape {image.shape}")
@@ -299,4 +312,4 @@ def read_rgb_tiff(path: Path) -> np.ndarray:
             image = (image >> 8).astype(np.uint8)
         else:
             raise CapsmedError(f"{path}: expected 8-bit RGB, got {image.dtype}")
-    return np.ascontiguousarray(image[..., :3])
+    return np.ascontiguousarray(opaque(path, image, dataset))

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from capsmed.data.images import read_image, to_uint8
+from capsmed.data.images import opaque, read_image, to_uint8
 from capsmed.data.patches import extract_patches, grid_centres, resize_patches, window_fraction
 from capsmed.data.record import DatasetRecord
 from capsmed.data.replay.options import Overrides
@@ -43,18 +43,6 @@ def alpha_on_white(image: np.ndarray) -> np.ndarray:
     alpha = image[..., -1:].astype(np.float32) / 255.0
     colour = image[..., :-1].astype(np.float32) * alpha + 255.0 * (1.0 - alpha)
     return np.clip(np.rint(colour), 0, 255).astype(np.uint8)
-
-
-def opaque(path: Path, image: np.ndarray, dataset: str) -> np.ndarray:
-    """(H, W[, C]) uint8 without its alpha channel (C 2 or 4), refused when a pixel is
-    not opaque: a set without alpha (MNIST, MedMNIST) never showed the colour under a
-    transparent pixel, which is often black, or the whole picture is in the alpha."""
-    if image.ndim != 3 or image.shape[-1] not in (2, 4):
-        return image
-    if int(image[..., -1].min()) < 255:
-        raise CapsmedError(f"{path}: has transparent pixels, but {dataset} images have no "
-                           "alpha channel; flatten the image onto its background first")
-    return image[..., :-1]
 
 
 def read_rgb(path: Path, dataset: str = "the training") -> np.ndarray:

@@ -19,7 +19,7 @@ import tifffile
 from PIL import Image, UnidentifiedImageError
 
 from capsmed.data.files import FolderWalk, find_in_folder, refuse_same_stem
-from capsmed.data.images import check_image_file
+from capsmed.data.images import check_image_file, opaque
 from capsmed.data.sources.diaretdb1.config import LESION_TYPES
 from capsmed.errors import CapsmedError
 
@@ -126,8 +126,8 @@ def _read_png(path: Path, what: str, first_channel: bool = False) -> np.ndarray:
     try:
         with Image.open(path) as image:
             image.load()
-            if image.mode == "P":
-                image = image.convert("RGB")
+            if image.mode == "P":  # a transparent palette entry stays transparent
+                image = image.convert("RGBA" if "transparency" in image.info else "RGB")
             if first_channel and len(image.getbands()) > 1:
                 image = image.getchannel(0)  # a third of the copying np.asarray would do
             return np.asarray(image)
@@ -139,12 +139,13 @@ def _read_png(path: Path, what: str, first_channel: bool = False) -> np.ndarray:
 
 
 def read_rgb_png(path: Path) -> np.ndarray:
-    """A fundus image as (H, W, 3) uint8 RGB, or a one-line error naming the file."""
+    """A fundus image as (H, W, 3) uint8 RGB, or a one-line error naming the file. An
+    alpha channel is dropped when opaque and refused otherwise, as predict does."""
     image = _read_png(path, "fundus image")
     if image.ndim != 3 or image.shape[2] not in (3, 4) or image.dtype != np.uint8:
         raise CapsmedError(f"{path}: expected an 8-bit RGB image, got {image.dtype} "
                            f"{image.shape}")
-    return np.ascontiguousarray(image[..., :3])
+    return np.ascontiguousarray(opaque(path, image, "DIARETDB1"))
 
 
 def read_confidence_map(path: Path, shape: tuple[int, int], image_name: str) -> np.ndarray:

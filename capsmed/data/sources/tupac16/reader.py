@@ -236,7 +236,7 @@ def _sample_negatives(mask: np.ndarray, mitoses: np.ndarray, count: int, cfg: Tu
 def process_image(job: _Job) -> _Result:
     """Hematoxylin channel + positive/negative patches for one image (runs in a worker)."""
     cfg, rec = job.config, job.record
-    rgb = read_rgb_tiff(rec.tif)
+    rgb = read_rgb_tiff(rec.tif, "TUPAC16")
     if job.stain is not None:
         rgb = job.stain.apply(rgb)
     h, w = rgb.shape[:2]
