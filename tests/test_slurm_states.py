@@ -104,3 +104,38 @@ def test_an_sbatch_ntasks_that_would_override_the_runs_processes_is_refused():
 
     with pytest.raises(CapsmedError, match="--ntasks is set by capsmed"):
         check_resources({"gpus": 2, "sbatch": {"ntasks": 1}}, "resources", "p.yaml")
+
+
+def test_an_sbatch_time_min_that_would_shorten_the_jobs_limit_is_refused():
+    """sbatch time-min lets Slurm start a job with a limit below resources.time_min,
+    while the executor waits for that full limit to save and requeue: the job was
+    killed at the shorter limit and the run failed instead of continuing."""
+    from capsmed.errors import CapsmedError
+    from capsmed.pipeline.resources import check_resources
+
+    with pytest.raises(CapsmedError, match="--time-min is set by capsmed"):
+        check_resources({"time_min": 60, "sbatch": {"time-min": 30}}, "resources", "p.yaml")
+
+
+def test_a_rules_sbatch_false_removes_the_pipelines_flag(tmp_path):
+    """A rule's ``sbatch: {exclusive: false}`` under a pipeline-wide ``exclusive: true``:
+    the rule's runs were still submitted --exclusive (false was dropped before merging)."""
+    from pathlib import Path
+
+    import yaml
+
+    from capsmed.pipeline.items import job_resources
+    from capsmed.pipeline.spec import load_pipeline
+
+    smoke = Path(__file__).resolve().parents[1] / "pipelines" / "smoke.yaml"
+    raw = yaml.safe_load(smoke.read_text())
+    raw["resources"] = {"sbatch": {"exclusive": True, "mail-type": "END"}}
+    raw["rules"].append({"when": {"arch": "capsnet"},
+                         "resources": {"sbatch": {"exclusive": False}}})
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    pipeline = load_pipeline(path, {"out": str(tmp_path / "out")})
+    sbatch = {run.fields["arch"]: job_resources(run.resources, {}, "run", path, 0).sbatch
+              for run in pipeline.runs}
+    assert sbatch["capsnet"] == (("mail-type", "END"),)
+    assert sbatch["lenet"] == (("exclusive", ""), ("mail-type", "END"))

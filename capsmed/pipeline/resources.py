@@ -124,9 +124,11 @@ def _checked_value(key: str, value: Any, where: str, path: Path | str) -> Any:
     return _sbatch_options(value, where, path)
 
 
-def _sbatch_options(value: Any, where: str, path: Path | str) -> dict[str, str]:
+def _sbatch_options(value: Any, where: str, path: Path | str) -> dict[str, str | None]:
     """``{exclusive: true, gres: "gpu:a100:1"}``: each an sbatch long option's name
-    (``true`` for a flag); the options capsmed sets itself are refused here."""
+    (``true`` for a flag); the options capsmed sets itself are refused here. ``false``
+    (or null) is kept as None: it removes the option a layer below set (a rule's
+    ``exclusive: false`` under a pipeline-wide ``exclusive: true``)."""
     if not isinstance(value, Mapping):
         raise CapsmedError(f"{path}: {where}: expected a mapping of sbatch option: value, "
                            f"got '{value}'")
@@ -138,9 +140,8 @@ def _sbatch_options(value: Any, where: str, path: Path | str) -> dict[str, str]:
         if name in RESERVED_SBATCH:
             raise CapsmedError(f"{path}: {where}: --{name} is set by capsmed "
                                f"({RESERVED_SBATCH[name]})")
-        if item is False or item is None:
-            continue
-        out[name] = "" if item is True else str(item)
+        out[name] = None if item is False or item is None else \
+            "" if item is True else str(item)
     return out
 
 
@@ -151,6 +152,9 @@ RESERVED_SBATCH = {
     "ntasks": "resources.tasks",  # it wins over --ntasks-per-node: one process fewer
     "cpus-per-task": "resources.cpus", "mem": "resources.mem_gb",
     "time": "resources.time_min", "partition": "resources.partition",
+    # Slurm may start the job with its limit lowered to --time-min; the executor saves
+    # and requeues just before the full resources.time_min, after such a job was killed
+    "time-min": "resources.time_min",
     "account": "resources.account", "qos": "resources.qos",
     "constraint": "resources.constraint", "array": "one job array per group of runs",
     "dependency": "the order of the pipeline's jobs", "signal": "the executor's "
@@ -173,7 +177,8 @@ def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
 def build(values: Mapping[str, Any], where: str, path: Path | str) -> Resources:
     """A :class:`Resources` from checked, merged values; their shape is checked here."""
     kwargs = {k: v for k, v in values.items() if v is not None and k != "sbatch"}
-    sbatch = tuple(sorted((values.get("sbatch") or {}).items()))
+    sbatch = tuple(sorted((k, v) for k, v in (values.get("sbatch") or {}).items()
+                          if v is not None and v is not False))  # False: removed
     res = Resources(**kwargs, sbatch=sbatch)
     if res.gpus and res.tasks is not None and res.tasks != res.gpus:
         raise CapsmedError(f"{path}: {where}: tasks {res.tasks} with gpus {res.gpus}: a run "
