@@ -58,7 +58,6 @@ class SlideTiles:
     def __init__(self, record: DatasetRecord, overrides: Overrides) -> None:
         self.cfg = wsi_config(record, overrides)
         self.stain = recorded_normaliser(record.preprocessing, record.origin)
-        self.given_stride = overrides.stride is not None
         self.trained_mpp = training_mpp(record)
 
     def prepare(self, path: Path, centres: np.ndarray | None) -> Prepared:
