@@ -117,3 +117,42 @@ def test_report_json_csv_and_md_state_the_hand_computed_numbers(tmp_path):
         assert re.search(rf"\| {name} \| [0-9.]+ \| {sensitivity:.3f} \| "
                          rf"{specificity:.3f} \| .* \| {support} \|", md), name
     assert rows[3]["class"] == "total" and int(rows[3]["support"]) == 10
+
+
+@pytest.mark.parametrize("name", ["total", "Total (macro)"])
+def test_a_class_named_like_the_total_row_is_refused(tmp_path, name):
+    """A class named 'total' made report.csv hold two 'total' rows: a reader looking up
+    the total got the class's numbers (or the other way round)."""
+    report = classification_report(np.array([0, 1]), np.array([0, 1]), ["a", name])
+    with pytest.raises(CapsmedError, match=f"class '{re.escape(name)}' has the name of "
+                                           "the reports' total row"):
+        write_report(report, tmp_path, "t", {"split": "test"})
+    assert not list(tmp_path.iterdir())
+
+
+def test_evaluate_refuses_a_class_named_total_before_scoring(tmp_path):
+    rng = np.random.default_rng(0)
+    with DatasetWriter(tmp_path / "t.h5", dataset="t", kind="folder", domain="generic",
+                       class_names=("a", "total"), image_shape=(1, 28, 28),
+                       preprocessing={}, source={}) as writer:
+        for split in ("train", "val", "test"):
+            writer.append(split, rng.integers(0, 255, (4, 1, 28, 28), dtype=np.uint8),
+                          np.arange(4) % 2, [f"{split}{i}" for i in range(4)])
+    run = train(TrainConfig(data=str(tmp_path / "t.h5"), arch="lenet", epochs=1,
+                            batch_size=4, seed=0, out=str(tmp_path / "run")),
+                disable_progress=True)
+    with pytest.raises(CapsmedError, match=r"t\.h5: class 'total' has the name of"):
+        evaluate_run(run, grids=False)
+    assert not (run / "report").exists()
+
+
+def test_tracked_metrics_keep_classes_apart_whose_names_map_to_one_word():
+    """'a:b' and 'a?b' both became 'a_b': one class's numbers overwrote the other's."""
+    from capsmed.evaluate.run_report import tracked_metrics
+
+    report = classification_report(np.array([0, 0, 1, 1]), np.array([0, 0, 0, 1]),
+                                   ["a:b", "a?b", "c"])
+    values = tracked_metrics(report, "test")
+    assert {k: v for k, v in values.items() if k.startswith("test/sensitivity.")} == {
+        "test/sensitivity.a_b-0": 1.0, "test/sensitivity.a_b-1": 0.5}
+    assert "test/precision.c" not in values  # never predicted, no samples: undefined

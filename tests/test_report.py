@@ -307,6 +307,33 @@ def test_a_report_older_than_the_kept_checkpoint_is_refused_and_shown_stale(real
     assert not (tmp_path / "r").exists()
 
 
+
+def test_a_report_of_other_weights_at_the_same_epoch_is_refused_and_shown_stale(real_run,
+                                                                                tmp_path):
+    """Only the epoch was compared: a checkpoint retrained (or replaced) to the same
+    epoch passed its old report off as current."""
+    import torch
+
+    from capsmed.runs.checkpoint import load_checkpoint
+    from capsmed.train.checkpoint import save_checkpoint
+
+    run = make_run(real_run, tmp_path / "runs" / "a", "lenet", 1, FULL["lenet", 1])
+    report_path = run / "report" / "report.json"
+    ls = runner.invoke(app, ["runs", "ls", str(tmp_path / "runs"), "--json"])
+    assert ls.exit_code == 0 and json.loads(ls.output)[0]["report_stale"] is False
+    model, meta = load_checkpoint(run)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    meta = {k: v for k, v in meta.items() if k != "weights_digest"}
+    save_checkpoint(run, model, meta)  # the same epoch, other weights
+    assert json.loads((run / "checkpoint.json").read_text())["epoch"] == meta["epoch"]
+    ls = runner.invoke(app, ["runs", "ls", str(tmp_path / "runs"), "--json"])
+    assert ls.exit_code == 0 and json.loads(ls.output)[0]["report_stale"] is True
+    result = runner.invoke(app, ["report", str(tmp_path / "runs"), "-o", str(tmp_path / "r")])
+    assert_clean_failure(result, f"{report_path}: scored other weights than the run's "
+                         "checkpoint now holds")
+    assert not (tmp_path / "r").exists()
+
 def test_runs_ls_skips_broken_configs_and_reads_past_a_partial_metrics_line(real_run,
                                                                             tmp_path, caplog):
     from capsmed.runs.index import find_runs
@@ -384,6 +411,19 @@ def test_stratified_folds_with_equal_class_counts_are_summed_in_the_images_colum
     assert [row[1] for row in table.rows] == ["30", "30", "60"]
     assert any("every image once" in n for n in table.notes)
 
+
+
+def test_a_class_named_total_keeps_its_own_row_in_the_per_class_table(runs_root):
+    """The row of a class named 'Total' was taken for the total row: it showed the
+    macro means (and all the images) instead of the class's own numbers."""
+    from capsmed.evaluate.layouts import per_class_tables
+
+    base = collect_runs([runs_root / "cv"]).runs[0]
+    run = replace(base, class_names=("Total", "other"), confusion=np.array([[8, 2], [1, 9]]))
+    table = per_class_tables(group_runs([run]), "pooled")[0]
+    assert [row[:4] for row in table.rows] == [["Total", "10", "0.889", "0.800"],
+                                               ["other", "10", "0.818", "0.900"],
+                                               ["Total", "20", "0.854", "0.850"]]
 
 def test_latex_escaping():
     assert latex_escape("a_b 50% & c->d ± x") == "a\\_b 50\\% \\& c$\\rightarrow$d $\\pm$ x"

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 # Keys of report.json that describe the evaluation rather than measure it.
 CONTEXT_KEYS = frozenset({"run_dir", "arch", "dataset", "data", "split", "checkpoint_epoch",
                           "samples", "class_names", "per_class", "total",
-                          "confusion_matrix", "notes", "predictions_digest"})
+                          "confusion_matrix", "notes", "predictions_digest",
+                          "weights_digest"})
 COUNT_KEYS = frozenset({"support", "samples"})
 REVISION = "protocol_revision"  # config.yaml environment key: see PROTOCOL_REVISION
 REQUIRED_KEYS = ("class_names", "per_class", "total", "accuracy", "balanced_accuracy",
@@ -260,12 +261,8 @@ def collect_runs(paths: Sequence[Path]) -> Collection:
     runs: list[EvaluatedRun] = []
     skipped = [SkippedRun(p, "not a readable run directory") for p in broken]
     for summary in summaries:
-        if summary.report_stale:
-            raise CapsmedError(
-                f"{summary.path / 'report' / 'report.json'}: scored the epoch "
-                f"{summary.report_epoch} checkpoint, but the run now keeps epoch "
-                f"{summary.best_epoch} (it trained on after the evaluation); run: "
-                f"capsmed evaluate {summary.path}")
+        if summary.stale_reason is not None:
+            raise CapsmedError(summary.stale_reason)
         if not summary.evaluated:
             reason = f"not evaluated yet; run: capsmed evaluate {summary.path}"
             log.warning("%s: skipped, %s", summary.path, reason)

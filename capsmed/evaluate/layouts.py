@@ -165,7 +165,7 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
                         Column("Sensitivity", span=mark(g.arch, g.runs), short="SEN")]
         rows, csv_rows = [], []
         for k, name in enumerate([*names, "Total"]):
-            is_total = name == "Total"
+            is_total = k == len(names)  # by place: a class may be named Total
             row = [name, f"{sum(images) if is_total else images[k]:,}"]
             for g, r, support in zip(members, results, supports, strict=True):
                 values = r["total"] if is_total else r["per_class"][name]

@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
+from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult
 from capsmed.evaluate.metrics import COLUMNS, RATIOS, ClassificationReport
 from capsmed.io import write_text_atomic
@@ -24,8 +25,22 @@ from capsmed.tables.terminal import to_rich
 
 HEADERS = ("class", "precision", "sensitivity", "specificity", "F1", "AUC", "support")
 SHORT = {"precision": "prec.", "sensitivity": "sens.", "specificity": "spec."}
+# What the total row is called: report.csv's ``total``, the tables' ``Total (macro)``,
+# ``capsmed report``'s ``Total``. A class of one of these names (case aside) would be
+# a second row of that name that a reader of report.csv takes for the total.
+TOTAL_LABELS = frozenset({"total", "total (macro)"})
 TOTAL_NOTE = ("Total (macro): the unweighted mean over classes where the value is "
               "defined. n/a: undefined (see the notes).")
+
+
+def check_class_names(class_names: tuple[str, ...] | list[str], where: Path | str) -> None:
+    """Refuse a class named like the reports' total row (``where``: the data file)."""
+    for name in class_names:
+        if name.strip().casefold() in TOTAL_LABELS:
+            raise CapsmedError(f"{where}: class {name!r} has the name of the reports' total "
+                               "row ('total' in report.csv), so the report could not tell "
+                               "the two apart; rename the class (its folder) and preprocess "
+                               "again")
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -128,6 +143,7 @@ def write_report(report: ClassificationReport, out_dir: Path, title: str,
                  context: dict[str, Any], agreement: AgreementResult | None = None) -> None:
     """Write ``report.json``, ``report.csv`` and ``report.md`` into ``out_dir``."""
     out_dir = Path(out_dir)
+    check_class_names(report.class_names, out_dir)
     # allow_nan=False: a NaN reaching the JSON is a bug to surface, not to write
     write_text_atomic(out_dir / "report.json",
                       json.dumps(report_dict(report, context, agreement), indent=2,
@@ -146,9 +162,10 @@ def tracked_metrics(report: ClassificationReport, prefix: str,
     values: dict[str, float | None] = {f"{prefix}/{k}": v for k, v in report.summary().items()}
     if agreement is not None:
         values[f"{prefix}/agreement"] = agreement.agreement
-    for name, per_class in report.per_class.items():
+    for word, per_class in zip(_metric_words(report.class_names),
+                               report.per_class.values(), strict=True):
         for k in RATIOS:
-            values[f"{prefix}/{k}.{_metric_word(name)}"] = per_class[k]
+            values[f"{prefix}/{k}.{word}"] = per_class[k]
     return {k: float(v) for k, v in values.items() if v is not None}
 
 
@@ -157,3 +174,18 @@ def _metric_word(name: str) -> str:
     ``_-. ``; a slash would make it a path)."""
     word = re.sub(r"[^\w.\- ]", "_", name)
     return "_" if word in ("", ".", "..") else word
+
+
+def _metric_words(names: tuple[str, ...]) -> list[str]:
+    """:func:`_metric_word` of each class, made distinct: ``a:b`` and ``a?b`` both
+    become ``a_b``, and one class's numbers would overwrite the other's; such a word
+    gains the class's index (``a_b-0``, ``a_b-1``)."""
+    words = [_metric_word(n) for n in names]
+    out: list[str] = []
+    for k, word in enumerate(words):
+        if words.count(word) > 1:
+            word = f"{word}-{k}"
+        while word in out or (word in words and word != words[k]):
+            word += "_"
+        out.append(word)
+    return out

@@ -43,13 +43,7 @@ def _stale(run_dir: Path, evaluation: str) -> str | None:
         return None
     from capsmed.runs.index import summarise_run
 
-    summary = summarise_run(run_dir)
-    if not summary.report_stale:
-        return None
-    return (f"{run_dir / 'report' / 'report.json'}: scored the epoch "
-            f"{summary.report_epoch} checkpoint, but the run now keeps epoch "
-            f"{summary.best_epoch} (it trained on after the evaluation); run: "
-            f"capsmed evaluate {run_dir}")
+    return summarise_run(run_dir).stale_reason
 
 
 def _to_json(run: EvaluatedRun) -> dict[str, Any]:

@@ -32,11 +32,33 @@ class RunSummary:
     evaluated: bool
     report_epoch: int | None = None  # the checkpoint epoch report/report.json scored
     epochs_planned: int | None = None  # set while the run is unfinished (resume.pt)
+    # digests of the weights report/report.json scored and of those the run keeps now
+    # (None: a report or checkpoint from before capsmed recorded them)
+    report_weights: str | None = None
+    weights_digest: str | None = None
 
     @property
     def report_stale(self) -> bool:
-        """The run trained on after its evaluation: its report scored an older model."""
-        return self.report_epoch is not None and self.report_epoch != self.best_epoch
+        """The report scored other weights than the run keeps: it trained on after its
+        evaluation, or its checkpoint was replaced (the same epoch of a retrained or
+        resumed run, a copied-in pair). By digest where both are recorded, else by epoch."""
+        return self.stale_reason is not None
+
+    @property
+    def stale_reason(self) -> str | None:
+        """Why the report is stale (``capsmed report``'s refusal), None when current."""
+        report = self.path / "report" / "report.json"
+        fix = f"; run: capsmed evaluate {self.path}"
+        if self.report_epoch is not None and self.report_epoch != self.best_epoch:
+            return (f"{report}: scored the epoch {self.report_epoch} checkpoint, but the "
+                    f"run now keeps epoch {self.best_epoch} (it trained on after the "
+                    f"evaluation){fix}")
+        if self.report_weights and self.weights_digest \
+                and self.report_weights != self.weights_digest:
+            return (f"{report}: scored other weights than the run's checkpoint now holds "
+                    f"(their digests differ: it was retrained or replaced after the "
+                    f"evaluation){fix}")
+        return None
 
 
 def _protocol(train: dict) -> str:
@@ -66,21 +88,28 @@ def summarise_run(run_dir: Path) -> RunSummary:
     else:
         metrics = metric_records(metrics_path.read_text(encoding="utf-8").splitlines())
     meta_path = run_dir / META
-    best = (_object(meta_path, meta_path.read_text(encoding="utf-8"), "json").get("epoch")
-            if meta_path.is_file() else None)
+    meta = (_object(meta_path, meta_path.read_text(encoding="utf-8"), "json")
+            if meta_path.is_file() else {})
+    best = meta.get("epoch")
     report_path = run_dir / "report" / "report.json"
-    report_epoch = None
+    report: dict = {}
     if report_path.is_file():
         with contextlib.suppress(ValueError):  # capsmed report says what is wrong
-            report_epoch = _object(report_path, report_path.read_text(encoding="utf-8"),
-                                   "json").get("checkpoint_epoch")
+            report = _object(report_path, report_path.read_text(encoding="utf-8"), "json")
     at_best = next((m for m in metrics if m["epoch"] == best), {})
     return RunSummary(path=run_dir, arch=str(train.get("arch")),
                       dataset=str(dataset.get("name")), protocol=_protocol(train),
                       epochs_run=len(metrics), best_epoch=best,
                       val_loss=at_best.get("val_loss"), val_acc=at_best.get("val_acc"),
-                      evaluated=report_path.is_file(), report_epoch=report_epoch,
-                      epochs_planned=train.get("epochs") if unfinished else None)
+                      evaluated=report_path.is_file(),
+                      report_epoch=report.get("checkpoint_epoch"),
+                      epochs_planned=train.get("epochs") if unfinished else None,
+                      report_weights=_text(report.get("weights_digest")),
+                      weights_digest=_text(meta.get("weights_digest")))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def find_runs(root: Path) -> list[RunSummary]:
