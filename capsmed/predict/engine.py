@@ -161,8 +161,8 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
               meta["arch"], meta["epoch"], device, type(recipe).__name__, record.origin)
     class_index = _class_index(record, opts.class_name)
     if opts.centres is not None and not recipe.windowed:
-        raise CapsmedError(f"--centres applies to patch and slide runs; a {record.dataset} "
-                           "run predicts one class per image")
+        raise CapsmedError(f"--centres applies to patch and slide runs; this run (dataset "
+                           f"{record.dataset!r}) predicts one class per image")
     grid_only = [flag for flag, value in (("--stride", opts.overrides.stride),
                                           ("--min-tissue", opts.overrides.min_tissue))
                  if value is not None]
@@ -171,13 +171,13 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
                            "of a grid; with --centres the windows are the given ones")
     if not recipe.windowed and (opts.class_name is not None
                                 or opts.threshold != PredictOptions.threshold):
-        raise CapsmedError(f"--class and --threshold apply to patch and slide runs; a "
-                           f"{record.dataset} run predicts one class per image, its "
-                           "highest-scoring one")
+        raise CapsmedError(f"--class and --threshold apply to patch and slide runs; this "
+                           f"run (dataset {record.dataset!r}) predicts one class per "
+                           "image, its highest-scoring one")
     if not recipe.windowed and opts.shape != PredictOptions.shape:
-        raise CapsmedError(f"--shape applies to patch and slide runs (their GeoJSON); a "
-                           f"{record.dataset} run predicts one class per image and writes "
-                           "no GeoJSON")
+        raise CapsmedError(f"--shape applies to patch and slide runs (their GeoJSON); this "
+                           f"run (dataset {record.dataset!r}) predicts one class per image "
+                           "and writes no GeoJSON")
     centres = read_centres(opts.centres) if opts.centres is not None else {}
     items = gather_inputs(inputs, slides=recipe.slides)
     if centres:

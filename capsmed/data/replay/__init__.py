@@ -69,7 +69,7 @@ def make_recipe(record: DatasetRecord, overrides: Overrides) -> Recipe:
     accepts = getattr(factory, "accepts", frozenset())
     for name, flag in _FLAGS.items():
         if getattr(overrides, name) is not None and name not in accepts:
-            kind = "" if source.name == record.dataset else f" ({source.name} source)"
-            raise CapsmedError(f"{flag} applies to {_WHERE[name]}, not to a "
-                               f"{record.dataset} run{kind}")
+            kind = "" if source.name == record.dataset else f", {source.name} source"
+            raise CapsmedError(f"{flag} applies to {_WHERE[name]}, not to this run "
+                               f"(dataset {record.dataset!r}{kind})")
     return factory(record, overrides)

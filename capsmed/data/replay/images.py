@@ -93,8 +93,9 @@ class PatchRecipe(abc.ABC):
 
         if is_slide(path):
             if not self.slides:
-                raise CapsmedError(f"{path}: a whole slide, but a {self.record.dataset} run "
-                                   "predicts on photographs (PNG, JPEG, TIFF)")
+                raise CapsmedError(f"{path}: a whole slide, but this run (dataset "
+                                   f"{self.record.dataset!r}) predicts on photographs "
+                                   "(PNG, JPEG, TIFF)")
             return SlideWindows(self, self.overrides).prepare(path, centres)
         if self.overrides.level is not None or self.overrides.mpp is not None:
             raise CapsmedError(f"{path}: a plain image, read whole at its own resolution; "
