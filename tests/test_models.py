@@ -250,6 +250,43 @@ def test_grad_through_routing_switch():
     assert not torch.allclose(grad_all, grad_last, atol=1e-6)  # different backward
 
 
+@pytest.mark.parametrize("name", ["capsnet", "aff-capsnet"])
+def test_decoder_widths_without_a_decoder_are_refused(name):
+    """reconstruction=none builds no decoder: decoder_hidden was accepted and recorded."""
+    from capsmed.train.model_options import check_inert_options
+
+    kwargs = {**TINY_CAPSNET, "reconstruction": "none"}
+    assert create_model(name, num_classes=3, **kwargs).decoder is None  # inert indeed
+    with pytest.raises(CapsmedError, match=f"{name}: decoder_hidden has no effect with "
+                       "reconstruction=none"):
+        check_inert_options(name, kwargs)
+    check_inert_options(name, {**TINY_CAPSNET, "reconstruction": "plain"})
+
+
+@pytest.mark.parametrize("iters", [0, 1])
+def test_routing_options_inert_without_an_agreement_step_are_refused_unless_default(iters):
+    """At 0 or 1 routing iterations the couplings stay uniform: an eta or
+    grad_through_routing of an ablation trained the very model the defaults give,
+    while config.yaml recorded the ablation. The default stays allowed (routing2019's
+    grid states eta 1.0 at n_EM = 1)."""
+    from capsmed.train.model_options import check_inert_options
+
+    torch.manual_seed(3)
+    u_hat = torch.randn(2, 8, 3, 4)
+    v_soft, _ = dynamic_routing(u_hat, iters, eta=0.1, grad_through_routing=False)
+    assert torch.equal(v_soft, dynamic_routing(u_hat, iters)[0])  # inert indeed
+    with pytest.raises(CapsmedError, match=f"capsnet: routing_eta=0.1 has no effect with "
+                       f"routing_iters={iters}"):
+        check_inert_options("capsnet", {"routing_iters": iters, "routing_eta": 0.1})
+    with pytest.raises(CapsmedError, match="grad_through_routing=False has no effect"):
+        check_inert_options("capsnet", {"routing_iters": iters,
+                                        "grad_through_routing": False})
+    check_inert_options("capsnet", {"routing_iters": iters, "routing_eta": 1.0,
+                                    "grad_through_routing": True})
+    check_inert_options("capsnet", {"routing_iters": 2, "routing_eta": 0.1,
+                                    "grad_through_routing": False})
+
+
 def test_spread_loss_by_hand():
     scores = torch.tensor([[0.8, 0.5, 0.1]])
     # target 0: gaps 0.9 - 0.3 = 0.6 and 0.9 - 0.7 = 0.2 -> 0.36 + 0.04

@@ -43,6 +43,20 @@ def test_modes_a_cpu_cannot_run_are_refused_before_the_folder(tiny_h5, tmp_path,
                          output=run)
 
 
+@pytest.mark.parametrize("extra, text", [
+    (["--mlflow-experiment", "ablation"], "mlflow_experiment 'ablation' has no effect "
+     "without mlflow"),
+    (["--no-freeze-transferred"], "freeze_transferred false has no effect without "
+     "transfer_from"),
+], ids=["mlflow-experiment", "no-freeze-transferred"])
+def test_options_nothing_else_asked_for_are_refused_before_the_folder(tiny_h5, tmp_path,
+                                                                      extra, text):
+    """Accepted and unused: a run not tracked, or trained from scratch, said nothing."""
+    run = tmp_path / "run"
+    assert_clean_failure(CliRunner().invoke(app, _args(tiny_h5, run, *extra)), text,
+                         output=run)
+
+
 CUDA = torch.device("cuda")  # only its type is read: no GPU needed
 
 

@@ -303,6 +303,46 @@ def test_routing_entropy_is_logged_for_capsule_networks_only(tiny_h5, tmp_path):
     assert "routing_entropy" not in _metrics(lenet)[0]
 
 
+def test_a_recon_weight_given_to_a_model_without_decoder_is_warned_about(tiny_h5, tmp_path,
+                                                                         caplog):
+    """LeNet trained with --recon-weight 0.01 said nothing: config.yaml recorded a weight
+    no loss used. (Warned, not refused: gu2021.yaml gives its ConvNets the study's.)"""
+    caplog.set_level("WARNING", logger="capsmed")
+    lenet = {"data": str(tiny_h5), "arch": "lenet", "epochs": 1, "batch_size": 16,
+             "model_kwargs": TINY_LENET}
+    train(TrainConfig(**lenet, out=str(tmp_path / "given"), recon_weight=0.01),
+          disable_progress=True)
+    said = [r.getMessage() for r in caplog.records if "recon_weight" in r.getMessage()]
+    assert said == ["recon_weight 0.01 has no effect on lenet: it has no reconstruction "
+                    "decoder (config.yaml records the weight all the same)"]
+    caplog.clear()
+    train(TrainConfig(**lenet, out=str(tmp_path / "default")), disable_progress=True)
+    train(_cfg(tiny_h5, tmp_path / "caps", epochs=1, recon_weight=0.01), disable_progress=True)
+    assert not [r for r in caplog.records if "recon_weight" in r.getMessage()]
+
+
+def test_two_labels_with_a_loss_they_cannot_use_are_refused_before_the_folder(tmp_path):
+    """A spread-loss model on a two-label file failed at its first step, leaving a run
+    folder (config.yaml, resume.pt) that neither a rerun nor --resume could use."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "two.h5"
+    with DatasetWriter(path, dataset="multimnist", kind="multimnist", domain="digits",
+                       class_names=["0", "1", "2"], image_shape=(1, 20, 20),
+                       preprocessing={}, source={}) as w:
+        for split, n in (("train", 12), ("val", 6)):
+            first = np.arange(n) % 3
+            w.append(split, rng.integers(0, 255, (n, 1, 20, 20), dtype=np.uint8), first,
+                     np.array([f"{split}{i}" for i in range(n)]),
+                     meta={"label2": (first + 1) % 3})
+    out = tmp_path / "run"
+    with pytest.raises(CapsmedError, match="two-label training .* supports margin and ce "
+                       "losses; capsnet trains with the spread loss"):
+        train(TrainConfig(data=str(path), arch="capsnet", epochs=1, batch_size=6,
+                          out=str(out), model_kwargs={**TINY_CAPSNET, "loss": "spread"}),
+              disable_progress=True)
+    assert not out.exists()
+
+
 def test_bf16_autocast_and_channels_last_train_on_cpu(tiny_h5, tmp_path):
     run = train(_cfg(tiny_h5, tmp_path / "bf16", epochs=1, precision="bf16",
                      channels_last=True), disable_progress=True)

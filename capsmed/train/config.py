@@ -175,6 +175,12 @@ class TrainConfig:
         if (self.transfer_from is None) != (not self.transfer_layers):
             raise CapsmedError("transfer_from and transfer_layers go together (which run, "
                                "which parameter-name prefixes)")
+        if not self.freeze_transferred and self.transfer_from is None:
+            raise CapsmedError("freeze_transferred false has no effect without "
+                               "transfer_from (nothing is transferred); drop it")
+        if self.mlflow_experiment is not None and not self.mlflow:
+            raise CapsmedError(f"mlflow_experiment {self.mlflow_experiment!r} has no effect "
+                               "without mlflow (the run is not tracked); add --mlflow URI")
 
     @property
     def challenge(self) -> DataChallenge:

@@ -23,6 +23,7 @@ from capsmed.train.handlers import check_handlers
 from capsmed.train.loop import run_loop
 from capsmed.train.protocol import PROTOCOL_REVISION
 from capsmed.train.run import Run
+from capsmed.train.run_checks import warn_unused_recon_weight
 from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
 from capsmed.train.state import check_options_unchanged, load_state
 
@@ -49,6 +50,8 @@ def train(config: TrainConfig, disable_progress: bool | None = None,
     try:
         run = Run(cfg, info, ctx, select_device(dev), None, None, disable_progress)
         try:
+            if ctx.is_main:
+                warn_unused_recon_weight(config, run.model)  # as given, not the domain's
             return run_loop(run, None, stop_after_steps)
         finally:
             run.release()

@@ -85,6 +85,9 @@ def training_loss(loss_kind: str, output: ModelOutput, images: torch.Tensor,
     return loss
 
 
+TWO_LABEL_LOSSES = ("margin", "ce")  # what two_label_loss knows
+
+
 def two_label_loss(loss_kind: str, output: ModelOutput, target: TwoLabels, recon_weight: float,
                    decoder: torch.nn.Module | None) -> torch.Tensor:
     """Sabour et al.'s MultiMNIST loss: both classes present (margin loss with two
@@ -99,8 +102,8 @@ def two_label_loss(loss_kind: str, output: ModelOutput, target: TwoLabels, recon
     elif loss_kind == "ce":
         loss = F.binary_cross_entropy_with_logits(scores, t, reduction="none").sum(1).mean()
     else:
-        raise CapsmedError(f"two-label training supports margin and ce losses, not "
-                           f"'{loss_kind}'")
+        raise CapsmedError(f"two-label training supports {' and '.join(TWO_LABEL_LOSSES)} "
+                           f"losses, not '{loss_kind}'")
     if (recon_weight > 0 and output.reconstruction is not None and decoder is not None
             and target.image_a is not None and target.image_b is not None):
         second = decoder(output.capsules, target.second)

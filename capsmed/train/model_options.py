@@ -4,12 +4,14 @@
 ``widths=[-1,5]`` a list with a negative width; a builder fed those fails deep inside
 torch with a traceback, or builds a model that fails at its first step. The
 builder's defaults are its schema (STYLE 2): a value must have its default's type,
-sizes (tuples of integers) are positive, and the model must run one sample.
+sizes (tuples of integers) are positive, no weight may be empty (a single width of
+0), and the model must run one sample.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -41,9 +43,19 @@ INERT = (
     (("capsnet",), "routing", "em", ("routing_eta", "grad_through_routing")),
     (("capsnet",), "routing", "none", ("routing_iters", "routing_eta",
                                         "grad_through_routing")),
+    (("capsnet", "aff-capsnet"), "reconstruction", "none", ("decoder_hidden",)),
     (("em-capsnet",), "capsule_layers", 2, ("mid_types",)),
     (("parallel-dr",), "capsule_layers", 2, ("mid_caps", "mid_dim")),
     (("parallel-dr",), "capsule_layers", 3, ("mid_caps",)),
+)
+
+# (architectures, option, the largest value that makes them inert, why, the options then
+# without effect): only a value other than the default is refused, so that a sweep may
+# state the default at every point of its grid (pipelines/routing2019.yaml gives
+# routing_eta at routing_iters 1)
+INERT_UP_TO = (
+    (("capsnet",), "routing_iters", 1, "uniform couplings, no agreement step",
+     ("routing_eta", "grad_through_routing")),
 )
 
 
@@ -69,6 +81,17 @@ def check_inert_options(arch: str, kwargs: dict[str, Any]) -> None:
                                    f"{'s' if len(unused) == 1 else 've'} no effect with "
                                    f"{option}={value}; leave {'it' if len(unused) == 1 else 'them'}"
                                    " out")
+    for archs, option, most, why, inert in INERT_UP_TO:
+        value = kwargs.get(option, defaults.get(option))
+        if arch not in archs or not isinstance(value, int) or not 0 <= value <= most:
+            continue  # (routing em / none: refused above whenever given)
+        changed = [k for k in inert if k in given and kwargs[k] != defaults[k]]
+        if changed:
+            shown = ", ".join(f"{k}={kwargs[k]!r}" for k in changed)
+            raise CapsmedError(f"{arch}: {shown} ha{'s' if len(changed) == 1 else 've'} no "
+                               f"effect with {option}={value} ({why}); leave "
+                               f"{'it' if len(changed) == 1 else 'them'} out or set "
+                               f"{option} >= {most + 1}")
 
 
 def _expected(default: Any, value: Any) -> str | None:
@@ -100,8 +123,9 @@ def _expected(default: Any, value: Any) -> str | None:
 def build_model(arch: str, kwargs: dict[str, Any], image_shape: tuple[int, int, int]
                 ) -> nn.Module:
     """``create_model(arch, **kwargs)``, checked: options of the right types, a model
-    that builds, and one sample of ``image_shape`` through it (in eval mode, with the
-    global RNG untouched, so the run's seeded initialisation and batches are the same).
+    that builds with no empty weight, and one sample of ``image_shape`` through it (in
+    eval mode, with the global RNG untouched, so the run's seeded initialisation and
+    batches are the same).
 
     Raises:
         CapsmedError: naming the architecture and the options when any step fails.
@@ -110,12 +134,21 @@ def build_model(arch: str, kwargs: dict[str, Any], image_shape: tuple[int, int, 
     check_inert_options(arch, kwargs)
     shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in FROM_DATA)
     try:
-        model = create_model(arch, **kwargs)
+        with warnings.catch_warnings():  # a width of 0: refused below in one line, not
+            # after torch's two-line warning on stderr
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            model = create_model(arch, **kwargs)
     except CapsmedError:
         raise
     except (TypeError, ValueError, RuntimeError, IndexError, ZeroDivisionError) as exc:
         raise CapsmedError(f"{arch} cannot be built with these options ({shown or 'none'})"
                            f": {first_line(exc)}") from None
+    # a width of 0 (class_dim=0, mid_dim=0) can build a model that runs and trains,
+    # its class capsules all of length 0: no architecture has an empty weight
+    empty = next((name for name, p in model.named_parameters() if p.numel() == 0), None)
+    if empty is not None:
+        raise CapsmedError(f"{arch} cannot be built with these options ({shown or 'none'})"
+                           f": its weight {empty} would hold no values (a size of 0)")
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         was_training = model.training
         try:

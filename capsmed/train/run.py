@@ -36,7 +36,7 @@ from capsmed.models import count_parameters
 from capsmed.train import distributed
 from capsmed.train.augment import get_recipe
 from capsmed.train.config import TrainConfig
-from capsmed.train.losses import balanced_class_weights
+from capsmed.train.losses import TWO_LABEL_LOSSES, balanced_class_weights
 from capsmed.train.model_options import build_model
 from capsmed.train.optim import build_optimizer, build_schedule
 from capsmed.train.protocol import PROTOCOL_REVISION
@@ -290,6 +290,11 @@ class Run:
         """The batch sampler, the step's settings (loss, precision, class weights,
         augmentation) and the step, which sums its figures into ``tally``."""
         cfg, device, info = self.cfg, self.device, self.info
+        if self.two_labels and self.model.loss_kind not in TWO_LABEL_LOSSES:
+            # refused here, not at the first step: that left a run folder behind
+            raise CapsmedError(f"{info.path}: two-label training (MultiMNIST) supports "
+                               f"{' and '.join(TWO_LABEL_LOSSES)} losses; {cfg.arch} trains "
+                               f"with the {self.model.loss_kind} loss")
         steps = cfg.steps_per_epoch
         if steps is None and (cfg.fraction not in (None, 1.0) or cfg.imbalance):
             # paper 000: a subset trains as many iterations as one pass over the full

@@ -57,6 +57,19 @@ def check_cuda_graph(cfg: TrainConfig, device: torch.device, ctx: distributed.Di
         raise CapsmedError(f"--cuda-graph {problem}")
 
 
+def warn_unused_recon_weight(cfg: TrainConfig, model: torch.nn.Module) -> None:
+    """Warn when a reconstruction weight was given (not the domain's default) for a model
+    without a reconstruction decoder: nothing uses it, yet config.yaml records it. A
+    warning, not a refusal: a study sets one weight for all its models (the ConvNets
+    and the no-reconstruction ablations of pipelines/gu2021.yaml among them)."""
+    if cfg.recon_weight and getattr(model, "decoder", None) is None:
+        log.warning("recon_weight %g has no effect on %s%s: it has no reconstruction "
+                    "decoder (config.yaml records the weight all the same)",
+                    cfg.recon_weight, cfg.arch,
+                    " with reconstruction=none" if cfg.model_kwargs.get("reconstruction")
+                    == "none" else "")
+
+
 def check_saved_rows(run_dir: Path, rows: RunRows) -> None:
     """On resume: the options in config.yaml still select the rows the run trained on
     (an edited fraction, seed or fold would train the rest of the run on others)."""
