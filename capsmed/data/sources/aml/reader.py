@@ -51,23 +51,25 @@ log = logging.getLogger(__name__)
 _SHOWN = 20  # names listed in the record before "and N more" (attributes stay small)
 
 
-def assign_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
+def assign_folds(labels: np.ndarray, folds: int, seed: int, source: Path) -> np.ndarray:
     """Stratified, seeded fold of each sample (scikit-learn ``StratifiedKFold``).
 
     Each class is spread over the folds with per-fold counts differing by at most one;
     a class with fewer members than folds is absent from some folds (logged, no error).
+    Too many folds for the images is refused, naming ``source`` (the annotations that
+    list them).
     """
     from sklearn.model_selection import StratifiedKFold
 
     if len(labels) < folds:
-        raise CapsmedError(f"{len(labels)} image(s) cannot be split into {folds} folds; "
-                           "use fewer --folds")
+        raise CapsmedError(f"{source}: {len(labels)} image(s) cannot be split into {folds} "
+                           "folds; use fewer --folds")
     counts = Counter(labels.tolist())
     largest, most = max(counts.items(), key=lambda item: item[1])
     if most < folds:  # StratifiedKFold cannot spread any class over every fold
-        raise CapsmedError(f"every class has fewer images than the {folds} folds (the "
-                           f"largest, {CLASS_NAMES[largest]}, has {most}); use --folds "
-                           f"{most} or fewer")
+        raise CapsmedError(f"{source}: every class has fewer images than the {folds} "
+                           f"folds (the largest, {CLASS_NAMES[largest]}, has {most}); use "
+                           f"--folds {most} or fewer")
     small = sorted(CLASS_NAMES[c] for c, n in counts.items() if n < folds)
     if small:
         log.warning("class(es) %s have fewer images than folds (%d) and are missing from "
@@ -186,7 +188,7 @@ def preprocess_aml(raw_dir: Path, output: Path, config: AmlConfig | None = None,
     if not kept:
         raise CapsmedError(f"{ann_path}: no image left with --labels {cfg.labels}")
     labels = np.array([CLASS_NAMES.index(r.label) for r in kept], dtype=np.int64)
-    folds = assign_folds(labels, cfg.folds, cfg.seed)
+    folds = assign_folds(labels, cfg.folds, cfg.seed, ann_path)
     workers = default_workers(cfg.workers)
     log.info("%d images (%d dropped by --labels %s), %d folds, %d worker(s)", len(kept),
              len(dropped), cfg.labels, cfg.folds, workers)
