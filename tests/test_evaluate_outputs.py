@@ -131,13 +131,29 @@ def test_a_class_named_like_the_total_row_is_refused(tmp_path, name):
 
 
 def test_evaluate_refuses_a_class_named_total_before_scoring(tmp_path):
+    """preprocess refuses such a class (the writer, and the folder source naming the
+    folder); a file written elsewhere (or before) is refused by evaluate, before scoring."""
+    import json
+
+    import h5py
+
+    with pytest.raises(CapsmedError, match=r"t\.h5: class 'Total' has the name of"):
+        DatasetWriter(tmp_path / "t.h5", dataset="t", kind="folder", domain="generic",
+                      class_names=("a", "Total"), image_shape=(1, 28, 28),
+                      preprocessing={}, source={})
+    assert not list(tmp_path.iterdir())
     rng = np.random.default_rng(0)
     with DatasetWriter(tmp_path / "t.h5", dataset="t", kind="folder", domain="generic",
-                       class_names=("a", "total"), image_shape=(1, 28, 28),
+                       class_names=("a", "b"), image_shape=(1, 28, 28),
                        preprocessing={}, source={}) as writer:
         for split in ("train", "val", "test"):
             writer.append(split, rng.integers(0, 255, (4, 1, 28, 28), dtype=np.uint8),
                           np.arange(4) % 2, [f"{split}{i}" for i in range(4)])
+    with h5py.File(tmp_path / "t.h5", "r+") as f:  # as another tool would name them
+        for obj in [f, *(f[k] for k in f if "labels" in f[k])]:
+            for holder in (obj, obj.get("labels")):
+                if holder is not None and "class_names" in holder.attrs:
+                    holder.attrs["class_names"] = json.dumps(["a", "total"])
     run = train(TrainConfig(data=str(tmp_path / "t.h5"), arch="lenet", epochs=1,
                             batch_size=4, seed=0, out=str(tmp_path / "run")),
                 disable_progress=True)

@@ -375,6 +375,11 @@ def _classes_differ_in_case(root):
     return root, "'A' and 'a' differ only in case"
 
 
+def _class_named_total(root):  # report.csv's total row: two rows of that name
+    _write(root / "Total" / "P7_x.png", np.zeros((8, 8), np.uint8))
+    return root / "Total", "has the name of the reports' total row"
+
+
 def _unread_format(root):  # a WebP is neither read nor may it vanish unsaid
     victim = root / "b" / "P3_x.webp"
     victim.write_bytes(b"RIFF\0\0\0\0WEBPVP8 ")
@@ -383,7 +388,8 @@ def _unread_format(root):  # a WebP is neither read nor may it vanish unsaid
 
 @pytest.mark.parametrize("break_it", [_corrupt_png, _corrupt_tiff, _empty_class,
                                       _no_class_folders, _size_mismatch, _same_stem,
-                                      _classes_differ_in_case, _unread_format])
+                                      _classes_differ_in_case, _unread_format,
+                                      _class_named_total])
 def test_bad_raw_data(tmp_path, break_it):
     root = tmp_path / "root"
     _good(root)

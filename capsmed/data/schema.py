@@ -24,6 +24,22 @@ if TYPE_CHECKING:
     from capsmed.data.sources import Source
 
 FORMAT_VERSION = 1
+# What the reports call their total row (report.csv's ``total``, the terminal tables'
+# ``Total (macro)``, capsmed report's ``Total``): a class of such a name (case and
+# spaces aside) would be a second row of that name, taken for the total by a reader.
+TOTAL_ROW_NAMES = frozenset({"total", "total (macro)"})
+
+
+def refuse_total_row_name(names: Any, where: Path | str) -> None:
+    """Refuse a class named like the reports' total row (``where``: the file or folder
+    that names it)."""
+    for name in names:
+        if str(name).strip().casefold() in TOTAL_ROW_NAMES:
+            raise CapsmedError(f"{where}: class {name!r} has the name of the reports' total "
+                               "row ('total' in report.csv), so a report could not tell the "
+                               "two apart; rename the class (its folder) and preprocess "
+                               "again")
+
 # What the readers and the preprocessing make of the same raw files and options. Bumped
 # by any change after which the same command writes different images or labels, so that
 # `capsmed run` makes its data stages again instead of training on the older file.

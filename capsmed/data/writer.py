@@ -27,7 +27,12 @@ import numpy as np
 
 from capsmed import __version__
 from capsmed.data.domains import get_domain
-from capsmed.data.schema import DATA_REVISION, FORMAT_VERSION, STRING_DTYPE
+from capsmed.data.schema import (
+    DATA_REVISION,
+    FORMAT_VERSION,
+    STRING_DTYPE,
+    refuse_total_row_name,
+)
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path
 
@@ -129,6 +134,7 @@ class DatasetWriter:
         self.dataset = dataset
         self.kind, self.domain = kind, get_domain(domain).name
         self.class_names = list(class_names)
+        refuse_total_row_name(self.class_names, self.path)  # a source names the input first
         self.image_shape = tuple(int(v) for v in image_shape)
         self.preprocessing = dict(preprocessing)
         self.source = dict(source)

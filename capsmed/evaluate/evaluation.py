@@ -16,6 +16,7 @@ from capsmed.data.contract import (
     read_meta,
 )
 from capsmed.data.digest import file_digest
+from capsmed.data.schema import refuse_total_row_name
 from capsmed.data.sources import SPLIT_PARAMETERS, source_of
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.agreement import AgreementResult, orientation_agreement
@@ -23,7 +24,7 @@ from capsmed.evaluate.capsule_grids import capsule_grids, write_capsule_grids
 from capsmed.evaluate.html import training_facts, write_html
 from capsmed.evaluate.metrics import ClassificationReport, classification_report
 from capsmed.evaluate.plots import plot_confusion_matrix
-from capsmed.evaluate.run_report import check_class_names, tracked_metrics, write_report
+from capsmed.evaluate.run_report import tracked_metrics, write_report
 from capsmed.io import replace_dir, writing
 from capsmed.runs import OpenRun, open_run
 from capsmed.runs.scores import class_probabilities, predict_scores
@@ -156,7 +157,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     run_dir, dev, model, meta, info = run.run_dir, run.device, run.model, run.meta, run.info
     assert run.data_path is not None and info is not None  # need_data: refused otherwise
     data_path = run.data_path
-    check_class_names(info.class_names, data_path)  # before scoring: the report needs it
+    refuse_total_row_name(info.class_names, data_path)  # before scoring: the report needs it
     if run.unfinished:
         log.warning("%s: its training has not finished (%s is there), so this scores the "
                     "epoch %s checkpoint; after capsmed train --resume %s, evaluate again",

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
-from capsmed.errors import CapsmedError
+from capsmed.data.schema import refuse_total_row_name
 from capsmed.evaluate.agreement import AgreementResult
 from capsmed.evaluate.metrics import COLUMNS, RATIOS, ClassificationReport
 from capsmed.io import write_text_atomic
@@ -25,22 +25,8 @@ from capsmed.tables.terminal import to_rich
 
 HEADERS = ("class", "precision", "sensitivity", "specificity", "F1", "AUC", "support")
 SHORT = {"precision": "prec.", "sensitivity": "sens.", "specificity": "spec."}
-# What the total row is called: report.csv's ``total``, the tables' ``Total (macro)``,
-# ``capsmed report``'s ``Total``. A class of one of these names (case aside) would be
-# a second row of that name that a reader of report.csv takes for the total.
-TOTAL_LABELS = frozenset({"total", "total (macro)"})
 TOTAL_NOTE = ("Total (macro): the unweighted mean over classes where the value is "
               "defined. n/a: undefined (see the notes).")
-
-
-def check_class_names(class_names: tuple[str, ...] | list[str], where: Path | str) -> None:
-    """Refuse a class named like the reports' total row (``where``: the data file)."""
-    for name in class_names:
-        if name.strip().casefold() in TOTAL_LABELS:
-            raise CapsmedError(f"{where}: class {name!r} has the name of the reports' total "
-                               "row ('total' in report.csv), so the report could not tell "
-                               "the two apart; rename the class (its folder) and preprocess "
-                               "again")
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -143,7 +129,7 @@ def write_report(report: ClassificationReport, out_dir: Path, title: str,
                  context: dict[str, Any], agreement: AgreementResult | None = None) -> None:
     """Write ``report.json``, ``report.csv`` and ``report.md`` into ``out_dir``."""
     out_dir = Path(out_dir)
-    check_class_names(report.class_names, out_dir)
+    refuse_total_row_name(report.class_names, out_dir)
     # allow_nan=False: a NaN reaching the JSON is a bug to surface, not to write
     write_text_atomic(out_dir / "report.json",
                       json.dumps(report_dict(report, context, agreement), indent=2,

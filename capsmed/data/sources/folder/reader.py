@@ -36,6 +36,7 @@ from capsmed.data.images import (
 from capsmed.data.normalise import StainNormaliser, build_normaliser
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
+from capsmed.data.schema import refuse_total_row_name
 from capsmed.data.sources.folder import SOURCE
 from capsmed.data.sources.folder.config import FolderConfig
 from capsmed.data.splits import assign_splits as assign_group_splits
@@ -79,6 +80,8 @@ def discover(root: Path, classes: tuple[str, ...] | None = None
                                f"{', '.join(present)})")
     if len(set(names)) != len(names):
         raise CapsmedError(f"{root}: a class is named twice in {', '.join(names)}")
+    for name in names:
+        refuse_total_row_name([name], root / name)
     folded: dict[str, str] = {}
     for name in names:  # Benign/ and benign/ are one class to a reader, two to a model
         if folded.setdefault(name.casefold(), name) != name:
