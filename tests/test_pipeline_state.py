@@ -380,6 +380,13 @@ def test_an_evaluation_with_other_options_is_not_current(tmp_path):
     report.write_text(json.dumps({"split": "test", "other_data": True}))
     assert not evaluation_current(tmp_path, Evaluation(split="test"))
     assert not evaluation_current(tmp_path / "nothing", Evaluation())
+    meta = {"arch": "lenet", "model_kwargs": {}, "epoch": 3, "data": "d.h5",
+            "class_names": ["a", "b"], "weights_digest": "sha256:w1"}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(meta))
+    report.write_text(json.dumps({"split": "test", "weights_digest": "sha256:w1"}))
+    assert evaluation_current(tmp_path, Evaluation(split="test"))
+    (tmp_path / "checkpoint.json").write_text(json.dumps({**meta, "weights_digest": "sha256:w2"}))
+    assert not evaluation_current(tmp_path, Evaluation(split="test"))  # trained again
 
 
 def test_a_folder_a_stage_command_names_outside_out_is_an_input(tmp_path):

@@ -38,9 +38,10 @@ STATES = ("pending", "outdated", "started", "interrupted", "trained", "damaged",
 
 
 def evaluation_current(run_dir: Path, evaluation: Any) -> bool:
-    """The evaluation's report exists, scored the split (and Agr) the pipeline now asks
-    for and, when it scores another data file, was made from that file as it is now (a
-    remade file, or changed options, are evaluated again)."""
+    """The evaluation's report exists, scored the weights the run keeps now and the split
+    (and Agr) the pipeline now asks for and, when it scores another data file, was made
+    from that file as it is now (a remade file, or changed options, are evaluated
+    again)."""
     report = run_dir / evaluation.name / "report.json"
     if not report.is_file():
         return False
@@ -51,12 +52,23 @@ def evaluation_current(run_dir: Path, evaluation: Any) -> bool:
             return False
     except (OSError, ValueError, AttributeError):
         return False
+    if made.get("weights_digest") not in (None, _weights_digest(run_dir)):
+        return False  # the run was trained again (or its checkpoint replaced) since
     if not evaluation.data:
         return not made.get("other_data")  # an evaluation on other data, now the run's
     if not Path(evaluation.data).is_file():
         return False
     made_from = made.get("data_digest")
     return made_from is None or made_from == file_digest(Path(evaluation.data))
+
+
+def _weights_digest(run_dir: Path) -> str | None:
+    from capsmed.runs.checkpoint import checkpoint_meta
+
+    try:
+        return checkpoint_meta(run_dir).get("weights_digest")
+    except CapsmedError:
+        return None
 
 
 class PipelineState:
