@@ -139,3 +139,49 @@ def test_a_rules_sbatch_false_removes_the_pipelines_flag(tmp_path):
               for run in pipeline.runs}
     assert sbatch["capsnet"] == (("mail-type", "END"),)
     assert sbatch["lenet"] == (("exclusive", ""), ("mail-type", "END"))
+
+
+def test_a_job_times_its_limit_from_slurms_end_not_from_its_own_start(tmp_path, monkeypatch):
+    """The limit runs from the job's start: a process that took a minute to start (a
+    shared file system) waited a minute too long to save and requeue, and was killed
+    at the limit. squeue -o %e answers in the node's local time (Slurm 22.05)."""
+    import time
+    from datetime import datetime
+
+    from capsmed.pipeline.executors import slurm
+
+    ends = datetime.fromtimestamp(int(time.time()) + 300)  # 5 min left of a 60 min limit
+    _slurm(tmp_path, monkeypatch, squeue=ends.isoformat() + "\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    job = slurm.SlurmJob(_Task(), tmp_path, lead=60, time_min=60)
+    assert job() == "done"
+    assert job._ends == ends.timestamp()
+    for answer in ("N/A\n", ""):  # no end Slurm can give: the process's own start
+        monkeypatch.setattr(slurm.subprocess, "run", lambda argv, answer=answer, **kw:
+                            subprocess.CompletedProcess(argv, 0, answer, ""))
+        before = time.time()
+        job()
+        assert before + 3600 <= job._ends <= time.time() + 3600
+
+
+@pytest.mark.parametrize("name, full", [("parti", "partition"), ("ntasks-per-n", "ntasks-per-node"),
+                                        ("tim", "time")])
+def test_a_short_form_of_an_option_capsmed_sets_is_refused(name, full):
+    """sbatch takes an unambiguous prefix for a long option: --parti=other would have
+    overridden resources.partition past the reserved names."""
+    from capsmed.errors import CapsmedError
+    from capsmed.pipeline.resources import check_resources
+
+    with pytest.raises(CapsmedError, match=f"--{name} is sbatch's short form of --{full}"):
+        check_resources({"sbatch": {name: "x"}}, "resources", "p.yaml")
+
+
+def test_slurm_option_false_on_the_command_line_removes_a_flag():
+    """--slurm-option exclusive=false went to sbatch as --exclusive=false."""
+    from capsmed.cli.run import _sbatch_options
+    from capsmed.pipeline.resources import build, check_resources, merge
+
+    cli = {"sbatch": _sbatch_options(["exclusive=false", "mail-type=END"])}
+    base = check_resources({"sbatch": {"exclusive": True}}, "resources", "p.yaml")
+    merged = merge(base, check_resources(cli, "--slurm-option", "command line"))
+    assert build(merged, "resources", "p.yaml").sbatch == (("mail-type", "END"),)

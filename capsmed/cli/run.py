@@ -108,7 +108,9 @@ def _sbatch_options(pairs: list[str] | None) -> dict[str, object] | None:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
             raise CapsmedError(f"--slurm-option expects NAME=VALUE, got '{pair}'")
-        out[name.strip()] = True if value.strip().lower() == "true" else value.strip()
+        word = value.strip().lower()  # true: a flag; false: remove the pipeline's
+        out[name.strip()] = True if word == "true" else False if word == "false" \
+            else value.strip()
     return out or None
 
 

@@ -140,6 +140,11 @@ def _sbatch_options(value: Any, where: str, path: Path | str) -> dict[str, str |
         if name in RESERVED_SBATCH:
             raise CapsmedError(f"{path}: {where}: --{name} is set by capsmed "
                                f"({RESERVED_SBATCH[name]})")
+        longer = sorted(r for r in RESERVED_SBATCH if r.startswith(name))
+        if longer:  # sbatch takes an unambiguous prefix for the whole name
+            raise CapsmedError(f"{path}: {where}: --{name} is sbatch's short form of "
+                               f"--{longer[0]}, which is set by capsmed "
+                               f"({RESERVED_SBATCH[longer[0]]})")
         out[name] = None if item is False or item is None else \
             "" if item is True else str(item)
     return out

@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -82,13 +83,15 @@ class SlurmJob:
         self.task, self.notes, self.lead, self.time_min = task, Path(notes), lead, time_min
         self.stalled = 0
         self.last: object = None  # the task's progress at the last time limit
-        self._started = 0.0
+        self._ends = 0.0  # when Slurm ends this job (Unix time)
 
     def __call__(self) -> str:
         import signal
         import time
 
-        self._started = time.time()
+        # the limit counts from the job's start, before this process's start-up (which
+        # can take a minute on a cluster's shared file system): Slurm says when it ends
+        self._ends = _job_end_time() or time.time() + self.time_min * 60
         placement = _placement()
         if self.last is None:
             self.last = self.task.progress()
@@ -114,7 +117,7 @@ class SlurmJob:
 
         from capsmed.pipeline.processes import signal_children, wait_for_children
 
-        left = self._started + self.time_min * 60 - time.time() - self.SAVE_SECONDS
+        left = self._ends - time.time() - self.SAVE_SECONDS
         wait_for_children(max(1.0, left))
         signal_children(signal.SIGTERM)  # a training saves at its next step
         wait_for_children(self.SAVE_SECONDS - 5.0)
@@ -143,6 +146,20 @@ class SlurmJob:
 def _job_id() -> str:
     array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "0")
+
+
+def _job_end_time() -> float | None:
+    """When this job's time limit ends, as Unix time (``squeue``'s EndTime, printed in
+    this node's local time); None where Slurm cannot say."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or shutil.which("squeue") is None:
+        return None
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True,
+                              text=True, timeout=30)
+        return datetime.fromisoformat(proc.stdout.split()[0]).timestamp()
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None  # no squeue answer, or an end that is not a time (N/A, Unknown)
 
 
 def _placement() -> Any:
