@@ -17,7 +17,8 @@ The floor is what any preprocessing of these files must do, timed in the same ru
 one core: read every file the source reads and apply the per-pixel transform
 (TUPAC16: each image, ``rgb2hed``; DIARETDB1: each fundus image and its four lesion
 confidence maps, decoded with OpenCV, CLAHE on LAB lightness). Each full set is
-preprocessed with one worker (to set beside the single-core floor) and with the
+preprocessed with one worker at one thread (OpenMP, BLAS and OpenCV, as the floor and
+as each worker of a pool; to set beside the single-core floor) and with the
 default worker count (one per CPU, up to 8), which must never be slower than one worker.
 
     .venv/bin/python benchmarks/preprocess.py [--only tupac16|diaretdb1]
@@ -47,6 +48,9 @@ from capsmed.progress import set_progress_enabled
 set_progress_enabled(False)
 name, raw, out, workers, profile = sys.argv[1:6]
 workers = 1 if profile == "1" else int(workers)
+if workers == 1:  # one core, as the floor and as each worker of a pool runs
+    import cv2
+    cv2.setNumThreads(1)
 if name == "tupac16":
     from capsmed.data.sources.tupac16.reader import Tupac16Config as Config
     from capsmed.data.sources.tupac16.reader import preprocess_tupac16 as run
@@ -101,10 +105,12 @@ def measure(name: str, raw: Path, out: Path, workers: int, profile: bool) -> dic
     out.unlink(missing_ok=True)
     load = os.getloadavg()[0]
     start = time.perf_counter()
+    one_core = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"} \
+        if workers == 1 or profile else {}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, name, str(raw), str(out),
                              str(workers), "1" if profile else "0"],
-                            stdout=subprocess.PIPE, stderr=None if profile else subprocess.PIPE,
-                            text=True)
+                            env={**os.environ, **one_core}, stdout=subprocess.PIPE,
+                            stderr=None if profile else subprocess.PIPE, text=True)
     peak = 0
     while proc.poll() is None:
         peak = max(peak, _tree_rss_kib(proc.pid))
@@ -131,6 +137,7 @@ if name == "tupac16":
         rgb2hed(read_rgb_tiff(tif))
 else:  # OpenCV's decoder: the fastest here (Pillow, which capsmed uses, is slower)
     import cv2
+    cv2.setNumThreads(1)  # as a worker runs (capsmed.data.pool); OpenCV's own pool else
     clahe = cv2.createCLAHE(clipLimit=3.0, tileGridSize=(8, 8))
     for png in sorted(raw.rglob("ddb1_fundusimages/*.png")):
         clahe.apply(cv2.cvtColor(cv2.imread(str(png)), cv2.COLOR_BGR2LAB)[..., 0])
@@ -142,7 +149,7 @@ print(json.dumps({"floor_s": time.perf_counter() - t}))
 
 def floor(name: str, raw: Path) -> float:
     """Seconds to read every image and apply the per-pixel transform (one process,
-    OpenMP/BLAS at one thread, as a worker runs)."""
+    OpenMP/BLAS and OpenCV at one thread, as a worker runs)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", FLOOR, name, str(raw)], check=True,
                          capture_output=True, text=True, env=env).stdout
