@@ -167,35 +167,6 @@ def test_train_refuses_an_augmentation_spec_giving_a_transform_twice(shapes, tmp
 
 # ---- 6. images a class-folder or slide source refuses --------------------------------
 
-def _tiff_stack(path: Path) -> str:
-    channels = np.zeros((3, 8, 8), np.uint8)
-    channels[0] = 200
-    tifffile.imwrite(path, channels, imagej=True, metadata={"axes": "CYX"})
-    return "a stack of 3 TIFF pages (axes CYX, shape 3x8x8), not one image"
-
-
-def _cmyk_tiff(path: Path) -> str:
-    tifffile.imwrite(path, np.zeros((8, 8, 4), np.uint8), photometric="separated")
-    return "a TIFF with CMYK colours cannot be read as RGB or grey"
-
-
-@pytest.mark.parametrize("write", [_tiff_stack, _cmyk_tiff], ids=["stack", "cmyk"])
-def test_folder_preprocess_refuses_an_image_it_would_misread(tmp_path, write):
-    root = tmp_path / "root"
-    for name in ("a", "b"):
-        (root / name).mkdir(parents=True)
-        for i in range(2):
-            cv2.imwrite(str(root / name / f"P{i}_x.png"), np.full((8, 8), 60 * i, np.uint8))
-    victim = root / "b" / "P1_y.tif"
-    message = write(victim)
-    out = tmp_path / "out.h5"
-    result = runner.invoke(app, ["-q", "preprocess", "folder", str(root), "-o", str(out),
-                                 "--workers", "1", "--group-pattern", PATIENT, "--train",
-                                 "1", "--val", "0", "--test", "0"])
-    assert_clean_failure(result, str(victim), out)
-    assert message in result.stderr
-
-
 @pytest.mark.parametrize("name", ["deep.png", "deep.tif"])
 def test_wsi_preprocess_refuses_a_16_bit_plain_slide(tmp_path, name):
     """Pillow's plain-image slide reader would clip its values at 255 (nearly white)."""

@@ -380,6 +380,20 @@ def _class_named_total(root):  # report.csv's total row: two rows of that name
     return root / "Total", "has the name of the reports' total row"
 
 
+def _tiff_stack(root):  # three channels as pages: one image would be read as three
+    victim = root / "b" / "P1_y.tif"
+    channels = np.zeros((3, 8, 8), np.uint8)
+    channels[0] = 200
+    tifffile.imwrite(victim, channels, imagej=True, metadata={"axes": "CYX"})
+    return victim, "a stack of 3 TIFF pages (axes CYX, shape 3x8x8), not one image"
+
+
+def _cmyk_tiff(root):
+    victim = root / "b" / "P1_y.tif"
+    tifffile.imwrite(victim, np.zeros((8, 8, 4), np.uint8), photometric="separated")
+    return victim, "a TIFF with CMYK colours cannot be read as RGB or grey"
+
+
 def _unread_format(root):  # a WebP is neither read nor may it vanish unsaid
     victim = root / "b" / "P3_x.webp"
     victim.write_bytes(b"RIFF\0\0\0\0WEBPVP8 ")
@@ -389,7 +403,7 @@ def _unread_format(root):  # a WebP is neither read nor may it vanish unsaid
 @pytest.mark.parametrize("break_it", [_corrupt_png, _corrupt_tiff, _empty_class,
                                       _no_class_folders, _size_mismatch, _same_stem,
                                       _classes_differ_in_case, _unread_format,
-                                      _class_named_total])
+                                      _class_named_total, _tiff_stack, _cmyk_tiff])
 def test_bad_raw_data(tmp_path, break_it):
     root = tmp_path / "root"
     _good(root)
