@@ -332,3 +332,23 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
         train(TrainConfig(data=str(multi), arch="capsnet", augment=True,
                           out=str(tmp_path / "no"), model_kwargs=TINY_CAPSNET))
     assert not (tmp_path / "no").exists()
+
+
+def test_affnist_folder_holds_only_one_sets_numbered_batches(tmp_path):
+    """Whole files unpacked side by side (training.mat, test.mat) are not batches of one
+    set: read as a folder, the training images went into the test split."""
+    raw = write_affnist(tmp_path / "aff", count=12, batches=3, seed=1).root
+    shutil.copy(raw / "test.mat", raw / "training.mat")
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "affnist", str(raw), "-o", str(out)])
+    assert_clean_failure(result, str(raw / "test.mat"), out)
+    assert "not a numbered affNIST batch" in result.stderr
+    batches = raw / "test_batches"
+    (batches / "2.mat").unlink()
+    result = runner.invoke(app, ["-q", "preprocess", "affnist", str(batches), "-o", str(out)])
+    assert_clean_failure(result, str(batches), out)
+    assert "not 1.mat to 2.mat (found 1.mat, 3.mat)" in result.stderr
+    (batches / "1.mat").unlink()
+    (batches / "3.mat").rename(batches / "test.mat")  # one whole file in a folder is read
+    got = load_split(preprocess_affnist(batches, tmp_path / "one.h5"), "test")
+    assert len(got.labels) == 4

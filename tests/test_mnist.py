@@ -162,6 +162,29 @@ def test_the_published_files_of_the_other_dataset_are_refused(tmp_path, mnist_ra
     assert read_info(out).source["official_files"] is True
 
 
+def test_published_train_and_t10k_files_swapped_are_refused(tmp_path, mnist_raw,
+                                                            monkeypatch):
+    from dataclasses import replace
+
+    from capsmed.data.fetch import file_md5
+    from capsmed.data.sources.mnist import reader as mnist
+
+    # pretend the synthetic files are the published MNIST ones, then swap train and t10k:
+    # read as they are, the 40 test images became the training set without a word
+    md5 = {p.name: file_md5(p) for p in mnist_raw.glob("*.gz")}
+    monkeypatch.setitem(mnist.REMOTE, "mnist", replace(mnist.REMOTE["mnist"], md5=md5))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for kind in ("images-idx3", "labels-idx1"):
+        shutil.copy(mnist_raw / f"train-{kind}-ubyte.gz", raw / f"t10k-{kind}-ubyte.gz")
+        shutil.copy(mnist_raw / f"t10k-{kind}-ubyte.gz", raw / f"train-{kind}-ubyte.gz")
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["preprocess", "mnist", str(raw), "-o", str(out),
+                                 "--val", "10"])
+    assert_clean_failure(result, str(raw / "train-images-idx3-ubyte.gz"), out)
+    assert "published mnist file t10k-images-idx3-ubyte.gz, not train-images" in result.stderr
+
+
 def test_synth_is_deterministic_balanced_and_learnable(tmp_path):
     a = write_mnist_like(tmp_path / "a", "fashion-mnist", train=200, test=50, seed=3)
     b = write_mnist_like(tmp_path / "b", "fashion-mnist", train=200, test=50, seed=3,
@@ -329,3 +352,15 @@ def test_cli_missing_files_and_bad_options(tmp_path, mnist_raw):
     result = runner.invoke(app, ["preprocess", "mnist", str(mnist_raw), "-o", str(out),
                                  "--val", "120"])
     assert_clean_failure(result, "leaves no training images", out)
+
+
+def test_unpacked_train_and_t10k_files_swapped_are_refused(tmp_path):
+    # unpacked files have no published checksum: the published counts tell the swap
+    raw = tmp_path / "raw"
+    for prefix, n in (("train", 10_000), ("t10k", 60_000)):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", np.zeros((n, 2, 2), np.uint8))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", (np.arange(n) % 10).astype(np.uint8))
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["preprocess", "fashion-mnist", str(raw), "-o", str(out)])
+    assert_clean_failure(result, str(raw / "train-images-idx3-ubyte"), out)
+    assert "train and t10k files swapped" in result.stderr

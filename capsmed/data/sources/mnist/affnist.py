@@ -50,7 +50,12 @@ def _natural_key(path: Path) -> tuple:
 
 def find_mat_files(path: Path) -> list[Path]:
     """``[path]`` for a file, or the folder's ``*.mat`` batches in numeric order (the
-    shared rules of :mod:`capsmed.data.files`: ``3.MAT`` counts, ``.1.mat`` does not)."""
+    shared rules of :mod:`capsmed.data.files`: ``3.MAT`` counts, ``.1.mat`` does not).
+
+    Raises:
+        CapsmedError: no such path, no ``.mat`` file, or a folder whose files are not
+            ``1.mat`` to ``N.mat`` (one whole file alone in a folder is read as it is).
+    """
     path = Path(path)
     if path.is_file():
         return [path]
@@ -61,6 +66,21 @@ def find_mat_files(path: Path) -> list[Path]:
                    key=_natural_key)
     if not files:
         raise CapsmedError(f"{path}: no .mat files (expected affNIST batches 1.mat, 2.mat, ...)")
+    numbered = [Path(f.name).stem.isdecimal() for f in files]
+    if len(files) == 1 and not numbered[0]:  # one whole file, e.g. test.mat
+        return files
+    # else the folder is read as one set's batches: an unpacked training.mat,
+    # validation.mat or test.mat beside them would be stored in the one split too (or
+    # twice, for test.mat beside its batches)
+    other = next((f for f, ok in zip(files, numbered, strict=True) if not ok), None)
+    if other is not None:
+        raise CapsmedError(f"{other}: not a numbered affNIST batch; a folder must hold only "
+                           "one set's batches (1.mat, 2.mat, ...): give a whole file such "
+                           "as test.mat itself")
+    numbers = [int(Path(f.name).stem) for f in files]
+    if numbers != list(range(1, len(files) + 1)):  # a batch missing, or 01.mat and 1.mat
+        raise CapsmedError(f"{path}: the batches are not 1.mat to {len(files)}.mat (found "
+                           f"{', '.join(f.name for f in files)})")
     return files
 
 

@@ -70,6 +70,7 @@ REMOTE = {
         homepage="https://github.com/zalandoresearch/fashion-mnist"),
 }
 
+PUBLISHED_COUNTS = {"train": 60_000, "t10k": 10_000}  # images per file, both datasets
 CANVAS = 40
 CHUNK = 16384  # images per write: bounded memory, few appends (each checks for leaks)
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # seeds per split stream
@@ -160,6 +161,25 @@ def image_ids(prefix: str, index: np.ndarray) -> np.ndarray:
     return np.char.mod(f"{prefix}-%06d", np.asarray(index))
 
 
+def _refuse_misplaced_published_files(files: dict[str, tuple[Path, Path]],
+                                     md5: dict[str, str], raw_dir: Path, dataset: str) -> None:
+    """Refuse a published file found in another file's place: the other dataset's files
+    (MNIST given as Fashion-MNIST, or back), or a t10k file named as a train file (a
+    swap would make the 10,000 test images the training set, silently)."""
+    published = {digest: (other, name) for other, remote in REMOTE.items()
+                 for name, digest in remote.md5.items()}
+    for prefix, pair in files.items():
+        for expected, path in zip(IDX_FILES[prefix], pair, strict=True):
+            other, name = published.get(md5[str(path.relative_to(raw_dir))], (dataset, None))
+            if other != dataset:
+                raise CapsmedError(f"{path}: this is the published {other} file, not "
+                                   f"{dataset}; point `capsmed preprocess {dataset}` at the "
+                                   f"{dataset} files")
+            if name is not None and name != f"{expected}.gz":
+                raise CapsmedError(f"{path}: this is the published {dataset} file {name}, "
+                                   f"not {expected}.gz (train and t10k files swapped?)")
+
+
 def load_mnist_splits(raw_dir: Path, dataset: str, val: float, seed: int
                       ) -> tuple[dict[str, SourceSplit], dict]:
     """Read the IDX files of ``raw_dir`` as train / val / test source splits.
@@ -173,17 +193,18 @@ def load_mnist_splits(raw_dir: Path, dataset: str, val: float, seed: int
     paths = [p for pair in files.values() for p in pair]
     md5 = {str(p.relative_to(raw_dir)): file_md5(p) for p in paths}
     official = REMOTE[dataset].md5 if dataset in REMOTE else {}
-    for other, remote in REMOTE.items():  # MNIST's files given as Fashion-MNIST, or back
-        hit = next((p for p, k in zip(paths, md5, strict=True)
-                    if other != dataset and remote.md5.get(p.name) == md5[k]), None)
-        if hit is not None:
-            raise CapsmedError(f"{hit}: this is the published {other} file, not {dataset}; "
-                               f"point `capsmed preprocess {dataset}` at the {dataset} files")
+    _refuse_misplaced_published_files(files, md5, raw_dir, dataset)
     train_images, train_labels = read_idx_pair(*files["train"])
     test_images, test_labels = read_idx_pair(*files["t10k"])
     if train_images.shape[1:] != test_images.shape[1:]:
         raise CapsmedError(f"{files['t10k'][0]}: images are {test_images.shape[1:]} but the "
                            f"training images are {train_images.shape[1:]}")
+    if (len(train_labels), len(test_labels)) == (PUBLISHED_COUNTS["t10k"],
+                                                 PUBLISHED_COUNTS["train"]):
+        # unpacked files have no published checksum to tell them by: their counts do
+        raise CapsmedError(f"{files['train'][0]}: holds {len(train_labels):,} images and "
+                           f"{files['t10k'][0].name} {len(test_labels):,}: the train and "
+                           "t10k files swapped (the published train files hold 60,000)")
     train_idx, val_idx = split_train_val(len(train_labels), val, seed)
     test_idx = np.arange(len(test_labels))
     splits = {}
