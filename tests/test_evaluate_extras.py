@@ -34,7 +34,7 @@ from capsmed.runs.checkpoint import load_checkpoint
 from capsmed.runs.scores import predict_scores
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.helpers import TINY_CAPSNET, assert_clean_failure
+from tests.helpers import TINY_CAPSNET, assert_clean_failure, folder_lenet
 
 runner = CliRunner()
 CPU = torch.device("cpu")
@@ -217,6 +217,25 @@ def test_cli_agreement_flag_and_bad_batch_size(lenet_run, tmp_path):
     assert "report.html" in result.output
     report = json.loads((run / "report" / "report.json").read_text())
     assert set(report["agreement"]["accuracy_by_orientation"]) == set(ORIENTATIONS)
+
+
+def test_a_checkpoint_giving_nan_scores_is_refused_by_evaluate_and_predict(tmp_path):
+    # a replaced checkpoint pair (digest matching) whose weights hold a NaN: its scores
+    # are NaN, and argmax would call every image class 0
+    from capsmed.train.checkpoint import save_checkpoint
+
+    run, images = folder_lenet(tmp_path)
+    model, meta = load_checkpoint(run)
+    with torch.no_grad():
+        next(model.parameters())[0].fill_(float("nan"))
+    save_checkpoint(run, model, {k: v for k, v in meta.items() if k != "weights_digest"})
+    shutil.rmtree(run / "report", ignore_errors=True)
+    result = runner.invoke(app, ["-q", "evaluate", str(run)])
+    assert_clean_failure(result, "checkpoint.safetensors: the model gives NaN or infinite "
+                         "class scores for 6 of 6 images of split 'test'", run / "report")
+    out = tmp_path / "pred"
+    result = runner.invoke(app, ["-q", "predict", str(run), *map(str, images), "-o", str(out)])
+    assert_clean_failure(result, "NaN or infinite class scores for 4 of 4 images scored", out)
 
 
 def _other_file(path, class_names, size, n=5, like=None, **changed):

@@ -132,7 +132,9 @@ def test_a_tupac16_run_warns_when_a_slide_is_read_at_another_scale(tiny_h5, tmp_
     assert "another scale" not in caplog.text  # level 0: 0.25 um/px, as TUPAC16
     predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "b",
             PredictOptions(device="cpu", heatmaps=False, overrides=Overrides(level=1)))
-    assert "read at 0.5 um/px, but tupac16 images are 0.25 um/px" in caplog.text
+    # the dataset named as such: a class-folder run's would read "images images"
+    assert ("read at 0.5 um/px, but this run's images (dataset 'tupac16') are 0.25 um/px"
+            in caplog.text)
 
 
 @pytest.fixture(scope="module")

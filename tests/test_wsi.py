@@ -329,6 +329,30 @@ def test_polygon_overlap_share_and_qupath_class_forms():
 
 
 @pytest.mark.slow
+def test_slides_at_other_mpp_at_the_chosen_level_are_refused_not_mixed(tmp_path):
+    # a 40x and a 20x scan tiled at level 0: tiles of two physical scales in one dataset
+    fine, coarse = _slide(tmp_path / "a.svs", mpp=0.25, size=768), \
+        _slide(tmp_path / "b.svs", mpp=0.5, size=768)
+    labels = str(_labels_csv(tmp_path / "l.csv", ["a,x", "b,y"]))
+    out = tmp_path / "w.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "wsi", str(fine), str(coarse), "-o",
+                                 str(out), "--slide-labels", labels, "--workers", "1"])
+    assert_clean_failure(result, f"{coarse}: 0.5 um/px at level 0, but {fine} is 0.25 um/px "
+                         "there", out)
+    assert "--mpp 0.5" in result.stderr
+    with pytest.raises(CapsmedError, match=r"b.svs: 1 um/px at level 1, but .*a.svs is 0.5 um/px"):
+        preprocess_wsi([fine, coarse], out, _cfg(level=1, slide_labels_csv=labels))
+    # one scale asked for: each slide read (or resampled) to it
+    both = preprocess_wsi([fine, coarse], out, _cfg(mpp=0.5, slide_labels_csv=labels))
+    per_slide = read_info(both).preprocessing["per_slide"]
+    assert {s: v["mpp"] for s, v in per_slide.items()} == {"a": 0.5, "b": 0.5}
+    # within the 1% a level match allows, and a slide without mpp metadata: as before
+    near = _slide(tmp_path / "c.svs", mpp=0.252, size=768)
+    unknown = _slide(tmp_path / "d.svs", mpp=None, size=768)
+    labels = str(_labels_csv(tmp_path / "n.csv", ["a,x", "c,y", "d,y"]))
+    preprocess_wsi([fine, near, unknown], tmp_path / "n.h5", _cfg(slide_labels_csv=labels))
+
+
 def test_slide_labels_split_by_slide_and_workers_give_identical_files(tmp_path):
     for i in range(5):
         _slide(tmp_path / f"s{i}.svs", size=768, seed=i)

@@ -27,9 +27,14 @@ from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.run_report import tracked_metrics, write_report
 from capsmed.io import replace_dir, writing
 from capsmed.runs import OpenRun, open_run
-from capsmed.runs.scores import class_probabilities, predict_scores
+from capsmed.runs.scores import (
+    class_probabilities,
+    non_finite_rows,
+    predict_scores,
+    refuse_non_finite,
+)
 from capsmed.train.handlers.mlflow_tracking import log_report
-from capsmed.train.run_config import read_run_config
+from capsmed.train.run_config import WEIGHTS, read_run_config
 from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
@@ -176,6 +181,9 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         differs = _preprocessing_differences(run, info)
 
     scores = predict_scores(model, split_data.images, dev, batch_size)
+    # before argmax: an image with a NaN score would be counted as an arbitrary class
+    refuse_non_finite(non_finite_rows(scores), len(scores), run_dir / WEIGHTS,
+                      f"images of split '{split}'")
     probabilities, score_kind = class_probabilities(scores, run.loss_kind)
     report = classification_report(split_data.labels, scores.argmax(axis=1),
                                    info.class_names, scores=probabilities)

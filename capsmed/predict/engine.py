@@ -53,7 +53,13 @@ from capsmed.predict.outputs import (
 )
 from capsmed.progress import make_progress, restart_task
 from capsmed.runs import open_run
-from capsmed.runs.scores import class_probabilities, predict_scores
+from capsmed.runs.scores import (
+    class_probabilities,
+    non_finite_rows,
+    predict_scores,
+    refuse_non_finite,
+)
+from capsmed.train.run_config import WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +97,13 @@ class _Open:
 
 
 class _BatchScorer:
-    """Windows in, scores out, in order, in batches that run across inputs."""
+    """Windows in, scores out, in order, in batches that run across inputs; counts the
+    windows scored and those with a NaN or infinite score."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, batch_size: int) -> None:
         self.model, self.device, self.batch_size = model, device, batch_size
         self.buffer: list[np.ndarray] = []
+        self.scored = self.non_finite = 0
 
     def push(self, images: np.ndarray) -> list[np.ndarray]:
         self.buffer.append(images)
@@ -111,8 +119,17 @@ class _BatchScorer:
         stack = np.concatenate(self.buffer)
         cut = len(stack) if final else len(stack) // self.batch_size * self.batch_size
         self.buffer = [stack[cut:]] if cut < len(stack) else []
-        return [predict_scores(self.model, stack[i:i + self.batch_size], self.device,
-                               self.batch_size) for i in range(0, cut, self.batch_size)]
+        batches = [predict_scores(self.model, stack[i:i + self.batch_size], self.device,
+                                  self.batch_size) for i in range(0, cut, self.batch_size)]
+        self.scored += sum(len(b) for b in batches)
+        self.non_finite += sum(non_finite_rows(b) for b in batches)
+        return batches
+
+    def check_finite(self, checkpoint: Path, windowed: bool) -> None:
+        """Refuse once a window got a NaN or infinite score: its class would be
+        arbitrary (outside the inputs' try, so --keep-going does not pass it)."""
+        refuse_non_finite(self.non_finite, self.scored, checkpoint,
+                          "windows scored" if windowed else "images scored")
 
 
 def _class_index(record: DatasetRecord, name: str | None) -> int:
@@ -194,7 +211,7 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
             shutil.rmtree(stale, ignore_errors=True)
         with staging_of(out_dir) as staging, writing(out_dir):
             done = _predict_all(model, meta, record, recipe, items, centres, class_index,
-                                opts, device, staging)
+                                opts, device, staging, run_dir / WEIGHTS)
             write_predictions_csv(staging / "predictions.csv", done.results,
                                   record.class_names)
             write_text_atomic(staging / "summary.json", json.dumps(
@@ -207,7 +224,7 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
 def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRecord,
                  recipe: Any, items: list[InputFile], centres: dict[str, np.ndarray],
                  class_index: int, opts: PredictOptions, device: torch.device,
-                 staging: Path) -> Prediction:
+                 staging: Path, checkpoint: Path) -> Prediction:
     scorer = _BatchScorer(model, device, opts.batch_size)
     queue: deque[_Open] = deque()
     done = Prediction(staging, [], [], record.class_names[class_index], opts.threshold,
@@ -251,7 +268,9 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
             entry.closed = True
             drain()
             progress.advance(overall)
+            scorer.check_finite(checkpoint, recipe.windowed)  # a corrupt checkpoint: stop early
         deliver(scorer.flush())
+        scorer.check_finite(checkpoint, recipe.windowed)
         drain()
     return done
 

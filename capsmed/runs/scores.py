@@ -4,9 +4,13 @@ an exported model all give (:func:`class_probabilities`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from scipy.special import softmax
+
+from capsmed.errors import CapsmedError
 
 
 @torch.no_grad()
@@ -20,6 +24,22 @@ def predict_scores(model: torch.nn.Module, images: np.ndarray, device: torch.dev
         x = torch.from_numpy(chunk).to(device).float().div_(255.0)
         out.append(model(x).scores.float().cpu())
     return torch.cat(out).numpy() if out else np.empty((0, 0), dtype=np.float32)
+
+
+def non_finite_rows(scores: np.ndarray) -> int:
+    """How many images [N, K] scores give a NaN or infinite score to some class."""
+    scores = np.asarray(scores)
+    return int((~np.isfinite(scores)).any(axis=1).sum()) if scores.size else 0
+
+
+def refuse_non_finite(bad: int, total: int, checkpoint: Path, what: str) -> None:
+    """Refuse scores with NaN or inf (``bad`` of ``total`` ``what``): the highest score
+    of such an image is an arbitrary class, so no prediction or report is made from
+    them. Training stops on a non-finite loss, so such weights are likely corrupt."""
+    if bad:
+        raise CapsmedError(f"{checkpoint}: the model gives NaN or infinite class scores for "
+                           f"{bad} of {total} {what} (training stops on a non-finite "
+                           "loss: the weights are likely corrupt or replaced)")
 
 
 def class_probabilities(scores: np.ndarray, loss_kind: str) -> tuple[np.ndarray, str]:

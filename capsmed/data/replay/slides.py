@@ -129,7 +129,7 @@ class SlideWindows:
                  else info.mpp * ds, "region": REGION}
         record = self.recipe.record
         notes.update(scale_note(path, notes["mpp"], record.data_source().scan_mpp,
-                                f"{record.dataset} images"))
+                                f"this run's images (dataset {record.dataset!r})"))
         return Prepared(size=(w0, h0), footprint=size * ds,
                         chunks=self._regions(path, rc, level, ds, tissue, not given, (w, h)),
                         expected=None, thumbnail=picture, notes=notes)

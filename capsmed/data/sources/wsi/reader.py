@@ -212,6 +212,27 @@ def process_band(job: _Band) -> BandResult:
                        "tissue_share": float(mask.mean())})
 
 
+def _check_one_scale(resolutions: dict[str, Resolution], by_id: dict[str, SlideInfo],
+                     cfg: WsiConfig) -> None:
+    """Refuse slides tiled at a fixed level whose microns per pixel there differ by more
+    than :data:`LEVEL_TOLERANCE`: one dataset would mix tissue at different physical
+    scales (a 20x and a 40x scan). ``--mpp`` tiles every slide at one scale. Slides
+    without mpp metadata are not compared: nothing says at which scale they are."""
+    if cfg.mpp is not None:
+        return
+    known = {s: r.mpp for s, r in resolutions.items() if r.mpp}
+    if len(known) < 2:
+        return
+    fine, coarse = min(known, key=known.__getitem__), max(known, key=known.__getitem__)
+    if known[coarse] / known[fine] - 1 > LEVEL_TOLERANCE:
+        level = resolutions[coarse].level
+        raise CapsmedError(f"{by_id[coarse].path}: {known[coarse]:.4g} um/px at level "
+                           f"{level}, but {by_id[fine].path} is {known[fine]:.4g} um/px "
+                           "there: their tiles would show tissue at different scales; give "
+                           f"--mpp (e.g. --mpp {known[coarse]:.4g}) to tile every slide at "
+                           "one resolution")
+
+
 def _assign_splits(slide_ids: list[str], cfg: WsiConfig) -> dict[str, str]:
     return assign_splits(slide_ids, cfg.split_files, cfg.fractions, cfg.seed, unit="slide")
 
@@ -244,6 +265,7 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                                 {Path(i.path).name: s for s, i in by_id.items()})
     split_of = _assign_splits(sorted(by_id), cfg)
     ids = [s for s in sorted(by_id) if s in split_of]
+    _check_one_scale({s: resolutions[s] for s in ids}, by_id, cfg)
     jobs, too_small = [], set()
     for s in ids:
         info, res = by_id[s], resolutions[s]
