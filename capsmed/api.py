@@ -39,9 +39,20 @@ def preprocess(source: str, inputs: Path | str | list[Path], output: Path | str,
         **options: Fields of the source's config (``capsmed preprocess <source>
             --help``), e.g. ``size=28``, ``domain="digits"``.
     """
+    from dataclasses import fields
+
     from capsmed.data.sources import get_source
+    from capsmed.errors import CapsmedError
 
     entry = get_source(source)
+    if entry.config is not None and "dataset" in {f.name for f in fields(entry.config)}:
+        # mnist and fashion-mnist share one config whose ``dataset`` sets the class
+        # names; its default is mnist's, so fashion-mnist was written as digits 0-9
+        options.setdefault("dataset", source)
+        if options["dataset"] != source:
+            raise CapsmedError(f"dataset={options['dataset']!r} contradicts the source "
+                               f"{source!r}; call capsmed.preprocess({options['dataset']!r}, "
+                               "...) instead")
     config = entry.config(**options) if entry.config is not None else None
     given = [Path(p) for p in inputs] if isinstance(inputs, list) else Path(inputs)
     return Path(entry.hook("preprocess")(given, Path(output), config, overwrite=overwrite))

@@ -32,8 +32,8 @@ from capsmed import __version__
 from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, writing
 from capsmed.runs.open import OpenRun, open_run
-from capsmed.runs.scores import class_probabilities
-from capsmed.train.run_config import RESUME_FILE
+from capsmed.runs.scores import class_probabilities, non_finite_rows, refuse_non_finite
+from capsmed.train.run_config import RESUME_FILE, WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,10 @@ def _exported_program(module: nn.Module, example: torch.Tensor, path: Path,
                       metadata: str) -> None:
     program = torch.export.export(module, (example,),
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
-    torch.export.save(program, str(path), extra_files={EXTRA_FILE: metadata})
+    # through a file object: torch warns twice ("Unable to load package") about a path
+    # not ending in .pt2, as the temporary file beside the output does not
+    with open(path, "wb") as file:
+        torch.export.save(program, file, extra_files={EXTRA_FILE: metadata})
 
 
 def load_exported(path: Path, fmt: str) -> tuple[Any, dict[str, Any]]:
@@ -199,7 +202,8 @@ def load_exported(path: Path, fmt: str) -> tuple[Any, dict[str, Any]]:
             warnings.simplefilter("ignore", DeprecationWarning)
             model = torch.jit.load(str(path), _extra_files=extra)
     else:
-        model = torch.export.load(str(path), extra_files=extra).module()
+        with open(path, "rb") as file:
+            model = torch.export.load(file, extra_files=extra).module()
     return ((lambda x: model(torch.from_numpy(x)).detach().numpy()),
             json.loads(extra[EXTRA_FILE]))
 
@@ -209,6 +213,9 @@ def _check(fmt: str, path: Path, module: nn.Module, run: OpenRun) -> None:
     x = torch.rand(3, *run.input_shape, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = module(x).numpy()
+    # NaN scores (corrupt weights) differ from themselves: say so, not "not reproduced"
+    refuse_non_finite(non_finite_rows(expected), len(expected), run.run_dir / WEIGHTS,
+                      "random images")
     forward, _ = load_exported(path, fmt)
     got = forward(x.numpy())
     if got.shape != expected.shape or not abs(got - expected).max() <= 1e-5:

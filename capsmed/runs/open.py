@@ -26,8 +26,13 @@ from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.runs.checkpoint import load_checkpoint
 from capsmed.runs.rows import is_run_file, load_run_split
-from capsmed.runs.scores import class_probabilities, predict_scores
-from capsmed.train.run_config import CONFIG, check_dataset_unchanged, read_run_config
+from capsmed.runs.scores import (
+    class_probabilities,
+    non_finite_rows,
+    predict_scores,
+    refuse_non_finite,
+)
+from capsmed.train.run_config import CONFIG, WEIGHTS, check_dataset_unchanged, read_run_config
 from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
@@ -110,7 +115,8 @@ class OpenRun:
         of other sizes go through ``capsmed predict``, which replays the preprocessing.
 
         Raises:
-            CapsmedError: images of another dtype or shape than the model takes.
+            CapsmedError: images of another dtype or shape than the model takes; a
+                NaN or infinite score (corrupt weights), as ``capsmed predict``.
         """
         images = np.asarray(images)
         if images.ndim == 3:
@@ -120,6 +126,9 @@ class OpenRun:
             raise CapsmedError(f"{self.run_dir}: the model takes uint8 images [N, {shape}] "
                                f"(N, C, H, W), got {images.dtype} {list(images.shape)}")
         scores = predict_scores(self.model, images, self.device, batch_size)
+        # as capsmed predict refuses: a NaN row's argmax is an arbitrary class (the first)
+        refuse_non_finite(non_finite_rows(scores), len(scores), self.run_dir / WEIGHTS,
+                          "images scored")
         return class_probabilities(scores, self.loss_kind)[0]
 
     def record(self) -> DatasetRecord:
