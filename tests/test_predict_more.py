@@ -40,3 +40,19 @@ def test_shape_is_refused_for_an_image_level_run_not_ignored(folder_run, tmp_pat
         predict(run, files[:1], tmp_path / "out", PredictOptions(device="cpu",
                                                                  shape="point"))
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unfinished_run_predicts_with_a_warning(folder_run, tmp_path, caplog):
+    """As evaluate, export and the analyses warn: the checkpoint is of an intermediate
+    epoch while resume.pt is there."""
+    import shutil
+
+    run, files = folder_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    predict(copy, files[:1], tmp_path / "done", PredictOptions(device="cpu"))
+    assert "has not finished" not in caplog.text
+    (copy / "resume.pt").write_bytes(b"")  # training in progress (predict does not read it)
+    predict(copy, files[:1], tmp_path / "out", PredictOptions(device="cpu"))
+    assert "its training has not finished (resume.pt is there), so this predicts with " \
+           "the epoch 1 checkpoint" in " ".join(caplog.text.split())

@@ -171,6 +171,7 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     _check_options(opts)
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     run = open_run(run_dir, opts.data, select_device(opts.device), need_data=False)
+    run.warn_if_unfinished("predicts with", "predict")  # as evaluate and export warn
     model, meta, device = run.model, run.meta, run.device
     record = run.record()
     recipe = make_recipe(record, opts.overrides)

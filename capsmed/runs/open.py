@@ -107,6 +107,16 @@ class OpenRun:
             raise CapsmedError(f"{self.run_dir}: opened without a dataset file")
         return load_run_split(self.run_dir, self.data_path, split)
 
+    def warn_if_unfinished(self, doing: str, command: str) -> None:
+        """Warn that the run's training has not finished: its checkpoint is of an
+        intermediate epoch (``doing``: "analyses", "predicts with"; ``command``: what to
+        run again after ``capsmed train --resume``)."""
+        if self.unfinished:
+            log.warning("%s: its training has not finished (%s is there), so this %s the "
+                        "epoch %s checkpoint; after capsmed train --resume %s, %s again",
+                        self.run_dir, RESUME_FILE, doing, self.meta.get("epoch"),
+                        self.run_dir, command)
+
     def predict(self, images: np.ndarray, batch_size: int = 512) -> np.ndarray:
         """Class scores float64 [N, K] of model-ready images: uint8 [N, C, H, W] as the
         dataset file holds them (or one image [C, H, W]). The scores are what predict and

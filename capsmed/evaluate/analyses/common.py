@@ -40,10 +40,7 @@ def open_analysed(run_dir: Path, data: Path | None = None,
     """:func:`capsmed.runs.open_run`, warning (as ``capsmed evaluate`` does) when the
     run's training has not finished: its checkpoint is of an intermediate epoch."""
     run = open_run(run_dir, data, device)
-    if run.unfinished:
-        log.warning("%s: its training has not finished (resume.pt is there), so this "
-                    "analyses the epoch %s checkpoint; after capsmed train --resume %s, "
-                    "analyse again", run.run_dir, run.meta.get("epoch"), run.run_dir)
+    run.warn_if_unfinished("analyses", "analyse")
     return run
 
 
