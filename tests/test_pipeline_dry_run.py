@@ -170,3 +170,20 @@ def test_an_unknown_study_is_one_line_naming_the_bundled_ones(tmp_path, monkeypa
         assert "no such pipeline file or bundled study" in lines[0]
         assert f"(bundled: {', '.join(names)})" in lines[0]
     assert "jimenez2018" in runner.invoke(app, ["run", "--help"]).stdout
+
+
+def test_a_per_class_limit_run_is_estimated_on_what_it_keeps():
+    """Such a run trains one pass over the images it keeps (at most X a class), not
+    over the whole split: AML at 10 a class was estimated about 100x too long."""
+    from types import SimpleNamespace
+
+    from capsmed.pipeline.estimate import training_images
+
+    run = SimpleNamespace(train={"per_class_limit": 10, "folds": 5})
+    counts = {"all": [500, 7, 40]}
+    assert training_images(run, {"all": 547}, counts) == (10 + 7 + 10) * 4 // 5
+    assert training_images(run, {"all": 547}) is None  # no counts: no guess
+    run.train = {"per_class_limit": 10}
+    assert training_images(run, {"train": 547}, {"train": [500, 7, 40]}) == 27
+    run.train = {"fraction": 0.1}  # a subset trains as many steps as the full split
+    assert training_images(run, {"train": 547}, {"train": [500, 7, 40]}) == 547

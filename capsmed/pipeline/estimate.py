@@ -62,31 +62,43 @@ def data_shape(pipeline: Pipeline, run: RunSpec) -> dict[str, Any] | None:
     its stage's ``expect:``; None when neither is known."""
     path = Path(str(run.train.get("data")))
     if path.is_file():
-        from capsmed.data.contract import read_info
+        from capsmed.data.contract import class_counts, read_info
 
         try:
             info = read_info(path)
             return {"channels": int(info.channels), "image_size": int(info.image_size),
-                    "splits": dict(info.split_sizes)}
+                    "splits": dict(info.split_sizes),
+                    "class_counts": {k: v.tolist() for k, v in class_counts(path).items()}}
         except Exception:  # unreadable here: the run itself will say why
             return None
     stage = pipeline.stages.get(run.stage or "")
     return dict(stage.expect) if stage is not None and stage.expect else None
 
 
-def training_images(run: RunSpec, splits: Mapping[str, int]) -> int | None:
-    """Images one epoch trains on. A subset protocol (fraction, imbalance, per-class
-    limit) trains as many steps as the full split (paper 000 s3.1), so an epoch costs
-    the full split's images; a cross-validation run trains on all folds but one."""
+def training_images(run: RunSpec, splits: Mapping[str, int],
+                    counts: Mapping[str, list[int]] | None = None) -> int | None:
+    """Images one epoch trains on. A subset protocol (fraction, imbalance) trains as
+    many steps as the full split (paper 000 s3.1), so an epoch costs the full split's
+    images; a per-class limit X first keeps at most X images of each class (``counts``:
+    the split's images per class; without them no estimate); a cross-validation run
+    trains on all folds but one."""
     steps = run.train.get("steps_per_epoch")
     if steps:
         return int(steps) * int(run.train.get("batch_size", 128))
-    if "train" in splits:
-        return int(splits["train"])
-    if "all" in splits:
+    split = "train" if "train" in splits else "all" if "all" in splits else None
+    if split is None:
+        return None
+    images = int(splits[split])
+    limit = run.train.get("per_class_limit")
+    if limit is not None:
+        per_class = (counts or {}).get(split)
+        if per_class is None:
+            return None
+        images = sum(min(int(n), int(limit)) for n in per_class)
+    if split == "all":
         k = int(run.train.get("folds") or 5)
-        return int(splits["all"]) * (k - 1) // k
-    return None
+        return images * (k - 1) // k
+    return images
 
 
 def _default_model(run: RunSpec) -> bool:
@@ -130,7 +142,7 @@ def estimate_run(pipeline: Pipeline, run: RunSpec, gpus: int,
     shape = shapes[key]
     if shape is None:
         return None
-    images = training_images(run, shape.get("splits") or {})
+    images = training_images(run, shape.get("splits") or {}, shape.get("class_counts"))
     rate = matching_rate(run, shape, gpus, rates if rates is not None
                          else [*user_rates(), *RATES])
     if rate is None or images is None:
