@@ -74,7 +74,7 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
             raise CapsmedError(f"{info.path}: has no 'train' split{hint}")
         labels, _ = read_labels(info.path, "train")
         rows = select_training_indices(labels, info.class_names, challenge, cfg.seed)
-        _check_not_empty(info, "train", len(labels), rows)
+        _check_not_empty(info, "'train'", len(labels), rows)
         full = len(labels) if cfg.per_class_limit is None else int(np.minimum(
             np.bincount(labels, minlength=info.num_classes), cfg.per_class_limit).sum())
         return RunRows("train", rows, full,
@@ -94,18 +94,20 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
         raise CapsmedError(f"{info.path}: {exc}") from None
     rest = dataclasses.replace(challenge, per_class_limit=None)  # already applied
     chosen = select_training_indices(labels[train_rows], info.class_names, rest, cfg.seed)
-    _check_not_empty(info, f"{CV_SPLIT}' without fold {cfg.fold} '", len(train_rows), chosen)
+    _check_not_empty(info, f"'{CV_SPLIT}' without fold {cfg.fold}", len(train_rows), chosen)
     return RunRows(CV_SPLIT, train_rows[chosen], len(train_rows), None, CV_SPLIT, test_rows)
 
 
 def _check_not_empty(info: DatasetInfo, split: str, available: int, chosen: np.ndarray
                      ) -> None:
+    """``split``: the training samples' place in words (``'train'``, ``'all' without
+    fold 2``)."""
     if not available:
-        raise CapsmedError(f"{info.path}: the training split '{split}' is empty")
+        raise CapsmedError(f"{info.path}: the training split {split} is empty")
     if not len(chosen):
         raise CapsmedError(f"{info.path}: the data challenges (--fraction, --imbalance, "
-                           f"--per-class-limit) leaves none of the {available} training "
-                           f"samples of '{split}'")
+                           f"--per-class-limit) leave none of the {available} training "
+                           f"samples of {split}")
 
 
 def load_train_images(info: DatasetInfo, rows: RunRows) -> np.ndarray:
