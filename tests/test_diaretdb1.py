@@ -355,3 +355,24 @@ def test_a_translucent_fundus_image_is_refused_and_an_opaque_alpha_dropped(tmp_p
         with pytest.raises(CapsmedError, match=rf"{name}: has transparent pixels, but "
                                                "DIARETDB1"):
             read_rgb_png(tmp_path / name)
+
+
+def test_a_fundus_mask_is_read_as_it_looks(tmp_path):
+    """An opaque alpha channel once counted as field of view everywhere, and a
+    MINISWHITE mask came back inverted; a mask held in its alpha is refused."""
+    from capsmed.data.sources.diaretdb1.fundus import fundus_mask
+    from capsmed.data.sources.diaretdb1.layout import read_fundus_mask
+
+    truth = fundus_mask(40, 32)
+    grey = truth.astype(np.uint8) * 255
+    opaque_alpha = np.full_like(grey, 255)
+    tifffile.imwrite(tmp_path / "rgba.tif", np.dstack([grey, grey, grey, opaque_alpha]),
+                     photometric="rgb", extrasamples=["unassalpha"])
+    tifffile.imwrite(tmp_path / "white.tif", 255 - grey, photometric="miniswhite")
+    for name in ("rgba.tif", "white.tif"):
+        np.testing.assert_array_equal(read_fundus_mask(tmp_path / name), truth)
+    white = np.full_like(grey, 255)
+    tifffile.imwrite(tmp_path / "alpha.tif", np.dstack([white, white, white, grey]),
+                     photometric="rgb", extrasamples=["unassalpha"])
+    with pytest.raises(CapsmedError, match=r"alpha.tif: the fundus mask has a non-uniform"):
+        read_fundus_mask(tmp_path / "alpha.tif")

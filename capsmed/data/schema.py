@@ -56,7 +56,10 @@ def refuse_total_row_name(names: Any, where: Path | str) -> None:
 #     read as grey (OpenCV made it colour); a TUPAC16 mitosis listed twice counted once;
 #     WSI tiles narrower than a mask pixel take the pixel under them, and a last tile
 #     that fits exactly is kept.
-DATA_REVISION = 3
+#   4 (2026-11-28): a DIARETDB1 fundus mask read as it looks (MINISWHITE inverted; an
+#     opaque alpha no longer counted as field of view). (Refusing translucent TUPAC16
+#     and DIARETDB1 images changes no file that was written: not a reason.)
+DATA_REVISION = 4
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")
 
 

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import tifffile
 from PIL import Image, UnidentifiedImageError
 
 from capsmed.data.files import FolderWalk, find_in_folder, refuse_same_stem
-from capsmed.data.images import check_image_file, opaque
+from capsmed.data.images import check_image_file, opaque, read_tiff
 from capsmed.data.sources.diaretdb1.config import LESION_TYPES
 from capsmed.errors import CapsmedError
 
@@ -159,18 +158,21 @@ def read_confidence_map(path: Path, shape: tuple[int, int], image_name: str) -> 
 
 
 def read_fundus_mask(path: Path) -> np.ndarray:
-    """The field-of-view mask (``fmask.tif``) as (H, W) bool: its bright pixels."""
-    if path.exists() or path.is_symlink():
-        check_image_file(path, "fundus mask")
-    try:
-        mask = tifffile.imread(path)
-    except FileNotFoundError:
-        raise CapsmedError(f"{path}: fundus mask not found") from None
-    except Exception as exc:  # tifffile raises many types for corrupt files
-        raise CapsmedError(f"{path}: cannot read fundus mask ({type(exc).__name__}: "
-                           f"{exc})") from exc
-    if mask.ndim == 3:  # RGB(A) or planar: every channel of a mask is the same
-        mask = mask.max(axis=-1 if mask.shape[-1] in (3, 4) else 0)
+    """The field-of-view mask (``fmask.tif``) as (H, W) bool: its bright pixels, as the
+    TIFF looks (MINISWHITE inverted, a palette looked up, planar storage handled). An
+    alpha or other extra sample is dropped when uniform and refused otherwise: the
+    field of view may be in it, and counting an opaque alpha would make it everything."""
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        raise CapsmedError(f"{path}: fundus mask not found")
+    mask, extras = read_tiff(path)  # one-line errors naming the file
+    if mask.ndim == 3:  # grey or RGB, then len(extras) extra samples
+        colours = mask.shape[-1] - len(extras)
+        extra = mask[..., max(colours, 1):]
+        if extra.size and (extra != extra.flat[0]).any():
+            raise CapsmedError(f"{path}: the fundus mask has a non-uniform alpha (extra) "
+                               "channel; save the field of view as a plain grey mask")
+        mask = mask[..., :max(colours, 1)].max(axis=-1)  # the channels of a mask agree
     if mask.ndim != 2 or not mask.any():
         raise CapsmedError(f"{path}: expected a non-empty 2-D fundus mask, got {mask.shape}")
     return mask > mask.max() / 2
