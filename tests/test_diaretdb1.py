@@ -281,6 +281,11 @@ def test_config_rejects_unknown_lesion_types():
     result = runner.invoke(app, ["preprocess", "diaretdb1", ".", "-o", "x.h5",
                                  "--lesions", "drusen"])
     assert result.exit_code == 1 and "unknown: drusen" in result.stderr
+    for empty in ("", ","):  # names no lesion type: not the default four
+        result = runner.invoke(app, ["preprocess", "diaretdb1", ".", "-o", "x.h5",
+                                     "--lesions", empty])
+        assert result.exit_code == 1 and "lesions must be a non-empty subset" in \
+            result.stderr, result.output
 
 
 def _drop_fundus_images(res):

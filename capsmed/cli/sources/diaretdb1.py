@@ -92,7 +92,8 @@ def preprocess_diaretdb1(
     """DIARETDB1 fundus: CLAHE green channel, lesion vs healthy patches, official split."""
     from capsmed.data.sources.diaretdb1.reader import preprocess_diaretdb1
 
-    chosen = tuple(t.strip() for t in lesions.split(",") if t.strip()) if lesions else None
+    chosen = (tuple(t.strip() for t in lesions.split(",") if t.strip())
+              if lesions is not None else None)  # "" names none: refused, not all four
     config = Diaretdb1Config(**only_set(
         patch_size=patch_size, output_size=output_size, stride=stride, confidence=confidence,
         lesions=chosen, min_lesion_pixels=min_lesion_pixels, min_fov=min_fov,
