@@ -3,12 +3,14 @@ the repetitions against the paper's printed number (± half its last digit)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from scipy import stats
 
+from capsmed.evaluate.aggregate import EvaluatedRun
 from capsmed.evaluate.verdicts import printed_half_unit, summary, t_interval, verdict
 
 
@@ -42,6 +44,16 @@ def test_verdicts():
     line = summary([verdict(seeds, 0.915), verdict(seeds, 0.95), verdict([0.9], 0.9)])
     assert line.startswith("1 of 3 cells with a paper number reproduced (1 below, "
                            "1 undecided)")
+
+
+def test_a_paper_number_printed_with_a_zero_decimal_keeps_its_digit():
+    # paper 001's WAcc "76.0" is a float in YAML; normalising it to 76 judged it against
+    # 75.5 .. 76.5 (ten times too wide), so 75.6 +- 0.1 was "reproduced"
+    assert printed_half_unit(76.0) == pytest.approx(0.05)
+    assert printed_half_unit(76) == pytest.approx(0.5)  # printed without a decimal
+    ours = [0.755, 0.756, 0.757, 0.756]  # 75.47 .. 75.73 %
+    assert verdict(ours, 76.0, scale=100).word == "below"
+    assert verdict(ours, 76, scale=100).word == "reproduced"
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -106,3 +118,22 @@ def test_the_study_page_links_each_evaluated_runs_report(tmp_path):
     assert page.index('href="../runs/a-seed0/report/report.html"') < page.index(
         'href="../runs/b-seed1/report/report.html"')
     assert "0.944 [paper 0.943: reproduced]" in page and "<li>1 of 1 ...</li>" in page
+
+
+def test_a_per_class_paper_number_no_row_shows_is_said_not_dropped():
+    # a misspelt class or a "recall:" key was never shown, and nothing said so
+    from capsmed.pipeline.study import per_class_table
+
+    run = EvaluatedRun(path=Path("r"), dataset="d", arch="a", protocol="full", settings={},
+                       seed=0, fold=None, class_names=("NGS", "LYT"), metrics={},
+                       per_class={}, confusion=np.array([[8, 2], [1, 9]]))
+    spec = {"paper": {"NGS": {"precision": 0.9, "recall": 0.8}, "LTY": {"precision": 0.7},
+                      "LYT": 0.5}}
+    table, _ = per_class_table(spec, [(SimpleNamespace(fields={}), run)])
+    assert table.rows[0][1] == "0.889 [paper 0.9]"
+    assert any("LTY not shown: not a class of these runs (NGS, LYT)" in n
+               for n in table.notes)
+    assert any("recall, LYT (a bare number) not shown" in n for n in table.notes)
+    clean, _ = per_class_table({"paper": {"NGS": {"precision": 0.9}}},
+                               [(SimpleNamespace(fields={}), run)])
+    assert not any("not shown" in n for n in clean.notes)

@@ -12,7 +12,8 @@ so it stands for an interval of half a unit in its last printed digit (``0.909``
   comparison puts above or below the paper's number).
 
 A paper number read from YAML loses trailing zeros (``0.970`` is read as ``0.97``), which
-only widens its interval: the verdict errs towards *reproduced*, and says so.
+only widens its interval: the verdict errs towards *reproduced*, and says so. A number
+with a zero as its one decimal keeps it (``76.0``: 75.95 to 76.05, not 75.5 to 76.5).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ class Verdict:
 
 
 def printed_half_unit(value: float | int) -> float:
-    """Half a unit in the last digit ``value`` is printed with (0.909 -> 0.0005)."""
-    exponent = Decimal(repr(value)).normalize().as_tuple().exponent
+    """Half a unit in the last digit ``value`` is printed with (0.909 -> 0.0005; 76.0,
+    which YAML reads as a float, -> 0.05; 76 -> 0.5)."""
+    exponent = Decimal(repr(value)).as_tuple().exponent  # normalize() would drop 76.0's 0
     return 0.5 * 10.0 ** min(0, int(exponent))
 
 

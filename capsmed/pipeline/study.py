@@ -213,7 +213,23 @@ def per_class_table(spec: Mapping[str, Any], found: Sequence[tuple[RunSpec, Eval
                 text += f" [paper {paper[key]}]"
             cells.append(text)
         table.rows.append([name, *cells, str(values["support"])])
+    table.notes += _unshown_paper(spec, list(pooled["per_class"]))
     return table, {"per_class": pooled["per_class"], "runs": len(found)}
+
+
+def _unshown_paper(spec: Mapping[str, Any], classes: Sequence[str]) -> list[str]:
+    """A per-class table's paper numbers no row shows (a class the data does not have,
+    a typo; a key other than precision and sensitivity), said instead of dropped."""
+    paper = {str(k): v for k, v in (spec.get("paper") or {}).items()}
+    unknown = [k for k in paper if k not in classes]
+    keys = sorted({str(k) for v in paper.values() if isinstance(v, Mapping) for k in v}
+                  - {"precision", "sensitivity"})
+    keys += [f"{k} (a bare number)" for k, v in paper.items()
+             if k in classes and v is not None and not isinstance(v, Mapping)]
+    return ([f"Paper numbers of {', '.join(unknown)} not shown: not a class of these "
+             f"runs ({', '.join(classes)})"] if unknown else []) + (
+        [f"Paper numbers under {', '.join(keys)} not shown: a per-class table shows "
+         "{precision: v, sensitivity: v} per class"] if keys else [])
 
 
 def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
