@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,6 +64,18 @@ def test_grid_expands_with_rules_selection_and_variables(tmp_path, monkeypatch):
         load_pipeline(SMOKE, {"data_rot": "x"})
 
 
+@pytest.mark.parametrize("only, exclude, message", [
+    (["seed=0", "seed=7"], [], "--only: seed has no value 7 on the grid (its values: 0, 1)"),
+    ([], ["arch=lenett"], "--exclude: arch has no value lenett on the grid"),
+    ([], ["seed=0,arch=lenett"], "--exclude: arch has no value lenett"),
+])
+def test_a_selection_value_the_grid_lacks_is_refused(only, exclude, message):
+    """A misspelt value kept fewer runs than asked (seed=7 beside seed=0), or dropped
+    none (--exclude arch=lenett trained the runs it was to leave out), exiting 0."""
+    with pytest.raises(CapsmedError, match=re.escape(message)):
+        select_runs(load_pipeline(SMOKE), only, exclude)
+
+
 GRID_WITHOUT_HALF_CAPSNET = [  # each field's values exist; one combination does not
     {"dataset": ["tupac16"], "arch": ["lenet"], "condition": ["full", "half"], "seed": [0, 1]},
     {"dataset": ["tupac16"], "arch": ["capsnet"], "condition": ["full"], "seed": [0, 1]}]
@@ -107,6 +120,25 @@ def test_bad_pipeline_files_are_one_line_errors(tmp_path, change, message):
     result = runner.invoke(app, ["run", "--dry-run", str(_pipeline(tmp_path, **change))])
     assert result.exit_code == 1 and message in result.stderr, result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("out=", "variable 'out' is empty: give the output folder"),
+    ("out=''", "variable 'out' is empty"),
+    ("epochs=", "run tupac16-capsnet-full-seed0: 'x{epochs}': '{epochs}' is null (empty) "
+                "and would be written as None"),
+])
+def test_a_null_variable_is_refused_not_written_as_none(tmp_path, monkeypatch, setting,
+                                                        message):
+    """--set out=$UNSET wrote the whole study into ./None; a null inside a longer string
+    (a path, an option) became the word None."""
+    monkeypatch.chdir(tmp_path)
+    path = _pipeline(tmp_path, rules=[{"set": {"mlflow_experiment": "x{epochs}",
+                                               "mlflow": "file:/tmp/x"}}])
+    result = runner.invoke(app, ["run", "--dry-run", "--allow-cpu", str(path),
+                                 "--set", setting])
+    assert result.exit_code == 1 and message in result.stderr, result.output
+    assert not (tmp_path / "None").exists()
 
 
 def test_two_data_stages_may_not_make_one_file(tmp_path):

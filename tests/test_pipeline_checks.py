@@ -55,6 +55,26 @@ REFUSED = {  # id: (change to the smoke pipeline, text of the one-line error)
     "axis-sets-nothing": (_rename_axis("seed", "seeds"),
                           "grid points tupac16-capsnet-full-seeds0 and "
                           "tupac16-capsnet-full-seeds1 are the same run"),
+    # a block without a seed axis trains seed 0: the same run as seed: [0] of another
+    # block, trained twice and pooled as two repetitions
+    "block-without-axis-is-its-default": (
+        lambda r: r["grid"].append({"dataset": ["tupac16"], "arch": ["lenet"],
+                                    "condition": ["full"]}),
+        "grid points tupac16-lenet-full-seed0 and tupac16-lenet-full are the same run: "
+        "seed 0 and left out train alike"),
+    "float-axis-one-and-one-point-zero": (
+        lambda r: r["grid"].append({"dataset": ["tupac16"], "arch": ["lenet"],
+                                    "condition": ["full"], "seed": [0],
+                                    "fraction": [1, 1.0]}),
+        "fraction 1 and 1.0 train alike"),
+    "train-not-a-mapping": (lambda r: r.update({"train": ["epochs"]}),  # was a traceback
+                            "'train' must be a mapping"),
+    "empty-exclude": (  # matched every run: 'capsmed run status' showed 0 runs, exit 0
+        lambda r: r.update({"exclude": [{}], "rules": []}),
+        "exclude[0]: empty; name the field(s) of the runs to drop"),
+    "empty-axis": (  # the block's product was no run: its runs vanished, exit 0
+        lambda r: r["grid"].append({"dataset": ["tupac16"], "arch": [], "seed": [5]}),
+        "grid block 2: axis 'arch' has no values (the block would make no run)"),
     "rule-overrides-axis": (lambda r: r["rules"].append({"when": {"arch": "capsnet"},
                                                          "set": {"seed": 7}}),
                             "rules[2] sets seed, which the grid sets for run "

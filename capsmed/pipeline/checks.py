@@ -8,15 +8,18 @@ the one its YAML describes. So each is a one-line error naming the file and the 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from capsmed.errors import CapsmedError
 from capsmed.pipeline.identity import RunLike, identity_payload
+from capsmed.train.config import TrainConfig
 
 REPORT_KEYS = {"metric", "tables"}
 TABLE_KEYS = {"title", "kind", "where", "rows", "columns", "metric", "evaluation", "paper",
@@ -103,20 +106,44 @@ def check_distinct_runs(runs: Iterable[RunLike], path: Path, train_fields: Itera
     """Refuse two grid points that would train the very same run (an axis that sets
     no option, such as a misspelt ``seeds``): they would share one run identity."""
     seen: dict[str, RunLike] = {}
+    train_fields = sorted(train_fields)
     for run in runs:
-        key = json.dumps(identity_payload(run, lambda p: f"file {p}"), sort_keys=True,
-                         default=str)
+        key = json.dumps(identity_payload(_as_trained(run), lambda p: f"file {p}"),
+                         sort_keys=True, default=str)
         other = seen.setdefault(key, run)
         if other is run:
             continue
         differ = [k for k in dict.fromkeys([*other.fields, *run.fields])
                   if str(other.fields.get(k)) != str(run.fields.get(k))]
+        if all(k in train_fields for k in differ):  # seed: [0] beside a block without
+            pairs = ", ".join(f"{k} {_given(other, k)} and {_given(run, k)}" for k in differ)
+            raise _fail(path, f"grid points {other.label} and {run.label} are the same "
+                        f"run: {pairs} train alike (an option left out trains at train:'s "
+                        "value or its default, and 1 is 1.0); keep one of them")
         hints = [f"'{k}' is not a capsmed train option; did you mean '{m[0]}'?"
                  for k in differ if (m := difflib.get_close_matches(k, train_fields, 1))]
         raise _fail(path, f"grid points {other.label} and {run.label} are the same run "
                     f"(same training options and data): {', '.join(differ)} sets "
                     "nothing; name a capsmed train option, or use it in a rule or a "
                     "{placeholder}" + (f" ({' '.join(hints)})" if hints else ""))
+
+
+def _given(run: RunLike, key: str) -> str:
+    return str(run.fields[key]) if key in run.fields else "left out"
+
+
+_FLOAT_OPTIONS = {f.name for f in dataclasses.fields(TrainConfig)
+                  if f.type in ("float", "float | None")}
+
+
+def _as_trained(run: RunLike) -> SimpleNamespace:
+    """The run with every training option as it trains: an option left out at its
+    default (a grid block without a ``seed`` axis trains seed 0, as ``seed: [0]`` of
+    another block does), and a whole number of a float option as that float (1 is 1.0)."""
+    config = TrainConfig.from_dict({**run.train, "out": None}, run.label).to_dict()
+    return SimpleNamespace(train={
+        k: float(v) if k in _FLOAT_OPTIONS and isinstance(v, int) and not isinstance(v, bool)
+        else v for k, v in config.items()})
 
 
 def _check_metric(metric: Any, where: str, path: Path) -> None:
@@ -246,10 +273,7 @@ def _check_paper_key(key: Any, allowed: list[str], where: str, what: str, path: 
 
 def _check_curve_of(spec: dict[str, Any], kind: str, chosen: list[RunLike], where: str,
                     path: Path) -> None:
-    import dataclasses
-
     from capsmed.pipeline.study_curves import check_curve
-    from capsmed.train.config import TrainConfig
 
     if kind != "metric":
         raise _fail(path, f"{where}.curve: only a metric table is drawn as curves")

@@ -22,12 +22,22 @@ def interpolate(value: Any, names: Mapping[str, Any], where: str, path: Path) ->
         whole = PLACEHOLDER.fullmatch(value)
         if whole:
             return _lookup(whole.group(1), names, where, path)
-        return PLACEHOLDER.sub(lambda m: str(_lookup(m.group(1), names, where, path)), value)
+        return PLACEHOLDER.sub(lambda m: _text(m.group(1), value, names, where, path), value)
     if isinstance(value, list):
         return [interpolate(v, names, where, path) for v in value]
     if isinstance(value, dict):
         return {k: interpolate(v, names, where, path) for k, v in value.items()}
     return value
+
+
+def _text(name: str, text: str, names: Mapping[str, Any], where: str, path: Path) -> str:
+    """A placeholder inside a longer string: a null (``--set out=`` of an unset shell
+    variable) would become the word None in a path or an option."""
+    value = _lookup(name, names, where, path)
+    if value is None:
+        raise fail(path, f"{where}: '{text}': '{{{name}}}' is null (empty) and would be "
+                   "written as None; give it a value")
+    return str(value)
 
 
 def _lookup(name: str, names: Mapping[str, Any], where: str, path: Path) -> Any:

@@ -77,6 +77,14 @@ def select_runs(pipeline: Pipeline, only: Sequence[str], exclude: Sequence[str]
     if unknown:
         raise CapsmedError(f"{pipeline.path}: --only/--exclude: unknown field(s) "
                            f"{', '.join(unknown)} (the grid has: {', '.join(sorted(fields))})")
+    for option, selection in [("--only", keep), *(("--exclude", d) for d in drops)]:
+        for key, wanted in selection.items():  # a misspelt value would keep or drop nothing
+            values = list(dict.fromkeys(str(r.fields.get(key)) for r in pipeline.runs))
+            bad = sorted(wanted - set(values))
+            if bad:
+                raise CapsmedError(f"{pipeline.path}: {option}: {key} has no value "
+                                   f"{', '.join(bad)} on the grid (its values: "
+                                   f"{', '.join(values)})")
     return [r for r in pipeline.runs
             if r.matches(keep) and not any(r.matches(d) for d in drops)]
 

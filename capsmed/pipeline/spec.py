@@ -136,6 +136,10 @@ def _combinations(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
         if not isinstance(block, dict) or not block:
             raise fail(path, f"grid block {i + 1}: expected a mapping of axis: [values]")
         axes = [(k, v if isinstance(v, list) else [v]) for k, v in block.items()]
+        empty = [k for k, v in axes if not v]
+        if empty:  # the product of an empty axis is no run: the block would vanish
+            raise fail(path, f"grid block {i + 1}: axis '{empty[0]}' has no values (the "
+                        "block would make no run); give values or remove the axis")
         for values in itertools.product(*(v for _, v in axes)):
             combo = dict(zip((k for k, _ in axes), values, strict=True))
             key = tuple(sorted((k, str(v)) for k, v in combo.items()))
@@ -190,6 +194,8 @@ def _check_rules(raw: dict[str, Any], axes: Mapping[str, list[str]],
         raise fail(path, "'exclude' must be a list of {field: value(s)}")
     for i, item in enumerate(excluded):
         check_selection(item, axes, f"exclude[{i}]", path)
+        if not item:  # all of no fields match: every run would be dropped
+            raise fail(path, f"exclude[{i}]: empty; name the field(s) of the runs to drop")
         if not any(matches_selection(item, c) for c in combos):
             raise fail(path, f"exclude[{i}]: {item} matches no run of the grid (no grid "
                         "point has that combination)")
@@ -305,10 +311,13 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     if bad:
         raise fail(path, f"unknown key(s) {', '.join(bad)} (allowed: "
                     f"{', '.join(sorted(TOP_KEYS))})")
-    if not isinstance(raw.get("executor") or {}, dict):
-        raise fail(path, "'executor' must be a mapping")
+    for key in ("executor", "train"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise fail(path, f"'{key}' must be a mapping")
     check_executor_section(raw.get("executor") or {}, path)
     names = _variables(raw, overrides or {}, path)
+    if "out" in names and names["out"] in (None, ""):  # --set out=$UNSET: not ./None
+        raise fail(path, "variable 'out' is empty: give the output folder (--set out=DIR)")
     # absolute, so Slurm jobs and child processes find it from any working directory
     out = Path(str(names.get("out", f"runs/{raw['name']}"))).absolute()
     names["out"] = str(out)
