@@ -172,3 +172,46 @@ def test_tracked_metrics_keep_classes_apart_whose_names_map_to_one_word():
     assert {k: v for k, v in values.items() if k.startswith("test/sensitivity.")} == {
         "test/sensitivity.a_b-0": 1.0, "test/sensitivity.a_b-1": 0.5}
     assert "test/precision.c" not in values  # never predicted, no samples: undefined
+
+
+def test_cells_on_other_cv_folds_are_not_called_identical():
+    """Every run predicting class a: capsnet's folds 0 and 1 and lenet's folds 0 and 2
+    gave the same digests (folds of one size), and the note said the cells could not
+    differ, though their accuracies do (other images on fold 1 and fold 2)."""
+    from pathlib import Path
+
+    from capsmed.evaluate.aggregate import EvaluatedRun
+    from capsmed.evaluate.caveats import identical_cells
+
+    truth = {0: [0, 0, 1, 1], 1: [0, 1, 1, 1], 2: [0, 0, 0, 1]}
+
+    def run(arch, fold):
+        report = classification_report(np.array(truth[fold]), np.zeros(4, int), ("a", "b"))
+        return EvaluatedRun(path=Path(f"{arch}-{fold}"), dataset="d", arch=arch,
+                            protocol="CV", settings={}, seed=0, fold=fold,
+                            class_names=("a", "b"), metrics={"accuracy": report.accuracy},
+                            per_class={}, confusion=report.confusion, data_file="x",
+                            predictions=report.predictions_digest)
+
+    capsnet, lenet = [run("capsnet", 0), run("capsnet", 1)], [run("lenet", 0), run("lenet", 2)]
+    assert [r.metrics["accuracy"] for r in capsnet] != [r.metrics["accuracy"] for r in lenet]
+    assert identical_cells({"capsnet": capsnet, "lenet": lenet}) == []
+    same_folds = [run("lenet", 0), run("lenet", 1)]  # fold for fold: identical indeed
+    assert identical_cells({"capsnet": capsnet, "lenet": same_folds}) == [["capsnet", "lenet"]]
+
+
+def test_the_fraction_plot_legend_names_architectures_of_every_panel(monkeypatch, tmp_path):
+    """The legend was the last panel's: capsnet, run on MNIST only, drew an unnamed line."""
+    import capsmed.evaluate.fraction_plot as fraction_plot
+    from capsmed.evaluate.aggregate import Stat
+
+    drawn = {}
+    monkeypatch.setattr(fraction_plot, "save_figure",
+                        lambda fig, path, **kw: drawn.setdefault("fig", fig))
+    points = [(0.1, Stat(0.7, 0.01, 2)), (1.0, Stat(0.9, 0.01, 2))]
+    family = fraction_plot.FractionFamily("full", {
+        "mnist": {"capsnet": points, "lenet": points}, "tupac16": {"lenet": points}})
+    fraction_plot.plot_fraction_family(family, "macro_f1", "macro F1", tmp_path / "f.png")
+    legends = [ax.get_legend() for ax in drawn["fig"].axes if ax.get_legend()]
+    assert [[t.get_text() for t in legend.get_texts()] for legend in legends] == [
+        ["capsnet", "lenet"]]

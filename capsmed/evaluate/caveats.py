@@ -37,10 +37,14 @@ def one_class(run: EvaluatedRun) -> bool:
 
 
 def _predictions(runs: Sequence[EvaluatedRun]) -> tuple | None:
-    """What a cell's runs predicted, as a sorted tuple (None: a report without digest)."""
+    """What a cell's runs predicted, as a sorted tuple (None: a report without digest).
+
+    Each run is keyed by its fold too: two CV folds of one size hold other images, so
+    the same predicted labels on them (one class everywhere, say) score differently."""
     if not runs or any(r.predictions is None for r in runs):
         return None
-    return tuple(sorted((r.data_file, r.dataset, r.predictions) for r in runs))
+    return tuple(sorted((r.data_file, r.dataset, -1 if r.fold is None else r.fold,
+                         r.predictions) for r in runs))
 
 
 def identical_cells(cells: Mapping[str, Sequence[EvaluatedRun]]) -> list[list[str]]:

@@ -101,7 +101,10 @@ def plot_fraction_family(family: FractionFamily, metric: str, metric_label: str,
         ax.set_xlabel("training data")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"{metric_label} (mean ± std)")
-    axes[0][-1].legend(loc="best")
+    # every architecture of the family, not only those drawn in the last panel
+    handles = {label: line for ax in axes[0] for line, label in
+               zip(*ax.get_legend_handles_labels(), strict=True)}
+    axes[0][-1].legend(list(handles.values()), list(handles), loc="best")
     if family.base != "full":
         fig.suptitle(family.base)
     save_figure(fig, path, tight=False)
