@@ -163,10 +163,6 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     assert run.data_path is not None and info is not None  # need_data: refused otherwise
     data_path = run.data_path
     refuse_total_row_name(info.class_names, data_path)  # before scoring: the report needs it
-    if run.unfinished:
-        log.warning("%s: its training has not finished (%s is there), so this scores the "
-                    "epoch %s checkpoint; after capsmed train --resume %s, evaluate again",
-                    run_dir, RESUME_FILE, meta["epoch"], run_dir)
     if agreement and info.image_size[0] != info.image_size[1]:
         raise CapsmedError(f"{data_path}: --agreement needs square images (90-degree "
                            f"rotations), got {info.image_size[0]}x{info.image_size[1]}")
@@ -198,6 +194,12 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     two_label = _two_label_scores(info, split, split_data, scores)
     if two_label is not None:  # the notes are logged as warnings below
         report.notes.insert(0, two_label["note"])
+    if run.unfinished:  # in the files too, as a report.html is sent on its own (the
+        # notes are logged as warnings below)
+        report.notes.insert(0, f"The run's training had not finished ({RESUME_FILE} was "
+                            f"there): this scores its epoch {meta['epoch']} checkpoint, "
+                            "not the final one; after capsmed train --resume "
+                            f"{run_dir}, evaluate again.")
     title = (f"{meta['arch']} on {info.dataset} / {split} (epoch {meta['epoch']})"
              + (f" - {data_path.name}, not the run's file" if differs else "")
              + (" - first digit of two" if two_label is not None else ""))

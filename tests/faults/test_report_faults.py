@@ -48,7 +48,8 @@ def test_report_warns_about_and_marks_an_unfinished_run(toy_h5, toy_run, tmp_pat
         evaluate_run(run, device="cpu", grids=False)
     with caplog.at_level(logging.WARNING, logger="capsmed"):
         report_runs([runs], tmp_path / "rep")
-    (warning,) = [m for m in caplog.messages if "had not finished" in m]
+    # (evaluate said it too, of its own report: "The run's training had not finished")
+    (warning,) = [m for m in caplog.messages if "had not finished" in m and "trained" in m]
     assert f"{cut}: trained 1 of 3 epochs" in warning and "capsmed train --resume" in warning
     md = (tmp_path / "rep" / "table_macro_f1.md").read_text()
     (row,) = [line for line in md.splitlines() if line.startswith("| toy ")]
@@ -135,3 +136,19 @@ def test_the_study_table_marks_unfinished_runs_and_names_identical_cells(run_cop
     different = [replace(r, predictions=f"{i:016d}") for i, r in enumerate(reports)]
     table, _ = metric_table(spec, found, list(zip(specs, different, strict=True)))
     assert "identical" not in " ".join(table.notes)
+
+
+def test_the_report_files_of_an_unfinished_run_say_so(toy_h5, tmp_path, caplog):
+    """Not only a warning on the terminal: report.md, .html and .json are read on their
+    own, and they showed the epoch 1 checkpoint as if it were the run's result."""
+    cut = _interrupted_after_epoch_1(toy_h5, tmp_path / "cut", seed=1)
+    with caplog.at_level(logging.WARNING, logger="capsmed"):
+        evaluate_run(cut, device="cpu", grids=False)
+    said = "The run's training had not finished (resume.pt was there): this scores its " \
+           "epoch 1 checkpoint, not the final one"
+    assert said in " ".join(caplog.text.split())
+    report = json.loads((cut / "report" / "report.json").read_text())
+    assert report["notes"][0].startswith(said)
+    for name in ("report.md", "report.html"):  # (HTML escapes the apostrophe)
+        text = " ".join((cut / "report" / name).read_text().split())
+        assert said.split("): ")[1] in text and "training had not finished" in text, name
