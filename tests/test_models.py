@@ -109,6 +109,12 @@ def test_too_small_input_and_unknown_options_fail_clearly():
     ("parallel-em", {"final_lambda": 0.0}, "final_lambda must be > 0, got 0.0"),
     ("parallel-em", {"final_lambda": -0.01}, "final_lambda must be > 0"),
     ("parallel-em", {"pose": 1}, "pose must be >= 2"),
+    # 2 layers split the primary types evenly: 4 over 3 branches built 3 (1 each), and
+    # 4 over 5 built 5; config.yaml still said primary_types=4
+    ("parallel-em", {"capsule_layers": 2, "branches": 3},
+     "4 types cannot be split over 3 branches"),
+    ("parallel-em", {"capsule_layers": 2, "branches": 5},
+     "4 types cannot be split over 5 branches"),
 ])
 def test_option_values_the_model_would_not_use_as_given_are_refused(name, kwargs, text):
     with pytest.raises(CapsmedError, match=text):

@@ -131,7 +131,8 @@ def em_routing(votes: torch.Tensor, activations: torch.Tensor, beta_u: torch.Ten
         beta_u: Cost per unit of routing mass, broadcastable to [N_out].
         beta_a: Activation offset, broadcastable to [N_out].
         iterations: EM iterations T (>= 1); the last one ends after its M-step.
-        final_lambda: Inverse temperature of the last M-step (see :func:`lambda_schedule`).
+        final_lambda: Asymptote of the inverse temperature; the M-step of iteration t
+            uses ``final_lambda * (1 - 0.95**(t+1))`` (see :func:`lambda_schedule`).
         return_couplings: Also return the assignments R used by the last M-step.
         eps: Added to variances and inside logs, against log(0) and division by 0.
 

@@ -209,9 +209,10 @@ class ParallelEMCapsNet(CapsmedModel):
     and one mid capsule type (window 3x3, stride 2); the branches' mid capsules are
     concatenated as capsule types and EM-routed to the class capsules (window 1x1:
     one transform per type and class shared over the grid). No coordinate addition.
-    Two capsule layers: the primary types are split evenly among the branches, which
-    are concatenated before the class capsules, and each branch repeats its CNN block
-    for the stride the mid capsules no longer provide. Four capsule layers (paper 001:
+    Two capsule layers: the primary types are split evenly among the branches (a
+    ``primary_types`` the branch count does not divide is refused), which are
+    concatenated before the class capsules, and each branch repeats its CNN block for
+    the stride the mid capsules no longer provide. Four capsule layers (paper 001:
     "performs the merging before the Class-Caps", i.e. each branch owns every capsule
     layer but the class layer): primary -> 3x3/2 to ``primary_types`` types -> 3x3/1 to
     one type, per branch. The paper gives no sizes and reports poor results for it.
@@ -243,7 +244,13 @@ class ParallelEMCapsNet(CapsmedModel):
             raise CapsmedError(f"final_lambda must be > 0, got {final_lambda}")
         if pose < 2:
             raise CapsmedError(f"pose must be >= 2 (a pose x pose matrix), got {pose}")
-        types = primary_types if capsule_layers > 2 else max(1, primary_types // branches)
+        if capsule_layers == 2 and primary_types % branches:
+            # the split would round: 32 types over 10 branches built 30 (over 40, 40)
+            raise CapsmedError(f"parallel-em with 2 capsule layers splits the "
+                               f"primary_types evenly among the branches: {primary_types} "
+                               f"types cannot be split over {branches} branches; give a "
+                               "primary_types that branches divides")
+        types = primary_types if capsule_layers > 2 else primary_types // branches
         blocks = 2 if capsule_layers == 2 else 1
         h, w = input_size
         grid = [stem_grid(s, len(stem_planes) + blocks) for s in (h, w)]
