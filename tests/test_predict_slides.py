@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ except (ImportError, OSError) as exc:  # pragma: no cover - depends on the machi
 
 from capsmed.cli import app
 from capsmed.data.contract import read_meta
+from capsmed.data.patches import extract_patches
 from capsmed.data.replay import slides
 from capsmed.data.sources.aml.config import AmlConfig
 from capsmed.data.sources.aml.reader import preprocess_aml
@@ -27,6 +29,7 @@ from capsmed.data.sources.folder.synth import write_class_folders
 from capsmed.data.sources.tupac16.synth import render_tupac16_image
 from capsmed.data.sources.wsi.reader import WsiConfig, preprocess_wsi
 from capsmed.data.sources.wsi.synth import write_pyramid, write_wsi
+from capsmed.errors import CapsmedError
 from capsmed.predict.config import Overrides, PredictOptions
 from capsmed.predict.engine import predict
 from capsmed.train.config import TrainConfig
@@ -218,3 +221,55 @@ def test_a_grid_option_with_centres_is_refused_not_ignored(wsi_run, tmp_path, ex
     assert out.exit_code == 1 and not (tmp_path / "out").exists()
     assert (f"{tmp_path / 'c.csv'}: {named} choose the windows of a grid; with --centres "
             "the windows are the given ones") in out.stderr
+
+
+def test_two_centres_on_one_pixel_of_the_level_read_are_refused_not_scored_twice(tmp_path):
+    """At level 1 a pixel is 2 level-0 px: x=400 and x=401 were both read as the window
+    at level-1 x=200, its row written twice to predictions.csv (and twice as a feature
+    with one id in the GeoJSON)."""
+
+    class Recipe:  # the refusal comes before anything else of the recipe is used
+        size, stride = 32, 16
+
+    rgb = np.full((256, 512, 3), 200, np.uint8)
+    write_pyramid(tmp_path / "slide.svs", rgb, mpp=0.25, levels=2, tile=128)
+    windows = slides.SlideWindows(Recipe(), Overrides(level=1))
+    with pytest.raises(CapsmedError, match=r"slide.svs: centres x=400, y=122 and x=401, "
+                       r"y=122 are one window at level 1 \(a pixel there is 2 level-0 px\)"):
+        windows.prepare(tmp_path / "slide.svs", np.array([[300, 60], [400, 122], [401, 122]]))
+
+
+class _RedWindows:
+    """A stand-in patch recipe: 32 px windows of the red channel, all tissue."""
+
+    size, stride = 32, 16
+    record = SimpleNamespace(dataset="stand-in",
+                             data_source=lambda: SimpleNamespace(scan_mpp=None))
+
+    def min_share(self) -> float:
+        return 0.5
+
+    def channel_and_mask(self, path, rgb):
+        return rgb[..., 0], np.ones(rgb.shape[:2], bool), 0.5, {}
+
+    def cut(self, channel, xy):
+        return extract_patches(channel, xy[:, ::-1], self.size)[:, None]
+
+
+def test_given_centres_on_a_slide_come_back_in_the_order_given(tmp_path, monkeypatch):
+    """Read region by region, a slide's given windows came back region by region, so
+    predictions.csv listed them in another order than the centres CSV (and than the
+    same CSV gives on the image as a plain file)."""
+    rgb = np.random.default_rng(0).integers(0, 256, (256, 512, 3), dtype=np.uint8)
+    write_pyramid(tmp_path / "slide.svs", rgb, mpp=0.25, levels=2, tile=128)
+    with openslide.OpenSlide(str(tmp_path / "slide.svs")) as slide:
+        red = np.asarray(slide.read_region((0, 0), 0, slide.dimensions))[..., 0]
+    monkeypatch.setattr(slides, "REGION", 128)
+    given = np.array([[400, 200], [40, 30], [300, 100], [100, 200], [450, 20]])
+    prepared = slides.SlideWindows(_RedWindows(), Overrides()).prepare(
+        tmp_path / "slide.svs", given)
+    chunks = list(prepared.chunks)
+    xy = np.concatenate([c for _, c in chunks])
+    patches = np.concatenate([p for p, _ in chunks])
+    assert xy.tolist() == given.tolist()
+    assert np.array_equal(patches[:, 0], extract_patches(red, given[:, ::-1], 32))

@@ -14,7 +14,7 @@ import numpy as np
 
 from capsmed.data.patches import grid_centres, window_fraction
 from capsmed.data.replay.options import Overrides
-from capsmed.data.replay.windows import THUMBNAIL_SIDE, Prepared, check_centres
+from capsmed.data.replay.windows import CHUNK, THUMBNAIL_SIDE, Prepared, check_centres
 from capsmed.data.slides import SlideInfo, describe_slide, on_white, open_slide
 from capsmed.errors import CapsmedError
 
@@ -91,6 +91,41 @@ def _level(info: SlideInfo, overrides: Overrides) -> int:
     raise CapsmedError(f"{info.path}: no level at {overrides.mpp} um/px (levels: {shown})")
 
 
+def _refuse_one_window_twice(path: Path, xy: np.ndarray, rc: np.ndarray, level: int,
+                             ds: float) -> None:
+    """Refuse given level-0 centres ``xy`` that fall on one pixel ``rc`` of the level
+    read: the same window would be scored twice, two identical rows and features."""
+    _, first, inverse = np.unique(rc, axis=0, return_index=True, return_inverse=True)
+    again = np.flatnonzero(first[inverse.reshape(-1)] != np.arange(len(rc)))
+    if len(again):
+        (x1, y1), (x2, y2) = xy[first[inverse.reshape(-1)[again[0]]]], xy[again[0]]
+        raise CapsmedError(f"{path}: centres x={x1}, y={y1} and x={x2}, y={y2} are one "
+                           f"window at level {level} (a pixel there is {ds:g} level-0 px); "
+                           "it would be scored twice: give one of them")
+
+
+def _region_order(rc: np.ndarray) -> np.ndarray:
+    """The order windows centred on ``rc`` (level px) are read in: regions row-major,
+    the given (grid) order inside each (a stable sort)."""
+    key = rc // REGION
+    return np.lexsort((key[:, 1], key[:, 0]))
+
+
+def _as_given(chunks: Iterator[tuple[np.ndarray, np.ndarray]], rc: np.ndarray
+              ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Given centres' windows, cut region by region, handed on in the order given (as
+    on a plain image), so predictions.csv lists them as the centres CSV does."""
+    parts = list(chunks)  # every given window is cut: none is dropped for its tissue
+    if not parts:
+        return
+    images = np.concatenate([p for p, _ in parts])
+    xy = np.concatenate([c for _, c in parts])
+    back = np.argsort(_region_order(rc), kind="stable")
+    for start in range(0, len(back), CHUNK):
+        part = back[start:start + CHUNK]
+        yield images[part], xy[part]
+
+
 class SlideWindows:
     """A patch-level recipe (TUPAC16) over a whole slide, region by region.
 
@@ -115,9 +150,12 @@ class SlideWindows:
                                f"{size} px window")
         given = centres is not None
         w0, h0 = info.dimensions
-        rc = (np.round(check_centres(path, centres, w0, h0, what="slide")[:, ::-1] / ds)
-              .astype(np.int64).clip(0, [h - 1, w - 1])
-              if given else grid_centres(h, w, size, self.recipe.stride))
+        if given:
+            xy = check_centres(path, centres, w0, h0, what="slide")
+            rc = np.round(xy[:, ::-1] / ds).astype(np.int64).clip(0, [h - 1, w - 1])
+            _refuse_one_window_twice(path, xy, rc, level, ds)
+        else:
+            rc = grid_centres(h, w, size, self.recipe.stride)
         scale = min(1.0, THUMBNAIL_SIDE / max(w0, h0))
         with open_slide(path) as slide:
             picture = np.asarray(slide.get_thumbnail(
@@ -130,9 +168,10 @@ class SlideWindows:
         record = self.recipe.record
         notes.update(scale_note(path, notes["mpp"], record.data_source().scan_mpp,
                                 f"this run's images (dataset {record.dataset!r})"))
+        chunks = self._regions(path, rc, level, ds, tissue, not given, (w, h))
         return Prepared(size=(w0, h0), footprint=size * ds,
-                        chunks=self._regions(path, rc, level, ds, tissue, not given, (w, h)),
-                        expected=None, thumbnail=picture, notes=notes)
+                        chunks=_as_given(chunks, rc) if given else chunks,
+                        expected=len(rc) if given else None, thumbnail=picture, notes=notes)
 
     def _regions(self, path: Path, rc: np.ndarray, level: int, ds: float,
                  tissue: np.ndarray, select: bool, extent: tuple[int, int]
@@ -141,9 +180,8 @@ class SlideWindows:
 
         w, h = extent
         margin = self.recipe.size // 2 + 1 + BLUR_MARGIN
-        key = rc // REGION
-        order = np.lexsort((key[:, 1], key[:, 0]))  # regions row-major, grid order inside
-        rc, key = rc[order], key[order]
+        order = _region_order(rc)
+        rc, key = rc[order], rc[order] // REGION
         starts = np.flatnonzero(np.r_[True, (np.diff(key, axis=0) != 0).any(axis=1)])
         ty, tx = tissue.shape[0] / h, tissue.shape[1] / w
         with open_slide(path) as slide:
