@@ -343,6 +343,28 @@ def test_two_labels_with_a_loss_they_cannot_use_are_refused_before_the_folder(tm
     assert not out.exists()
 
 
+def test_two_labels_reconstruct_the_second_object_under_bf16_autocast(tmp_path):
+    """The second object's reconstruction runs after the forward pass, outside its
+    autocast: a ConvNet-CR's bf16 capsules met the fp32 decoder and every step failed
+    (bf16 is what --precision auto picks on a GPU)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "two.h5"
+    with DatasetWriter(path, dataset="multimnist", kind="multimnist", domain="digits",
+                       class_names=["0", "1", "2"], image_shape=(1, 12, 12),
+                       preprocessing={}, source={}) as w:
+        for split, n in (("train", 6), ("val", 3)):
+            first = np.arange(n) % 3
+            pixels = [rng.integers(0, 255, (n, 1, 12, 12), dtype=np.uint8) for _ in range(3)]
+            w.append(split, pixels[0], first, np.array([f"{split}{i}" for i in range(n)]),
+                     meta={"label2": (first + 1) % 3, "image_a": pixels[1],
+                           "image_b": pixels[2]})
+    run = train(TrainConfig(data=str(path), arch="convnet-cr", epochs=1, batch_size=6,
+                            out=str(tmp_path / "run"), precision="bf16",
+                            model_kwargs={"conv_channels": 8, "kernel_size": 3,
+                                          "decoder_hidden": [8]}), disable_progress=True)
+    assert np.isfinite(_metrics(run)[0]["train_loss"])
+
+
 def test_bf16_autocast_and_channels_last_train_on_cpu(tiny_h5, tmp_path):
     run = train(_cfg(tiny_h5, tmp_path / "bf16", epochs=1, precision="bf16",
                      channels_last=True), disable_progress=True)

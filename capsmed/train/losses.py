@@ -106,7 +106,9 @@ def two_label_loss(loss_kind: str, output: ModelOutput, target: TwoLabels, recon
                            f"losses, not '{loss_kind}'")
     if (recon_weight > 0 and output.reconstruction is not None and decoder is not None
             and target.image_a is not None and target.image_b is not None):
-        second = decoder(output.capsules, target.second)
+        # the decoder's weights are fp32 and this call is outside the forward pass's
+        # autocast: capsules an autocast layer made (bf16 / fp16) would not fit them
+        second = decoder(output.capsules.float(), target.second)
         loss = loss + recon_weight * (reconstruction_loss(output.reconstruction, target.image_a)
                                       + reconstruction_loss(second, target.image_b))
     return loss
