@@ -129,8 +129,7 @@ def run_figures(out: Path) -> list[dict]:
         checkpoint = run_dir / "checkpoint.safetensors"
         rows.append({
             "arch": record["fields"]["arch"],
-            "mode": "+".join(m for m in ("compile", "graph") if config.get(
-                {"graph": "cuda_graph"}.get(m, m))) or "eager",
+            "mode": run_mode(config),
             "started": record["started"],
             "wall_s": record["updated"] - record["started"],
             "epoch_s": sum(e["seconds"] for e in epochs),
@@ -189,21 +188,33 @@ def per_arch(rows: list[dict], walls: dict[str, float], share: int = 1
     return out
 
 
+def run_mode(train: dict) -> str:
+    """A run's mode from its options: eager, compile, graph or compile+graph."""
+    return "+".join(m for m in ("compile", "graph") if train.get(
+        {"graph": "cuda_graph"}.get(m, m))) or "eager"
+
+
 def paper_study_hours(figures: dict[str, dict]) -> tuple[float, int, int]:
     """GPU-hours of jimenez2018's runs at these rates (each run: its epochs x its
     training images per epoch / the steady rate, plus a later run's overhead; each
     architecture's first runs, one per worker sharing the GPU, the first run's overhead
-    instead), and how many of its runs that covers (architectures measured here)."""
+    instead), and how many of its runs that covers: those of an architecture measured
+    here that the study can train in the mode measured (eager, or with ``--set
+    gpu_modes=true`` its GPU mode: the augmented medical-set runs stay eager, as a CUDA
+    graph cannot replay random transforms)."""
     from capsmed.pipeline.estimate import data_shape, training_images
     from capsmed.pipeline.spec import load_pipeline
 
     pipeline = load_pipeline(PAPER_STUDY)
+    gpu_modes = {r.label: run_mode(r.train)
+                 for r in load_pipeline(PAPER_STUDY, {"gpu_modes": True}).runs}
     seconds, covered, seen = 0.0, 0, dict.fromkeys(figures, 0)
     for run in pipeline.runs:
         arch = run.train.get("arch")
         shape = data_shape(pipeline, run)
         images = training_images(run, (shape or {}).get("splits") or {})
-        if arch not in figures or images is None:
+        if arch not in figures or images is None or figures[arch].get("mode", "eager") \
+                not in (run_mode(run.train), gpu_modes[run.label]):
             continue
         fig = figures[arch]
         # K workers each pay the first run's warm-up (compilation, graph capture) once
@@ -251,6 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--mode {bad[0]}: give ARCH=MODE, ARCH one of {', '.join(ARCHS)}, "
                      f"MODE one of {', '.join(MODES)}")
     args.mode = {a: m for a, _, m in pairs}
+    if args.epochs < 2:  # the steady rate is the epochs after the first (warm-up)
+        parser.error(f"--epochs must be 2 or more, got {args.epochs}: the steady rate "
+                     "is timed on the epochs after the first")
     if args.toy:
         args.device, args.batch_size = "cpu", 32
     sizes = (256, 64, 64) if args.toy else (55_000, 5_000, 10_000)

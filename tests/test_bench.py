@@ -74,7 +74,9 @@ def test_bench_and_models_refuse_impossible_settings_and_record_nothing(tmp_path
                           (["--model-arg", "num_classes=20"],
                            "--model-arg num_classes: the input shape is set with "
                            "--num-classes"),
-                          (["--model-arg", "in_channels=3"], "set with --channels")):
+                          (["--model-arg", "in_channels=3"], "set with --channels"),
+                          # compilation timed as training: 1 img/s for a toy lenet
+                          (["--compile"], "--compile needs --warmup 1 or more")):
         assert_clean_failure(CliRunner().invoke(app, [*base, *args]), message)
     assert not results.exists()  # the history that run --dry-run estimates from
     assert_clean_failure(CliRunner().invoke(app, ["models", "--channels", "0"]),
@@ -117,3 +119,80 @@ def test_a_result_after_a_line_cut_short_is_a_line_of_its_own(tmp_path):
     assert json.loads(line)["arch"] == "lenet"
     [rate] = user_rates(tmp_path)
     assert rate.images_per_s == json.loads(line)["train_images_per_s"]
+
+
+def _mnist_run(tmp_path: Path, arch: str, **train):
+    """A jimenez2018 MNIST run (sizes from its expect:) with ``train`` options changed."""
+    import dataclasses
+
+    from capsmed.pipeline.spec import load_pipeline
+
+    pipeline = load_pipeline(Path(__file__).resolve().parents[1] / "pipelines" /
+                             "jimenez2018.yaml", {"out": str(tmp_path / "out")})
+    run = next(r for r in pipeline.runs if r.fields["arch"] == arch
+               and r.fields["dataset"] == "mnist")
+    return pipeline, dataclasses.replace(run, train={**run.train, **train})
+
+
+def _gpu_line(**fields) -> str:
+    return json.dumps({"arch": "lenet", "device": "NVIDIA H100 80GB HBM3",
+                       "precision": "bfloat16", "batch_size": 128,
+                       "input": "1x28x28, 10 classes", "train_images_per_s": 1e6,
+                       "compiled": False, "cuda_graph": False, "tf32": False,
+                       "model_options": {}, **fields})
+
+
+def test_an_fp32_gpu_run_is_not_estimated_from_tf32_convolution_figures(tmp_path):
+    """gpu_check's 'eager-fp32' H100 cells ran cuDNN convolutions in TF32 (timed before
+    --precision fp32 meant IEEE fp32), and were shipped as fp32 rates: an fp32 run on a
+    GPU was estimated from them. So was an old bench line (no tf32 key) from CUDA."""
+    from capsmed.pipeline.estimate import estimate_run, user_rates
+    from capsmed.pipeline.throughput import RATES
+
+    pipeline, run = _mnist_run(tmp_path, "lenet", precision="fp32")
+    assert estimate_run(pipeline, run, 1, list(RATES)) is None
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    old = json.loads(_gpu_line(precision="float32"))
+    del old["tf32"]
+    (bench / "train.jsonl").write_text(json.dumps(old) + "\n")
+    assert estimate_run(pipeline, run, 1, user_rates(bench)) is None
+    (bench / "train.jsonl").write_text(_gpu_line(precision="float32", batch_size=256,
+                                                 train_images_per_s=2e5) + "\n")
+    seconds, rate = estimate_run(pipeline, run, 1, user_rates(bench))  # IEEE fp32: taken
+    assert rate.precision == "fp32" and seconds == run.train["epochs"] * 55000 / 2e5
+
+
+def test_a_compiled_or_graphed_rate_is_not_an_eager_runs_and_back(tmp_path):
+    """A user's 'bench train --cuda-graph' line (lenet: 12x eager on an H100) was taken
+    for every lenet run, graphed or not; a compiled+graphed run took eager rates."""
+    from capsmed.pipeline.estimate import estimate_run, user_rates
+    from capsmed.pipeline.throughput import RATES
+
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "train.jsonl").write_text(_gpu_line(cuda_graph=True) + "\n")
+    graphed = user_rates(bench)
+    assert [r.mode for r in graphed] == ["graph"]
+    pipeline, eager = _mnist_run(tmp_path, "lenet")
+    _, rate = estimate_run(pipeline, eager, 1, [*graphed, *RATES])
+    assert rate.mode == "eager" and rate.images_per_s != 1e6  # the shipped eager rate
+    _, graph = _mnist_run(tmp_path, "lenet", cuda_graph=True)
+    _, rate = estimate_run(pipeline, graph, 1, [*graphed, *RATES])
+    assert rate.mode == "graph" and rate.images_per_s == 1e6
+    _, both = _mnist_run(tmp_path, "capsnet", compile=True, cuda_graph=True)
+    assert estimate_run(pipeline, both, 1, list(RATES)) is None  # only eager shipped
+
+
+def test_a_later_architecture_in_one_cpu_command_records_no_peak_of_its_own(tmp_path):
+    """On a CPU the peak is the process's RSS so far: with two --arch, the second line
+    recorded the first model's peak as its own (capsnet's 600 MiB for lenet's 360)."""
+    results = tmp_path / "bench.jsonl"
+    result = CliRunner().invoke(app, [
+        "bench", "train", "--arch", "lenet", "--arch", "lenet", "--batch-size", "4",
+        "--steps", "1", "--warmup", "0", "--device", "cpu", "--results", str(results),
+        "--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]"])
+    assert result.exit_code == 0, result.output
+    first, second = (json.loads(line) for line in results.read_text().splitlines())
+    assert first["peak_memory_mib"] > 0 and second["peak_memory_mib"] is None
+    assert "the first --arch's only" in " ".join(result.output.split())

@@ -36,6 +36,11 @@ def test_a_bad_mode_is_refused_before_anything_runs(tmp_path, capsys):
         study_throughput.main(["--workdir", str(tmp_path), "--toy", "--mode", "lenet=fast"])
     assert "MODE one of eager, compile, graph, compile+graph" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+    # one epoch: its rate, compilation included, was reported as the steady rate
+    with pytest.raises(SystemExit):
+        study_throughput.main(["--workdir", str(tmp_path), "--toy", "--epochs", "1"])
+    assert "--epochs must be 2 or more, got 1" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
 
 
 def test_runs_sharing_the_gpu_run_each_architecture_alone(tmp_path):
@@ -83,3 +88,17 @@ def test_the_extrapolation_matches_a_hand_computation():
     assert shared["busy_share_of_study"] == 122 / 400
     hours, _, _ = study_throughput.paper_study_hours({"lenet": shared})
     assert abs(hours - (3_960_000 + 2 * 55 + 142 * 30) / 2 / 3600) < 1e-9
+
+
+def test_a_graph_mode_rate_covers_only_the_runs_that_can_train_in_that_mode():
+    """A CUDA-graph (or compiled) rate was taken for every run of its architecture, the
+    augmented TUPAC16 and DIARETDB1 runs included, which jimenez2018 trains eager even
+    with --set gpu_modes=true (a graph cannot replay random transforms)."""
+    fig = {"mode": "graph", "images_per_s": 100.0, "first_run_overhead_s": 0.0,
+           "later_run_overhead_s": 0.0}
+    eager_hours, eager_covered, _ = study_throughput.paper_study_hours(
+        {"lenet": {**fig, "mode": "eager"}})
+    hours, covered, total = study_throughput.paper_study_hours({"lenet": fig})
+    assert (eager_covered, covered, total) == (144, 72, 432)  # the MNIST sets' lenet runs
+    assert hours < eager_hours
+    assert study_throughput.paper_study_hours({"capsnet": {**fig, "mode": "compile"}})[1] == 0

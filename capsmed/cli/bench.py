@@ -58,7 +58,7 @@ def train(
     """Training and evaluation images/s, step time and peak memory per architecture."""
     from capsmed.tables import Column, Table, text_column
     from capsmed.tables.terminal import print_tables
-    from capsmed.train.bench import append_result, bench_train
+    from capsmed.train.bench import append_result, bench_train, gpu_peak
 
     batch_size = TrainConfig.batch_size if batch_size is None else batch_size
     device = TrainConfig.device if device is None else device
@@ -74,14 +74,19 @@ def train(
                         compile_model=compile_model, cuda_graph=cuda_graph,
                         input_size=input_size,
                         channels=channels, num_classes=num_classes, model_kwargs=kwargs)
+        if measured and not gpu_peak(r):  # the process's peak so far: an earlier
+            # architecture's, not this one's (freed memory stays in the process)
+            r = dataclasses.replace(r, peak_memory_mib=None)
         append_result(r, results)
         measured.append(r)
         table.notes = [f"device: {r.device}; float32 = IEEE fp32 (TF32 off); peak: " + (
-            "GPU memory allocated" if "cpu" not in r.device else
-            "process RSS so far (one --arch per command for per-model figures)")]
+            "GPU memory allocated" if gpu_peak(r) else
+            "process RSS, the first --arch's only (one --arch per command gives "
+            "each its own)")]
         table.rows.append([r.arch, r.input.replace(", ", "/").replace(" classes", ""),
                            r.precision, f"{r.train_images_per_s:,.0f}",
                            f"{r.train_step_ms:.1f}", f"{r.eval_images_per_s:,.0f}",
+                           "-" if r.peak_memory_mib is None else
                            f"{r.peak_memory_mib:,.0f}"])
     if as_json:  # the results as appended to the file (without the host name)
         print_json([dataclasses.asdict(r) for r in measured])

@@ -3,12 +3,13 @@
 Rates come from :mod:`capsmed.pipeline.throughput` (shipped with capsmed) and from
 your own ``capsmed bench train`` results in the user data folder (preferred). A run
 gets an estimate only from a rate of its own architecture at its registry defaults,
-its channels, its input size, its precision and the device kind it will train on, at
-the nearest measured batch size (within a factor of 4): never from another input
-size or a reduced-width model. Its input size and split sizes come from its data
-file, or, before the file exists, from what its data stage declares under
-``expect:``. The estimate is epochs x training images per epoch / rate: training
-only (no evaluation, no early stop), one run at a time.
+its channels, its input size, its precision, the device kind it will train on and its
+mode (eager, ``compile``, ``cuda_graph``), at the nearest measured batch size (within a
+factor of 4): never from another input size, a reduced-width model or another mode.
+Its input size and split sizes come from its data file, or, before the file exists,
+from what its data stage declares under ``expect:``. The estimate is epochs x training
+images per epoch / rate: training only (no evaluation, no early stop), one run at a
+time.
 """
 
 from __future__ import annotations
@@ -50,11 +51,20 @@ def _bench_line(line: str, source: str) -> Rate | None:
         kind = "cpu" if device.startswith("cpu") else "gpu:" + device.split("(")[-1].rstrip(")")
         precision = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
             str(row["precision"]), str(row["precision"]))
+        if precision == "fp32" and "tf32" not in row and not device.startswith(
+                ("cpu", "mps")):  # CUDA before fp32 meant IEEE fp32: cuDNN's TF32 default
+            precision = "tf32-conv"
         return Rate(str(row["arch"]), channels, size, int(classes.split()[0]),
                     int(row["batch_size"]), precision, kind, float(row["train_images_per_s"]),
-                    source)
+                    source, _mode(bool(row.get("compiled")), bool(row.get("cuda_graph"))))
     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
+
+
+def _mode(compiled: bool, cuda_graph: bool) -> str:
+    """A rate's mode: eager, compile, graph or compile+graph."""
+    return "+".join(name for name, on in (("compile", compiled), ("graph", cuda_graph))
+                    if on) or "eager"
 
 
 def data_shape(pipeline: Pipeline, run: RunSpec) -> dict[str, Any] | None:
@@ -120,9 +130,11 @@ def matching_rate(run: RunSpec, shape: Mapping[str, Any], gpus: int,
     if precision == "auto":
         precision = "bf16" if gpus else "fp32"
     batch = int(run.train.get("batch_size", 128))
+    mode = _mode(bool(run.train.get("compile")), bool(run.train.get("cuda_graph")))
     found = [r for r in rates if r.arch == run.train.get("arch")
              and r.channels == shape["channels"] and r.size == shape["image_size"]
              and r.precision == precision and r.device.split(":")[0] == device
+             and r.mode == mode
              and max(r.batch, batch) / min(r.batch, batch) <= MAX_BATCH_RATIO]
     return min(found, key=lambda r: abs(math.log(r.batch / batch))) if found else None
 

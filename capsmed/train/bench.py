@@ -68,7 +68,7 @@ class BenchResult:
     train_images_per_s: float
     train_step_ms: float
     eval_images_per_s: float
-    peak_memory_mib: float
+    peak_memory_mib: float | None  # None: not this model's alone (see gpu_peak)
     channels_last: bool
     compiled: bool
     cuda_graph: bool
@@ -80,6 +80,13 @@ class BenchResult:
     # --model-arg options: a line without them is the registry's default model, which
     # capsmed run --dry-run takes the line's rate for
     model_options: dict[str, Any] = field(default_factory=dict)
+
+
+def gpu_peak(result: BenchResult) -> bool:
+    """Whether ``result``'s peak is CUDA's ``max_memory_allocated`` (reset for each
+    benchmark), not the process's peak RSS (which keeps every earlier benchmark's of
+    the same process: ``capsmed bench train`` records it for the first only)."""
+    return not result.device.startswith(("cpu", "mps"))
 
 
 def _sync(device: torch.device) -> None:
@@ -123,6 +130,9 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
     _check_options(batch_size=batch_size, steps=steps, warmup=warmup, input_size=input_size,
                    channels=channels, num_classes=num_classes, precision=precision)
     _check_model_options(model_kwargs or {})
+    if compile_model and warmup < 1:  # the first step compiles: it would be timed
+        raise CapsmedError("--compile needs --warmup 1 or more: the first step compiles "
+                           "the model, and its seconds would count as training time")
     dev = select_device(device)
     mode = precision_mode(precision, dev)
     if cuda_graph and (dev.type != "cuda" or mode == "fp16"):
