@@ -17,7 +17,11 @@ first epoch's extra and the seconds outside epochs.
 
 ``--mode ARCH=MODE`` trains one architecture in its own mode (``eager``, ``compile``,
 ``graph`` or ``compile+graph``; the others follow ``--compile``/``--cuda-graph``),
-so the extrapolation can use each architecture's fastest mode.
+so the extrapolation can use each architecture's fastest mode. Given twice for one
+architecture (``--mode capsnet=compile+graph --mode capsnet=eager``), K runs are
+trained in each mode, and each of the study's runs is counted at the rate of the mode
+it trains in (with ``--set gpu_modes=true``: the MNIST sets' runs in their GPU mode,
+the augmented medical-set runs eager).
 ``--toy`` (the test suite's size: 256 images, reduced widths, CPU) checks the script,
 not the speed. ``--fresh-processes`` runs every command in its own process (the
 behaviour before capsmed run's worker), for a side-by-side figure.
@@ -75,21 +79,29 @@ def make_data(work: Path, train: int, val: int, test: int) -> Path:
 
 
 def pipeline_file(work: Path, data: Path, args: argparse.Namespace) -> Path:
+    """The study: K runs of each architecture (of each of its modes, given several)."""
+    several = [a for a in args.archs if len(args.mode.get(a, [])) > 1]
+    single = [a for a in args.archs if a not in several]
     train = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": 1.0e-3,
              "device": args.device, "precision": args.precision, "patience": None}
     train |= {"compile": True} if args.compile else {}
     train |= {"cuda_graph": True} if args.cuda_graph else {}
     raw = {"name": "throughput", "variables": {"out": str(work / "out")},
            "datasets": {"mnist": {"output": str(data), "commands": []}},
-           "grid": [{"dataset": ["mnist"], "arch": list(args.archs),
-                     "seed": list(range(args.runs))}],
+           "grid": [{"dataset": ["mnist"], "arch": single,
+                     "seed": list(range(args.runs))}] * bool(single)
+                   # a mode is not part of a run's identity: other seeds for each mode
+                   + [{"dataset": ["mnist"], "arch": [arch], "mode": [mode],
+                       "seed": list(range(i * args.runs, (i + 1) * args.runs))}
+                      for arch in several for i, mode in enumerate(args.mode[arch])],
            "train": train,
            "rules": [{"when": {"arch": arch}, "set": {"model_kwargs": widths}}
                      for arch, widths in TOY_WIDTHS.items()
                      if args.toy and arch in args.archs]
-                    + [{"when": {"arch": arch}, "set": {"compile": False, "cuda_graph": False,
-                                                        **MODES[mode]}}
-                       for arch, mode in args.mode.items() if arch in args.archs],
+                    + [{"when": {"arch": arch, **({"mode": mode} if arch in several else {})},
+                        "set": {"compile": False, "cuda_graph": False, **MODES[mode]}}
+                       for arch, modes in args.mode.items() if arch in args.archs
+                       for mode in modes],
            "evaluate": [{"name": "report", "split": "test"}],
            "report": {"metric": "accuracy", "tables": [
                {"title": "Accuracy", "rows": "seed", "columns": "arch"}]}}
@@ -153,8 +165,12 @@ def per_arch(rows: list[dict], walls: dict[str, float], share: int = 1
     run's. ``walls``: the study's wall seconds, or each architecture's when they ran
     one after another (``share`` > 1)."""
     out = {}
-    for arch in sorted({r["arch"] for r in rows}):
-        mine = sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["started"])
+    groups = sorted({(r["arch"], r["mode"]) for r in rows})
+    for arch, mode in groups:
+        # an architecture measured in several modes: one figure per mode
+        key = arch if sum(a == arch for a, _ in groups) == 1 else f"{arch} {mode}"
+        mine = sorted((r for r in rows if (r["arch"], r["mode"]) == (arch, mode)),
+                      key=lambda r: r["started"])
         epoch_s = sum(r["epoch_s"] for r in mine)
         # steady: the epochs after each run's first (all of them if a run has one)
         later = [(r["train_samples"], s) for r in mine for s in r["epoch_seconds"][1:]]
@@ -165,11 +181,12 @@ def per_arch(rows: list[dict], walls: dict[str, float], share: int = 1
                                            - r["train_samples"] / steady)
             r["overhead_s"] = r["first_epoch_extra_s"] + r["wall_s"] - r["epoch_s"]
         first, rest = mine[:share], mine[share:] or mine[:share]  # no later run: as first
-        wall = walls.get(arch, walls.get("*", 0.0))
-        out[arch] = {
+        wall = walls.get(key, walls.get("*", 0.0))
+        out[key] = {
+            "arch": arch,
             "runs": len(mine),
             "runs_per_gpu": share,
-            "mode": mine[0]["mode"],
+            "mode": mode,
             "images_per_s": steady,
             "images_per_s_all_epochs": sum(r["train_images"] for r in mine) / epoch_s,
             "first_epoch_extra_s": sum(r["first_epoch_extra_s"] for r in mine) / len(mine),
@@ -197,30 +214,35 @@ def run_mode(train: dict) -> str:
 def paper_study_hours(figures: dict[str, dict]) -> tuple[float, int, int]:
     """GPU-hours of jimenez2018's runs at these rates (each run: its epochs x its
     training images per epoch / the steady rate, plus a later run's overhead; each
-    architecture's first runs, one per worker sharing the GPU, the first run's overhead
-    instead), and how many of its runs that covers: those of an architecture measured
-    here that the study can train in the mode measured (eager, or with ``--set
-    gpu_modes=true`` its GPU mode: the augmented medical-set runs stay eager, as a CUDA
-    graph cannot replay random transforms)."""
+    figure's first runs, one per worker sharing the GPU, the first run's overhead
+    instead), and how many of its runs that covers. A run is counted at the figure of
+    its architecture in the mode the study trains it in: with ``--set gpu_modes=true``
+    its GPU mode where one was measured (the MNIST sets' runs), else its own (eager:
+    the augmented medical-set runs, as a CUDA graph cannot replay random transforms).
+    ``figures``: keyed by architecture, or ``"ARCH MODE"`` (each names its ``arch``
+    and ``mode``; eager when not said)."""
     from capsmed.pipeline.estimate import data_shape, training_images
     from capsmed.pipeline.spec import load_pipeline
 
     pipeline = load_pipeline(PAPER_STUDY)
     gpu_modes = {r.label: run_mode(r.train)
                  for r in load_pipeline(PAPER_STUDY, {"gpu_modes": True}).runs}
+    by_mode = {(f.get("arch", key.split()[0]), f.get("mode", "eager")): key
+               for key, f in figures.items()}
     seconds, covered, seen = 0.0, 0, dict.fromkeys(figures, 0)
     for run in pipeline.runs:
         arch = run.train.get("arch")
+        key = next((by_mode[arch, m] for m in (gpu_modes[run.label], run_mode(run.train))
+                    if (arch, m) in by_mode), None)
         shape = data_shape(pipeline, run)
         images = training_images(run, (shape or {}).get("splits") or {})
-        if arch not in figures or images is None or figures[arch].get("mode", "eager") \
-                not in (run_mode(run.train), gpu_modes[run.label]):
+        if key is None or images is None:
             continue
-        fig = figures[arch]
+        fig = figures[key]
         # K workers each pay the first run's warm-up (compilation, graph capture) once
-        overhead = fig["later_run_overhead_s"] if seen[arch] >= fig.get(
+        overhead = fig["later_run_overhead_s"] if seen[key] >= fig.get(
             "runs_per_gpu", 1) else fig["first_run_overhead_s"]
-        seen[arch] += 1
+        seen[key] += 1
         run_s = int(run.train.get("epochs", 50)) * images / fig["images_per_s"] + overhead
         seconds += run_s / fig.get("runs_per_gpu", 1)  # K of its runs in flight at once
         covered += 1
@@ -261,7 +283,10 @@ def main(argv: list[str] | None = None) -> dict:
     if bad:
         parser.error(f"--mode {bad[0]}: give ARCH=MODE, ARCH one of {', '.join(ARCHS)}, "
                      f"MODE one of {', '.join(MODES)}")
-    args.mode = {a: m for a, _, m in pairs}
+    args.mode = {}
+    for a, _, m in pairs:  # an architecture may be given several modes
+        if m not in args.mode.setdefault(a, []):
+            args.mode[a].append(m)
     if args.epochs < 2:  # the steady rate is the epochs after the first (warm-up)
         parser.error(f"--epochs must be 2 or more, got {args.epochs}: the steady rate "
                      "is timed on the epochs after the first")
@@ -280,11 +305,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.runs_per_gpu == 1:
         capsmed("run", str(path), "--no-report")
         walls["*"] = time.perf_counter() - started
-    else:  # one architecture at a time, so only its own runs share the GPU
+    else:  # one architecture (and mode) at a time, so only its own runs share the GPU
         for arch in args.archs:
-            began = time.perf_counter()
-            capsmed("run", str(path), "--no-report", "--only", f"arch={arch}")
-            walls[arch] = time.perf_counter() - began
+            modes = args.mode.get(arch, [])
+            for mode in modes if len(modes) > 1 else [None]:
+                began = time.perf_counter()
+                capsmed("run", str(path), "--no-report", "--only",
+                        f"arch={arch}" + (f",mode={mode}" if mode else ""))
+                walls[arch if mode is None else f"{arch} {mode}"] = \
+                    time.perf_counter() - began
     wall = time.perf_counter() - started
     figures = per_arch(run_figures(work / "out"), walls, args.runs_per_gpu)
     hours, covered, total = paper_study_hours(figures)
@@ -319,8 +348,8 @@ def table(result: dict) -> str:
     if result.get("runs_per_gpu", 1) > 1:
         lines.append(f"runs per GPU: {result['runs_per_gpu']}, each architecture alone; "
                      "img/s is one run's while they shared it")
-    for arch, f in result["archs"].items():
-        lines.append(f"{arch:<9}{f['mode']:<14}{f['images_per_s']:>8.0f}"
+    for key, f in result["archs"].items():
+        lines.append(f"{f.get('arch', key):<9}{f['mode']:<14}{f['images_per_s']:>8.0f}"
                      f"{f['epoch_s_per_run']:>9.1f}{f['first_run_overhead_s']:>9.1f}"
                      f"{f['later_run_overhead_s']:>8.1f}"
                      f"{f['checkpoint_s_per_run']:>8.2f}")
