@@ -321,19 +321,28 @@ def test_a_recon_weight_given_to_a_model_without_decoder_is_warned_about(tiny_h5
     assert not [r for r in caplog.records if "recon_weight" in r.getMessage()]
 
 
+def _two_label_file(path, size: int, splits: dict[str, int], sources: bool = False):
+    """A tiny MultiMNIST-like file of 3 classes (``sources``: with both digits' images)."""
+    rng = np.random.default_rng(0)
+    with DatasetWriter(path, dataset="multimnist", kind="multimnist", domain="digits",
+                       class_names=["0", "1", "2"], image_shape=(1, size, size),
+                       preprocessing={}, source={}) as w:
+        for split, n in splits.items():
+            first = np.arange(n) % 3
+            pixels = [rng.integers(0, 255, (n, 1, size, size), dtype=np.uint8)
+                      for _ in range(3 if sources else 1)]
+            meta = {"label2": (first + 1) % 3}
+            if sources:
+                meta |= {"image_a": pixels[1], "image_b": pixels[2]}
+            w.append(split, pixels[0], first, np.array([f"{split}{i}" for i in range(n)]),
+                     meta=meta)
+    return path
+
+
 def test_two_labels_with_a_loss_they_cannot_use_are_refused_before_the_folder(tmp_path):
     """A spread-loss model on a two-label file failed at its first step, leaving a run
     folder (config.yaml, resume.pt) that neither a rerun nor --resume could use."""
-    rng = np.random.default_rng(0)
-    path = tmp_path / "two.h5"
-    with DatasetWriter(path, dataset="multimnist", kind="multimnist", domain="digits",
-                       class_names=["0", "1", "2"], image_shape=(1, 20, 20),
-                       preprocessing={}, source={}) as w:
-        for split, n in (("train", 12), ("val", 6)):
-            first = np.arange(n) % 3
-            w.append(split, rng.integers(0, 255, (n, 1, 20, 20), dtype=np.uint8), first,
-                     np.array([f"{split}{i}" for i in range(n)]),
-                     meta={"label2": (first + 1) % 3})
+    path = _two_label_file(tmp_path / "two.h5", 20, {"train": 12, "val": 6})
     out = tmp_path / "run"
     with pytest.raises(CapsmedError, match="two-label training .* supports margin and ce "
                        "losses; capsnet trains with the spread loss"):
@@ -347,17 +356,7 @@ def test_two_labels_reconstruct_the_second_object_under_bf16_autocast(tmp_path):
     """The second object's reconstruction runs after the forward pass, outside its
     autocast: a ConvNet-CR's bf16 capsules met the fp32 decoder and every step failed
     (bf16 is what --precision auto picks on a GPU)."""
-    rng = np.random.default_rng(0)
-    path = tmp_path / "two.h5"
-    with DatasetWriter(path, dataset="multimnist", kind="multimnist", domain="digits",
-                       class_names=["0", "1", "2"], image_shape=(1, 12, 12),
-                       preprocessing={}, source={}) as w:
-        for split, n in (("train", 6), ("val", 3)):
-            first = np.arange(n) % 3
-            pixels = [rng.integers(0, 255, (n, 1, 12, 12), dtype=np.uint8) for _ in range(3)]
-            w.append(split, pixels[0], first, np.array([f"{split}{i}" for i in range(n)]),
-                     meta={"label2": (first + 1) % 3, "image_a": pixels[1],
-                           "image_b": pixels[2]})
+    path = _two_label_file(tmp_path / "two.h5", 12, {"train": 6, "val": 3}, sources=True)
     run = train(TrainConfig(data=str(path), arch="convnet-cr", epochs=1, batch_size=6,
                             out=str(tmp_path / "run"), precision="bf16",
                             model_kwargs={"conv_channels": 8, "kernel_size": 3,
