@@ -190,6 +190,52 @@ def test_malformed_targets_are_refused(record, message, tmp_path):
         load_target(record.get("method", "macenko"), path)
 
 
+def test_hand_written_targets_in_the_wrong_order_sign_or_scale_are_refused(ihc, tmp_path):
+    """A target whose rows are eosin first, a negated stain vector, or Reinhard numbers
+    in OpenCV's 8-bit LAB (L 0..255, a and b offset by 128) would swap the stains, turn
+    the image white, or tint it: each is refused naming the file; fitted targets pass."""
+    fitted = StainNormaliser.fit("macenko", ihc).to_record()
+    lab8 = cv2.cvtColor(ihc, cv2.COLOR_RGB2LAB).reshape(-1, 3).astype(np.float64)
+    cases = [
+        ("macenko", {**fitted, "stain_matrix": fitted["stain_matrix"][::-1]},
+         "hematoxylin first"),
+        ("macenko", {**fitted, "stain_matrix": (-np.array(fitted["stain_matrix"])).tolist()},
+         "negated vector"),
+        ("reinhard", {"method": "reinhard", "lab_means": lab8.mean(0).tolist(),
+                      "lab_stds": lab8.std(0).tolist()}, "8-bit LAB"),
+    ]
+    path = tmp_path / "t.json"
+    for method, record, message in cases:
+        path.write_text(json.dumps(record))
+        with pytest.raises(CapsmedError, match=f"^{path}: .*{message}"):
+            load_target(method, path)
+    for method in ("macenko", "reinhard"):
+        path.write_text(json.dumps(StainNormaliser.fit(method, ihc).to_record()))
+        load_target(method, path)
+
+
+def test_the_estimate_puts_the_stain_absorbing_more_red_first_after_orienting_it():
+    """Stained pixels varying in colour around grey: the vectors at the extreme angles
+    may point into negative OD and are flipped; hematoxylin is chosen after the flip."""
+    rng = np.random.default_rng(0)
+    chroma = np.array([[1, -1, 0], [1, 1, -2]]) / np.sqrt([[2], [6]])
+    od = (1.0 + rng.normal(0, 1, (64 * 64, 2)) * [0.3, 0.2] @ chroma
+          + rng.normal(0, 0.01, (64 * 64, 3)))
+    found = estimate_stain_matrix(beer_lambert(od[:, None, :], np.eye(3)).reshape(64, 64, 3))
+    assert (found.sum(axis=1) > 0).all() and found[0, 0] >= found[1, 0]
+
+
+def test_images_other_than_8_bit_rgb_are_refused_not_cast(ihc):
+    """A cast to uint8 would zero a float image's 0..1 and wrap 16-bit values."""
+    for method in ("macenko", "reinhard"):
+        normaliser = StainNormaliser.fit(method, ihc)
+        for bad in (ihc / 255.0, ihc.astype(np.uint16) * 257, ihc[..., 0]):
+            with pytest.raises(ValueError, match=r"needs an \(H, W, 3\) uint8 RGB"):
+                normaliser.apply(bad)
+            with pytest.raises(ValueError, match="uint8 RGB"):
+                StainNormaliser.fit(method, bad)
+
+
 def test_a_record_naming_a_method_without_its_statistics_is_refused():
     assert recorded_normaliser({"stain_norm": "none"}, "x") is None
     assert recorded_normaliser({}, "x") is None  # written before normalisation existed

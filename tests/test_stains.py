@@ -29,3 +29,11 @@ def test_lookups_equal_rgb2hed_and_the_logarithm(image):
     od = -np.log((image.astype(np.float32) + 1.0) / 256.0).mean(axis=-1)
     assert np.array_equal(tissue_mask(image), cv2.blur(od, (15, 15)) > 0.15)
     assert np.array_equal(tissue_mask(image, smooth=1), od > 0.15)
+
+
+def test_grey_or_non_8_bit_images_are_refused_not_read_as_columns():
+    grey = np.full((50, 60), 120, np.uint8)  # [..., :3] would take its first 3 columns
+    for bad in (grey, np.zeros((8, 8, 3), np.uint16), np.zeros((8, 8, 3))):
+        for call in (hematoxylin_density, hematoxylin_channel, tissue_mask):
+            with pytest.raises(ValueError, match=r"needs an \(H, W, 3\) uint8 RGB"):
+                call(bad)

@@ -75,8 +75,10 @@ def estimate_stain_matrix(rgb: np.ndarray) -> np.ndarray | None:
         return None
     first = plane @ np.array([np.cos(low), np.sin(low)])
     second = plane @ np.array([np.cos(high), np.sin(high)])
-    pair = [first, second] if first[0] > second[0] else [second, first]
-    stains = np.stack([v * (np.sign(v.sum()) or 1.0) for v in pair])
+    # into positive OD first, then hematoxylin (more red) first: ordering before the
+    # flip took a negated vector's red for the stain's own
+    first, second = (v * (np.sign(v.sum()) or 1.0) for v in (first, second))
+    stains = np.stack([first, second] if first[0] >= second[0] else [second, first])
     return stains / np.linalg.norm(stains, axis=1, keepdims=True)
 
 
@@ -91,10 +93,28 @@ def lab_image(rgb: np.ndarray) -> np.ndarray:
                         cv2.COLOR_RGB2LAB)
 
 
+# CIELAB's range over every 8-bit RGB colour (its extremes are the RGB cube's corners):
+# L 0..100, a about -86..98, b about -108..94; OpenCV's 8-bit LAB (L 0..255, a and b
+# offset by 128) lies outside it
+_CORNERS = lab_image(np.array([[[r, g, b] for r in (0, 255) for g in (0, 255)
+                                for b in (0, 255)]], np.uint8)).reshape(-1, 3)
+LAB_LOW, LAB_HIGH = _CORNERS.min(axis=0) - 0.5, _CORNERS.max(axis=0) + 0.5
+
+
 def lab_statistics(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean and standard deviation float64 [3] of each CIELAB channel."""
     lab = lab_image(rgb).reshape(-1, 3).astype(np.float64)
     return lab.mean(axis=0), lab.std(axis=0)
+
+
+def _rgb8(rgb: np.ndarray) -> np.ndarray:
+    """The RGB channels of an (H, W, 3 or 4) uint8 image, contiguous; anything else is
+    refused (a cast would wrap 16-bit values and zero a float image's 0..1)."""
+    rgb = np.asarray(rgb)
+    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[-1] < 3:
+        raise ValueError(f"stain normalisation needs an (H, W, 3) uint8 RGB image, got "
+                         f"{rgb.dtype} of shape {list(rgb.shape)}")
+    return np.ascontiguousarray(rgb[..., :3])
 
 
 def _to_uint8(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -118,7 +138,7 @@ class StainNormaliser:
 
     def apply(self, rgb: np.ndarray) -> np.ndarray:
         """``rgb`` (H, W, 3) uint8 normalised to the target: uint8 of the same shape."""
-        rgb = np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)
+        rgb = _rgb8(rgb)
         if self.method == "reinhard":
             means, stds = lab_statistics(rgb)
             if stds[0] < MIN_LIGHTNESS_STD:  # blank (glass, padding): no colours to map,
@@ -154,7 +174,7 @@ class StainNormaliser:
             CapsmedError: Macenko on an image whose stain vectors cannot be estimated.
         """
         origin = origin or {}
-        rgb = np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)
+        rgb = _rgb8(rgb)
         if method == "reinhard":
             means, stds = lab_statistics(rgb)
             return cls(method, {"lab_means": tuple(means), "lab_stds": tuple(stds)}, origin)
@@ -203,6 +223,26 @@ class StainNormaliser:
         if method == "macenko" and not np.allclose(
                 np.linalg.norm(target["stain_matrix"], axis=1), 1.0, atol=1e-6):
             raise CapsmedError(f"{where}: the rows of 'stain_matrix' must be unit vectors")
+        if method == "macenko":
+            rows = np.asarray(target["stain_matrix"])
+            if (rows.sum(axis=1) <= 0).any():
+                raise CapsmedError(f"{where}: the rows of 'stain_matrix' are optical "
+                                   "densities, each summing to more than 0; got "
+                                   f"{rows.tolist()} (a negated vector?)")
+            if rows[0, 0] < rows[1, 0]:
+                raise CapsmedError(f"{where}: 'stain_matrix' must list hematoxylin first "
+                                   "(the stain absorbing more red: the larger first "
+                                   f"value); got {rows.tolist()} (rows swapped?)")
+        else:
+            means, stds = np.asarray(target["lab_means"]), np.asarray(target["lab_stds"])
+            if ((means < LAB_LOW) | (means > LAB_HIGH)).any() or (
+                    stds > (LAB_HIGH - LAB_LOW) / 2).any():
+                raise CapsmedError(
+                    f"{where}: 'lab_means' {means.tolist()} and 'lab_stds' "
+                    f"{stds.tolist()} are not float CIELAB (L 0..100, a "
+                    f"{LAB_LOW[1]:.0f}..{LAB_HIGH[1]:.0f}, b {LAB_LOW[2]:.0f}.."
+                    f"{LAB_HIGH[2]:.0f}, stds at most half of each span); OpenCV's "
+                    "8-bit LAB (L 0..255, a and b offset by 128) is not accepted")
         positive = "max_concentrations" if method == "macenko" else "lab_stds"
         if min(target[positive]) <= 0:
             raise CapsmedError(f"{where}: '{positive}' must be positive, got "

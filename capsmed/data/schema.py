@@ -57,7 +57,9 @@ def refuse_total_row_name(names: Any, where: Path | str) -> None:
 #     WSI tiles narrower than a mask pixel take the pixel under them, and a last tile
 #     that fits exactly is kept.
 #   4 (2026-11-28): a DIARETDB1 fundus mask read as it looks (MINISWHITE inverted; an
-#     opaque alpha no longer counted as field of view). (Refusing translucent TUPAC16
+#     opaque alpha no longer counted as field of view); Macenko orients its stain
+#     vectors before it picks hematoxylin (an image whose vector was flipped got the
+#     stains swapped). (Refusing translucent TUPAC16
 #     and DIARETDB1 images changes no file that was written: not a reason.)
 DATA_REVISION = 4
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")

@@ -32,6 +32,10 @@ _MASK_OD = -np.log((np.arange(256, dtype=np.float32) + 1.0) / 256.0)
 
 def _lookup(rgb: np.ndarray, table: np.ndarray) -> np.ndarray:
     """``table[rgb[..., :3]]``, looked up by OpenCV (about twice as fast as indexing)."""
+    # a grey (H, W) image would pass, its first 3 columns taken for channels
+    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[-1] < 3:
+        raise ValueError("stain separation needs an (H, W, 3) uint8 RGB image, got "
+                         f"{rgb.dtype} of shape {list(rgb.shape)}")
     return cv2.LUT(np.ascontiguousarray(rgb[..., :3]), table)
 
 
