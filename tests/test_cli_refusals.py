@@ -16,6 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from capsmed.cli import app
+from capsmed.errors import CapsmedError
 from tests.helpers import TINY, assert_clean_failure, folder_dataset
 
 runner = CliRunner()
@@ -238,3 +239,21 @@ def test_evaluate_refuses_to_replace_a_folder_that_is_not_a_report(cut_run, tmp_
     assert_clean_failure(result, str(logs.parent))
     assert "holds files but no report.json" in result.stderr
     assert _files(run) == before  # the logs kept, no report and no temporary folder
+
+
+@pytest.mark.parametrize("source, option", [("tupac16", "--h-max"),
+                                            ("diaretdb1", "--clip-limit")])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_number_option_given_nan_or_inf_is_refused(tmp_path, source, option, value):
+    """NaN passed the '<= 0' checks: --h-max nan made every hematoxylin patch NaN cast
+    to uint8, inf every patch white. (The WSI source's h_max: below.)"""
+    from capsmed.data.sources.wsi.config import WsiConfig
+
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["preprocess", source, str(tmp_path), "-o", str(out),
+                                 option, value])
+    assert result.exit_code == 1, result.output
+    name = option[2:].replace("-", "_")
+    assert f"{name} must be" in result.stderr and not out.exists()
+    with pytest.raises(CapsmedError, match="h_max must be a number > 0"):
+        WsiConfig(slide_labels_csv="labels.csv", h_max=float(value))

@@ -80,7 +80,8 @@ class Diaretdb1Config:
         if self.lesion_patches_per_component < 0 or not 0 <= self.max_jitter < self.patch_size // 2:
             raise CapsmedError(f"lesion_patches_per_component must be >= 0 and jitter within "
                                f"[0, {self.patch_size // 2}) so copies keep their lesion")
-        if self.clip_limit <= 0 or len(self.tile_grid) != 2 or min(self.tile_grid) < 1:
+        if not 0 < self.clip_limit < math.inf or len(self.tile_grid) != 2 \
+                or min(self.tile_grid) < 1:
             raise CapsmedError("clip_limit must be > 0 and tile_grid two positive integers")
         object.__setattr__(self, "lesions", tuple(t for t in LESION_TYPES if t in self.lesions))
         object.__setattr__(self, "tile_grid", tuple(int(v) for v in self.tile_grid))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -76,7 +77,7 @@ class Tupac16Config:
             raise CapsmedError(f"mitosis_radius must be >= 0, got {self.mitosis_radius}")
         if not 0.0 <= self.min_tissue <= 1.0:
             raise CapsmedError("min_tissue must be within [0, 1]")
-        if self.h_max <= 0:
-            raise CapsmedError("h_max must be > 0")
+        if not 0 < self.h_max < math.inf:  # NaN made every patch NaN, inf white
+            raise CapsmedError(f"h_max must be a number > 0, got {self.h_max}")
         check_fractions(self.fractions)
         check_stain_norm(self.stain_norm, self.stain_target)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -115,7 +116,7 @@ class WsiConfig:
                                                             "or drop"),
             (not self.background_class.strip(), "background_class must not be empty"),
             (self.stain not in ("none", "hematoxylin"), "stain must be none or hematoxylin"),
-            (self.h_max <= 0, "h_max must be > 0"),
+            (not 0 < self.h_max < math.inf, f"h_max must be a number > 0, got {self.h_max}"),
             (self.tiles_per_job < 1, "tiles_per_job must be >= 1"),
         ]
         for bad, message in checks:
