@@ -24,6 +24,13 @@ def pyplot() -> Any:
     return plt
 
 
+def plain(text: str) -> str:
+    """``text`` for a figure, drawn as written: matplotlib reads what lies between two
+    ``$`` as mathtext (a class named ``$5 ml$`` lost its dollars and came out italic);
+    an escaped ``\\$`` is drawn as ``$``. Every user-given name passes through here."""
+    return str(text).replace("$", r"\$")
+
+
 def whole_epochs(fig: Any) -> None:
     """Every axis labelled ``epoch`` ticks whole epochs only: matplotlib put 1.25, 1.5 ...
     between the two epochs of a short run, epochs no run has."""

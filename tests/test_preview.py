@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import matplotlib
 import numpy as np
 import pytest
@@ -16,11 +18,11 @@ runner = CliRunner()
 PALETTE = np.array([[230, 30, 30], [30, 200, 40], [20, 40, 220]], np.uint8)
 
 
-def _contract(path, channels, per_class, splits=("train",), folds=None):
+def _contract(path, channels, per_class, splits=("train",), folds=None,
+              names=("red", "green", "blue"), groups="{split}-{c}-{i}"):
     """A file whose class c images are one flat colour (or grey level 60 + 70c)."""
-    names = ["red", "green", "blue"]
     with DatasetWriter(path, dataset="flat", kind="folder", domain="generic",
-                       class_names=names, image_shape=(channels, 6, 6),
+                       class_names=list(names), image_shape=(channels, 6, 6),
                        preprocessing={}, source={}) as writer:
         for split in splits:
             for c, n in enumerate(per_class):
@@ -30,8 +32,8 @@ def _contract(path, channels, per_class, splits=("train",), folds=None):
                 else:
                     images[:, 0] = 60 + 70 * c
                     images[:, 1:] = 255 - images[:, :1]  # extra channels are not shown
-                writer.append(split, images, np.full(n, c), [f"{split}-{c}-{i % 2}"
-                                                              for i in range(n)],
+                writer.append(split, images, np.full(n, c),
+                              [groups.format(split=split, c=c, i=i % 2) for i in range(n)],
                               folds=None if folds is None else np.arange(n) % folds)
     return path
 
@@ -76,6 +78,17 @@ def test_folds_are_captioned_and_default_split_is_the_first(tmp_path):
     assert "split 'all'" in svg and "12 samples" in svg
     assert svg.count("fold 0") == 6 and svg.count("fold 1") == 6
     assert "n=4" in svg and "all-2-1" in svg and "no samples" not in svg
+
+
+def test_names_with_dollars_are_captioned_as_written(tmp_path):
+    """Two '$' made matplotlib draw the text between them as mathtext: '$5 ml$' was
+    captioned '5 ml' in italics."""
+    data = _contract(tmp_path / "d.h5", 1, [2, 2, 2], names=("$5 ml$", "$10 ml$", "b"),
+                     groups="$case {c}$")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        svg = preview_dataset(data, tmp_path / "grid.svg", per_class=2).read_text()
+    shown = re.findall(r">([^<>]*)</text>", svg)  # mathtext is drawn glyph by glyph
+    assert {"$5 ml$", "$10 ml$", "$case 1$"} <= set(shown)
 
 
 def test_same_seed_same_picture_on_the_tupac16_fixture(tiny_h5, tmp_path):

@@ -4,6 +4,7 @@ out first; a table too wide shown in parts; numbers always whole)."""
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -127,6 +128,23 @@ def test_headers_take_their_short_form_before_a_name_is_shortened():
     assert lines[2].startswith(name)
 
 
+def test_wide_characters_count_two_columns():
+    """A CJK name was measured by its characters (16), not its columns (30): the table
+    thought it fit and rich wrapped the names onto a second line, mid-word."""
+    from rich.cells import cell_len
+
+    names = ["乳腺癌-良性肿瘤-导管内乳头状瘤", "乳腺癌-恶性肿瘤-浸润性导管癌", "正常组织"]
+    headers = ["precision", "sensitivity", "specificity", "F1", "AUC", "support"]
+    table = Table("", [text_column("class"), *map(Column, headers)],
+                  [[n, "0.500", "0.600", "0.700", "0.800", "0.900", "1234"] for n in names])
+    lines = _text(table)
+    assert all(cell_len(line) <= 80 for line in lines)
+    for name in names:  # 30 columns at most: whole, on one line, its numbers beside
+        assert any(line.startswith(name) and "0.500" in line for line in lines), name
+    assert shorten(names[0], 20) == "…导管内乳头状瘤"
+    assert shorten("乳腺癌良性肿瘤", 9) == "乳腺癌良…"
+
+
 def test_markdown_csv_latex_and_html_render_one_table():
     table = Table("Per class | pooled", [text_column("Class"), Column("Images"),
                                          Column("Precision", span="capsnet"),
@@ -154,6 +172,40 @@ def test_cells_are_text_not_markup():
     table = Table("<b>[bold]x[/bold]</b>", [text_column("name")], [["[red]a</td>"]])
     assert "&lt;b&gt;" in render("html", [table]) and "a&lt;/td&gt;" in render("html", [table])
     assert "[red]a</td>" in "\n".join(_text(table))
+
+
+def test_markdown_shows_names_that_look_like_html_or_markup_as_written():
+    """A class named <b> became a tag in report.md rendered on GitHub or MkDocs: the
+    name vanished (only '|' was escaped); *grade* came out in italics."""
+    from markdown_it import MarkdownIt  # rich's Markdown parser: CommonMark, raw HTML on
+
+    names = ["<b>", "<normal>", "a&amp;b", "*grade*", "`x`", "_left_", "a\\*b", "__init__",
+             "tumor_grade_2", "R&D"]
+    table = Table("Per class <i>", [text_column("class"), Column("p<=0.05"), Column("F1")],
+                  [[n, "*", "0.500 ± 0.010 †"] for n in names] + [["Total", "", "<0.0001"]],
+                  total_rows=1, notes=["* p < 0.05", "<b> has no samples"])
+    md = render("md", [table], "Report <x>")
+    page = MarkdownIt("commonmark").enable("table").render(md)
+    for name in [*names, "Per class <i>", "Report <x>", "<b> has no samples"]:
+        assert html.escape(name, quote=False) in page, name
+    assert "<li>* p &lt; 0.05</li>" in page  # a note, not a list inside the list
+    # what opens no markup is left readable: numbers, marks, "<=", words with "_"
+    assert "| p<=0.05 | F1 |" in md and "| 0.500 ± 0.010 † |" in md
+    assert "| tumor_grade_2 |" in md and "| R&D |" in md and "**<0.0001**" in md
+
+
+def test_latex_prints_every_character_of_a_name_and_an_option():
+    """LaTeX joins ``--`` into an en dash (a note's ``--resume`` printed as ``–resume``)
+    and prints a bare ``|`` as a dash in its default encoding."""
+    table = Table("a | b", [text_column("class"), Column("F1")],
+                  [["x_1 50% & #{y}~^\\$", "0.5 ± 0.1 †"], ["a--b|c", "−0.5"]],
+                  notes=["finish it with capsmed train --resume RUN_DIR"])
+    tex = render("tex", [table])
+    assert "\\caption{a \\textbar{} b}" in tex
+    assert ("x\\_1 50\\% \\& \\#\\{y\\}\\textasciitilde{}\\textasciicircum{}"
+            "\\textbackslash{}\\$ & 0.5 $\\pm$ 0.1 \\dag{} \\\\") in tex
+    assert "a-{}-b\\textbar{}c & $-$0.5 \\\\" in tex
+    assert "capsmed train -{}-resume RUN\\_DIR\\par" in tex
 
 
 def test_a_new_renderer_is_one_registration():

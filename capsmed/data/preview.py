@@ -16,6 +16,7 @@ import numpy as np
 from capsmed.data.contract import read_info
 from capsmed.data.schema import reading
 from capsmed.errors import CapsmedError
+from capsmed.figures import plain
 from capsmed.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -127,13 +128,14 @@ def preview_dataset(path: Path, output: Path, *, split: str | None = None,
     fig.patch.set_facecolor("white")
     counts = np.bincount(labels, minlength=info.num_classes)
     note = "" if info.channels in (1, 3) else f"; channel 0 of {info.channels} shown"
-    fig.text(0.5, 1 - 22 / height, f"{info.dataset} - split '{split}' ({len(labels):,} "
-             f"samples; {per_class} random per class, seed {seed}{note})",
+    fig.text(0.5, 1 - 22 / height, plain(f"{info.dataset} - split '{split}' ({len(labels):,} "
+                                         f"samples; {per_class} random per class, seed "
+                                         f"{seed}{note})"),
              ha="center", va="center", fontsize=11, weight="bold")
     for r, (name, picks) in enumerate(zip(info.class_names, chosen, strict=True)):
         middle = layout.title + r * layout.cell_height + layout.cell_height / 2
         label = name if len(name) <= 20 else name[:19] + "~"  # fits the label column
-        fig.text(10 / width, 1 - middle / height, f"{label}\nn={counts[r]:,}", ha="left",
+        fig.text(10 / width, 1 - middle / height, plain(f"{label}\nn={counts[r]:,}"), ha="left",
                  va="center", fontsize=9)
         if not len(picks):
             fig.text((layout.label + 10) / width, 1 - middle / height, "no samples",
@@ -149,7 +151,7 @@ def preview_dataset(path: Path, output: Path, *, split: str | None = None,
                 else group_ids[index][:15] + "~"
             if folds is not None:
                 caption += f"  fold {int(folds[index])}"
-            fig.text((left + right) / 2 / width, 1 - (top - 3) / height, caption,
+            fig.text((left + right) / 2 / width, 1 - (top - 3) / height, plain(caption),
                      ha="center", va="bottom", fontsize=6, color="dimgrey")
     with atomic_path(output) as tmp:
         fig.savefig(tmp, format=fmt, dpi=DPI, facecolor="white")

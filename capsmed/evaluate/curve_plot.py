@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from capsmed.errors import CapsmedError
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 
 # Paper 000 draws CapsNet solid, the Baseline dotted and LeNet dashed (Fig. 2).
 PAPER_STYLES = {"capsnet": "-", "baseline": ":", "lenet": "--"}
@@ -52,7 +52,7 @@ def plot_curves(path: Path, title: str, x: Mapping[str, float],
             mean = np.array([v.mean() for v in values])
             std = np.array([v.std(ddof=1) if v.size > 1 else 0.0 for v in values])
             ax.plot(xs, mean, PAPER_STYLES.get(column, "-"), color=colour, marker="o",
-                    markersize=4, label=f"{column} (ours)")
+                    markersize=4, label=plain(f"{column} (ours)"))
             ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.15,
                             linewidth=0)
             drawn["ours"] += len(rows)
@@ -62,14 +62,14 @@ def plot_curves(path: Path, title: str, x: Mapping[str, float],
         if theirs:
             ax.plot([x[r] for r in theirs], [paper[r][column] for r in theirs], ":",
                     color=colour, linewidth=0.8, marker="s", markerfacecolor="none",
-                    markersize=6, label=f"{column} (paper)")
+                    markersize=6, label=plain(f"{column} (paper)"))
             drawn["paper"] += len(theirs)
     if log_x:
         ax.set_xscale("log")
         ticks = sorted(set(x.values()))
         ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
         ax.minorticks_off()
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set(xlabel=plain(xlabel), ylabel=plain(ylabel), title=plain(title))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncols=2)
     save_figure(fig, path)

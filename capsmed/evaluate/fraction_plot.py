@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capsmed.evaluate.aggregate import Group, Stat
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 from capsmed.train.protocol import protocol_label
 
 plt = pyplot()
@@ -89,7 +89,7 @@ def plot_fraction_family(family: FractionFamily, metric: str, metric_label: str,
             ticks.update(x)
             style = PAPER_STYLES.get(arch, LINE_STYLES[k % len(LINE_STYLES)])
             color = f"C{k}"  # by architecture, so every panel uses the same colours
-            ax.plot(x, mean, style, color=color, marker="o", markersize=3, label=arch)
+            ax.plot(x, mean, style, color=color, marker="o", markersize=3, label=plain(arch))
             ax.fill_between(x, [m - s for m, s in zip(mean, std, strict=True)],
                             [m + s for m, s in zip(mean, std, strict=True)],
                             color=color, alpha=0.2, linewidth=0)
@@ -97,14 +97,14 @@ def plot_fraction_family(family: FractionFamily, metric: str, metric_label: str,
         ax.xaxis.set_major_locator(FixedLocator(sorted(ticks)))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([f"{t:g}%" for t in sorted(ticks)])
-        ax.set_title(dataset)
+        ax.set_title(plain(dataset))
         ax.set_xlabel("training data")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"{metric_label} (mean ± std)")
+    axes[0][0].set_ylabel(plain(f"{metric_label} (mean ± std)"))
     # every architecture of the family, not only those drawn in the last panel
     handles = {label: line for ax in axes[0] for line, label in
                zip(*ax.get_legend_handles_labels(), strict=True)}
     axes[0][-1].legend(list(handles.values()), list(handles), loc="best")
     if family.base != "full":
-        fig.suptitle(family.base)
+        fig.suptitle(plain(family.base))
     save_figure(fig, path, tight=False)

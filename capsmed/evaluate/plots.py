@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 
 plt = pyplot()
 _save = save_figure
@@ -28,6 +28,7 @@ def plot_confusion_matrix(cm: np.ndarray, class_names: Sequence[str], path: Path
                           title: str = "") -> None:
     """Counts and row-normalised (sensitivity on the diagonal) side by side."""
     norm = row_normalised(cm)
+    class_names, title = [plain(n) for n in class_names], plain(title)
     k = len(class_names)
     size = max(3.5, 0.55 * k + 2)
     fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.5, size), layout="constrained")
@@ -83,6 +84,7 @@ def plot_image_grid(rows: Sequence[Sequence[np.ndarray]], row_names: Sequence[st
     would otherwise take seconds to lay out. ``marked`` tiles get a red frame.
     """
     mosaic = image_mosaic(rows, pad)
+    row_names, column_names = [plain(n) for n in row_names], [plain(n) for n in column_names]
     h, w = np.asarray(rows[0][0]).shape[1:]
     cols = max(len(row) for row in rows)
     tile = 0.55  # inches per tile: small images stay legible without huge files
@@ -100,5 +102,5 @@ def plot_image_grid(rows: Sequence[Sequence[np.ndarray]], row_names: Sequence[st
         ax.add_patch(plt.Rectangle((j * (w + pad) - 0.5, i * (h + pad) - 0.5), w, h,
                                    fill=False, edgecolor="red", linewidth=1.5))
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(plain(title), fontsize=9)
     _save(fig, path)

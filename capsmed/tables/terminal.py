@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rich import box
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table as RichTable
@@ -64,7 +65,7 @@ def shorten(text: str, width: int, shared: Counter[str] | None = None) -> str:
     >>> shorten("runs/tupac16-capsnet-full-seed0", 20)
     'runs/…full-seed0'
     """
-    if len(text) <= width:
+    if cell_len(text) <= width:
         return text
     parts = _PART.findall(text)
     shared = shared or Counter()
@@ -75,13 +76,14 @@ def shorten(text: str, width: int, shared: Counter[str] | None = None) -> str:
     for i in order[:-1]:  # one part always stays
         keep[i] = False
         candidate = _render_parts(parts, keep)
-        if len(candidate) <= width:
+        if cell_len(candidate) <= width:
             return candidate
     for i in reversed(order):  # the one part left is too wide: another one alone
         candidate = _render_parts(parts, [k == i for k in range(len(parts))])
-        if len(candidate) <= width:
+        if cell_len(candidate) <= width:
             return candidate
-    return text[:max(1, width - 1)] + ELLIPSIS  # every part is wider than the column
+    # every part is wider than the column
+    return set_cell_size(text, max(1, width - 1)).rstrip() + ELLIPSIS
 
 
 def shorten_names(values: Sequence[str], width: int) -> list[str]:
@@ -112,14 +114,15 @@ class Layout:
 
 
 def _words(text: str) -> int:
-    return max((len(w) for w in text.split()), default=0)
+    return max((cell_len(w) for w in text.split()), default=0)
 
 
 def _cell_width(t: Table, i: int) -> int:
     """The widest line of column ``i``; a prose column needs only its longest word."""
     if t.columns[i].wrap:
         return max((_words(row[i]) for row in t.rows), default=0)
-    return max((len(line) for row in t.rows for line in row[i].split("\n")), default=0)
+    return max((cell_len(line) for row in t.rows for line in row[i].split("\n")),
+               default=0)
 
 
 class _Fitter:
@@ -137,7 +140,9 @@ class _Fitter:
         if not self.t.show_header:
             return 0
         head, span = self.fit.headers[i], self.t.columns[i].span
-        return max(len(head), len(span)) if self.whole else max(_words(head), _words(span))
+        if self.whole:
+            return max(cell_len(head), cell_len(span))
+        return max(_words(head), _words(span))
 
     def settle(self) -> None:
         self.fit.widths = {i: max(w, self.header_width(i), 1) for i, w in self.cells.items()}
@@ -172,7 +177,7 @@ class _Fitter:
             return
         room = max(0, self.width - self.fit.total())
         for i in prose:
-            longest = max((len(line) for row in self.t.rows for line in row[i].split("\n")),
+            longest = max((cell_len(line) for row in self.t.rows for line in row[i].split("\n")),
                           default=0)
             extra = min(room // len(prose), max(0, longest - self.fit.widths[i]))
             self.fit.widths[i] += extra

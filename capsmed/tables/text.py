@@ -4,19 +4,34 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Sequence
 
 from capsmed.tables import PLUS_MINUS, Table, register_renderer
 
+# What Markdown (GitHub, MkDocs) would read as markup in a name and hide: an HTML tag or
+# entity (a class named <b>), emphasis and code spans (*grade*, `x`, _x_ at a word's
+# edge; tumor_grade_2 stays as it is) and a backslash escape. "<=" or "< 0.05" open no
+# tag and stay readable.
+_MD_MARKUP = re.compile(r"\\(?=[!-/:-@\[-`{-~])|[*`]|(?<![^\W_])_|_(?![^\W_])"
+                        r"|<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
+_MD_ENTITY = {"<": "&lt;", "&": "&amp;"}
+
+
+def md_escape(text: str) -> str:
+    """``text`` as Markdown shows it literally, one line (a line break is ``<br>``)."""
+    text = _MD_MARKUP.sub(lambda m: _MD_ENTITY.get(m[0], "\\" + m[0]), text)
+    return text.replace("\n", "<br>")
+
 
 def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", "<br>")
+    return md_escape(text).replace("|", "\\|")
 
 
 def markdown_lines(t: Table, level: int = 2) -> list[str]:
     """One table as Markdown lines: heading, pipe table (totals bold), notes as a list;
     a table without columns is its heading and its notes as paragraphs."""
-    out = [f"{'#' * level} {t.title}", ""] if t.title else []
+    out = [f"{'#' * level} {md_escape(t.title)}", ""] if t.title else []
     if not t.columns:
         return out + [line for note in t.notes for line in (_md_cell(note), "")]
     align = [":---" if c.align == "left" else "---:" for c in t.columns]
@@ -38,7 +53,7 @@ def markdown_lines(t: Table, level: int = 2) -> list[str]:
 @register_renderer("md")
 def markdown(tables: Sequence[Table], heading: str = "") -> str:
     """Markdown: a ``#`` heading, then each table under its ``##`` title."""
-    out = [f"# {heading}", ""] if heading else []
+    out = [f"# {md_escape(heading)}", ""] if heading else []
     for t in tables:
         out += markdown_lines(t)
     return "\n".join(out).rstrip("\n") + "\n"
@@ -66,14 +81,18 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
                   "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
                   "^": r"\textasciicircum{}", PLUS_MINUS: r"$\pm$", "<": r"$<$",
                   ">": r"$>$", "≥": r"$\geq$", "–": "--", "−": "$-$", "…": r"\ldots{}",
-                  "†": r"\dag{}"}
+                  "†": r"\dag{}", "|": r"\textbar{}"}
 
 
 def latex_escape(text: str) -> str:
-    """Escape LaTeX's special characters; ``±`` becomes ``$\\pm$``."""
+    """Escape LaTeX's special characters; ``±`` becomes ``$\\pm$``.
+
+    ``|`` is ``\\textbar{}``: in the default font encoding a bare ``|`` prints a dash.
+    Two hyphens stay two (``--resume``, ``a--b``): LaTeX would join them into a dash."""
     text = text.replace("->", "\x00").replace("\n", " ")
+    text = re.sub(r"-(?=-)", "-\x01", text)
     escaped = "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
-    return escaped.replace("\x00", r"$\rightarrow$")
+    return escaped.replace("\x00", r"$\rightarrow$").replace("\x01", "{}")
 
 
 def _latex_spans(t: Table) -> list[str]:
