@@ -438,7 +438,37 @@ def test_routing_reruns_the_checkpoint_with_other_iteration_counts(caps_run):
     assert rows[1]["entropy"] == pytest.approx(math.log(result.upper_capsules), abs=1e-5)
     assert rows[3]["entropy"] == pytest.approx(result.test_entropy, abs=1e-6)
     model, _ = load_checkpoint(caps_run)
-    assert [layer.iterations for layer in routed_layers(model)] == [3]
+    assert [getattr(m, name) for m, name in routed_layers(model)] == [3]
+
+
+def test_routing_reruns_change_every_routing_of_the_model(monkeypatch):
+    """em-capsnet's EM layers were not found (no rows, and no word), and parallel-dr
+    with 4 capsule layers kept its per-branch routing at the trained 3 iterations in
+    the rows for 1, 2 and 5."""
+    import capsmed.models.parallel as parallel
+    from capsmed.evaluate.analyses.routing import iteration_sweep, routed_layers
+    from capsmed.models import create_model
+    from tests.helpers import TINY
+
+    torch.manual_seed(0)
+    images = np.random.default_rng(0).integers(0, 256, (4, 1, 28, 28), dtype=np.uint8)
+    labels = np.arange(4) % 3
+    base = {"in_channels": 1, "num_classes": 3, "input_size": [28, 28]}
+    em = create_model("em-capsnet", **base, **TINY["em-capsnet"]).eval()
+    rows = {r["iterations"]: r for r in iteration_sweep(em, images, labels, CPU, 4)}
+    assert sorted(rows) == [1, 2, 3, 5] and rows[3]["trained"]
+    assert rows[1]["normalised"] == pytest.approx(1.0, abs=1e-6)  # EM's uniform start
+    assert {getattr(m, name) for m, name in routed_layers(em)} == {3}
+
+    seen = []
+    inner = parallel.dynamic_routing
+    monkeypatch.setattr(parallel, "dynamic_routing",
+                        lambda votes, iterations, *a, **k: seen.append(iterations)
+                        or inner(votes, iterations, *a, **k))
+    dr = create_model("parallel-dr", **base, **TINY["parallel-dr"], capsule_layers=4).eval()
+    iteration_sweep(dr, images, labels, CPU, 4)
+    assert sorted(set(seen)) == [1, 2, 3, 5]  # 2 forward passes per count
+    assert dr.routing_iters == 3 and dr.classes.iterations == 3
 
 
 def test_routing_on_two_digit_images_scores_both_digits(tmp_path):
@@ -473,6 +503,17 @@ def test_routing_on_two_digit_images_scores_both_digits(tmp_path):
     trained = next(r for r in result.by_iterations if r["trained"])
     assert result.two_label and trained["accuracy"] == pytest.approx(2 / 6)
     assert trained["agreement"] == 1.0
+    # by true class, an image counts for both its digits: grouped by the first digit
+    # alone, a class drawn only as a second digit was missing from the table
+    with torch.no_grad():
+        c = model(torch.from_numpy(images).float() / 255, return_couplings=True).couplings
+    h = (-(c * torch.log(c)).sum(-1)).mean(-1).numpy()
+    for k, name in enumerate(["a", "b", "c"]):
+        holds = (first == k) | (second == k)
+        if holds.any():
+            assert result.per_class[name]["samples"] == holds.sum()
+            assert result.per_class[name]["entropy"] == pytest.approx(h[holds].mean(), rel=1e-5)
+    assert sum(v["samples"] for v in result.per_class.values()) == 12
 
 
 def test_affine_scores_a_cross_validation_runs_held_out_fold(tmp_path):

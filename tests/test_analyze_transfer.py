@@ -21,7 +21,7 @@ from capsmed.evaluate.analyses.transfer import TransferConfig, transferable_laye
 from capsmed.models import create_model
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.helpers import TINY_CAPSNET
+from tests.helpers import TINY_CAPSNET, assert_clean_failure
 
 runner = CliRunner()
 FAST = ["--epochs", "1", "--batch-size", "8", "--steps-per-epoch", "2"]
@@ -221,3 +221,21 @@ def test_unfinished_or_changed_sources_are_refused(tiny_h5, tmp_path):
     shutil.copytree(base("second", 6), given)
     result = runner.invoke(app, args)
     assert result.exit_code == 1 and "A1B: its frozen layers" in result.stderr
+
+
+def test_model_args_the_given_base_runs_lack_are_refused(tiny_h5, tmp_path):
+    """With both base runs given, every transfer run takes their model options: a
+    --model-arg applied to no run, and transfer.json recorded it as if it had."""
+    bases = [train(TrainConfig(data=str(tiny_h5), arch="capsnet", epochs=1, batch_size=8,
+                               steps_per_epoch=1, out=str(tmp_path / name),
+                               model_kwargs=TINY_CAPSNET), disable_progress=True)
+             for name in ("base-a", "base-b")]
+    out = tmp_path / "t"
+    args = ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b", str(tiny_h5),
+            "--base-a", str(bases[0]), "--base-b", str(bases[1]), "--out", str(out), *FAST]
+    result = runner.invoke(app, [*args, "--layers", "conv.0", "--model-arg", "routing_iters=1"])
+    assert_clean_failure(result, "--model-arg routing_iters=1: --base-a", out)
+    # the options the bases were trained with (and defaults) are no contradiction
+    checked = runner.invoke(app, [*args, "--layers", "nope", *TINY_ARGS,
+                                  "--model-arg", "routing_iters=3"])
+    assert checked.exit_code == 1 and "layer 'nope' matches no parameter" in checked.stderr

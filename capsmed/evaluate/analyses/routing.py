@@ -52,7 +52,8 @@ class RoutingResult:
         lower_capsules, upper_capsules: ``I`` and ``J`` of that layer.
         curve: Per epoch: ``epoch``, ``routing_entropy`` (nats), ``normalised``, ``val_acc``.
         test_entropy, test_normalised: Mean over test samples and lower capsules.
-        per_class: ``{class: {"entropy", "normalised", "samples"}}`` by true class.
+        per_class: ``{class: {"entropy", "normalised", "samples"}}`` by true class (a
+            two-digit image counts for both its classes).
         samples: Test samples.
         by_iterations: The kept checkpoint rerun with other routing iteration counts
             (:data:`SWEEP`; the trained count marked ``trained``): ``iterations``,
@@ -136,11 +137,15 @@ def checkpoint_entropy(model: nn.Module, images: np.ndarray, device: torch.devic
 SWEEP = (1, 2, 3, 5)  # routing iterations the kept checkpoint is rerun with
 
 
-def routed_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's routing layers whose iteration count can be changed at test time."""
-    from capsmed.models.capsules import RoutedCapsules
-
-    return [m for m in model.modules() if isinstance(m, RoutedCapsules)]
+def routed_layers(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """Every routing iteration count of the model, as (module, attribute), so that a
+    rerun changes them all: each capsule layer's ``iterations`` (dynamic routing, and
+    the EM routing of em-capsnet and parallel-em) and a model's own ``routing_iters``
+    (parallel-dr's per-branch routing with 4 capsule layers). Changing only the class
+    layer's count left the inner routing at the trained count, and em-capsnet's layers
+    were not found at all (no rows, and no word)."""
+    return [(m, name) for m in model.modules() for name in ("iterations", "routing_iters")
+            if type(getattr(m, name, None)) is int]
 
 
 def _predicted(model: nn.Module, images: np.ndarray, device: torch.device, batch_size: int,
@@ -166,12 +171,13 @@ def iteration_sweep(model: nn.Module, images: np.ndarray, labels: np.ndarray,
     layers = routed_layers(model)
     if not layers:
         return []
-    trained = [layer.iterations for layer in layers]
+    saved = [getattr(m, name) for m, name in layers]
+    trained = [max(1, count) for count in saved]  # 0 iterations run as 1
     rows, reference = [], None
     try:
         for count in sorted(set(counts) | set(trained)):
-            for layer in layers:
-                layer.iterations = count
+            for m, name in layers:
+                setattr(m, name, count)
             entropy, _, upper = checkpoint_entropy(model, images, device, batch_size)
             predicted = _predicted(model, images, device, batch_size, second)
             right = (predicted == labels if second is None else
@@ -182,8 +188,8 @@ def iteration_sweep(model: nn.Module, images: np.ndarray, labels: np.ndarray,
                          "normalised": float(entropy.mean() / math.log(upper))
                          if upper > 1 else 0.0, "predicted": predicted})
     finally:
-        for layer, count in zip(layers, trained, strict=True):
-            layer.iterations = count
+        for (m, name), count in zip(layers, saved, strict=True):
+            setattr(m, name, count)
     reference = next(r["predicted"] for r in rows if r["trained"])
     for r in rows:
         same = (r.pop("predicted") == reference).reshape(len(reference), -1).all(1)
@@ -205,7 +211,10 @@ def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
     log_j = math.log(upper) if upper > 1 else 1.0  # J = 1: entropy 0, nothing to normalise
     per_class = {}
     for k, name in enumerate(run.class_names):
-        chosen = per_sample[samples.labels == k]
+        # two digits per image: an image counts for both its classes (by the first
+        # alone, a class drawn only as second digits was left out of the table)
+        holds = samples.labels == k if second is None else (samples.labels == k) | (second == k)
+        chosen = per_sample[holds]
         if len(chosen):
             per_class[name] = {"entropy": float(chosen.mean()),
                                "normalised": float(chosen.mean() / log_j),

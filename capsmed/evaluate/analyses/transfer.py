@@ -195,6 +195,28 @@ def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
     return train(cfg, disable_progress=disable_progress)
 
 
+def _check_model_args(asked: dict[str, Any], bases: dict[str, tuple[Path, dict[str, Any]]],
+                      arch: str) -> None:
+    """Refuse architecture options that a given base run was not trained with: every
+    transfer run takes its base network's options, so they would apply to no run (and
+    transfer.json would record them as if they had)."""
+    from capsmed.models.registry import get_model_entry
+
+    defaults = get_model_entry(arch).defaults()
+    for task, (run, meta) in bases.items():
+        kept = {**defaults, **_model_options(meta)}
+        for key, value in asked.items():
+            if key not in kept:
+                raise CapsmedError(f"--model-arg {key}: architecture '{arch}' has no such "
+                                   "option")
+            want = defaults.get(key) if value is None else value
+            if _normalised({key: want}) != _normalised({key: kept[key]}):
+                raise CapsmedError(f"--model-arg {key}={value}: --base-{task.lower()} {run} "
+                                   f"was trained with {key}={kept[key]}; the transfer runs "
+                                   "take their base network's options, so drop it or pass a "
+                                   "base run trained with it")
+
+
 def _split_layers(items: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(p.strip() for p in item.split("+") if p.strip()) for item in items]
 
@@ -259,6 +281,7 @@ def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
         raise CapsmedError(f"the base runs and --arch name different architectures "
                            f"({', '.join(sorted(archs))})")
     arch = archs.pop()
+    _check_model_args(options.get("model_kwargs") or {}, bases, arch)
     # The layers are checked on a model like the ones to come, before any training.
     probe_kwargs = (_model_options(next(iter(bases.values()))[1]) if bases
                     else options.get("model_kwargs", {}))
