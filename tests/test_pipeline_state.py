@@ -334,6 +334,56 @@ def test_a_dead_runners_lock_is_taken_and_only_ones_own_lock_released(tmp_path):
     assert not _lock(state).exists()
 
 
+# A runner that starts one command (through run_logged, as every executor does) and is
+# then killed: the command traps the SIGTERM its runner's death sends, as a training
+# does to finish its step and save, and works on.
+_KILLED_RUNNER = """
+import os, sys, threading, time
+from pathlib import Path
+from capsmed.pipeline.processes import run_logged
+log = Path(sys.argv[1])
+child = "import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); " \\
+        "print('ready', flush=True); time.sleep(60)"
+threading.Thread(target=run_logged, args=([sys.executable, "-c", child], log),
+                 daemon=True).start()
+while "ready" not in (log.read_text() if log.exists() else ""):
+    time.sleep(0.05)
+os._exit(0)  # as SIGKILL: no cleanup, the child is left behind
+"""
+
+
+def test_a_dead_runners_lock_is_not_taken_while_its_commands_still_run(tmp_path):
+    """A runner killed with SIGKILL left its lock and its training behind (SIGTERM makes
+    it save, a step or an epoch later); the next runner took the folder at once and
+    trained the same run in the same folder (removed it, or resumed an older state)
+    while the orphan still wrote there. Its commands carry its pid: the folder is
+    refused (waited for, by `run wait`) until they have ended."""
+    state = PipelineState(tmp_path / "out")
+    state.records.mkdir(parents=True)
+    runner_proc = subprocess.Popen([sys.executable, "-c", _KILLED_RUNNER,
+                                    str(tmp_path / "cmd.log")],
+                                   cwd=Path(__file__).resolve().parents[1])
+    assert runner_proc.wait(timeout=60) == 0
+    _lock(state).write_text(json.dumps({"host": socket.gethostname(),
+                                        "pid": runner_proc.pid}))
+    from capsmed.pipeline.processes import orphans_of
+
+    [orphan] = orphans_of(runner_proc.pid)
+    try:
+        with pytest.raises(CapsmedError, match=rf"pid {runner_proc.pid}\) is gone.*"
+                                               rf"\(pid {orphan}\) still run"):
+            state.acquire_lock()
+        assert json.loads(_lock(state).read_text())["pid"] == runner_proc.pid
+    finally:
+        os.kill(orphan, 9)
+    deadline = time.monotonic() + 10
+    while orphans_of(runner_proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state.acquire_lock()  # its last command ended: the folder is taken over
+    assert json.loads(_lock(state).read_text())["pid"] == os.getpid()
+    state.release_lock()
+
+
 def test_a_full_disk_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
     """A full disk made the lock file but not its text: every rerun then met an
     unreadable lock and exited 1, after the space was freed."""

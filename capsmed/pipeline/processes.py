@@ -27,6 +27,12 @@ from pathlib import Path
 _children: dict[int, subprocess.Popen] = {}
 _lock = threading.Lock()
 
+# Every child (and its children) carries the pid of the runner that started it: a
+# runner killed with SIGKILL leaves its lock behind, and its children work on after it
+# (PR_SET_PDEATHSIG's SIGTERM makes a training finish its step and save first), so the
+# next runner takes the folder over only once none of them is left (orphans_of).
+RUNNER_VARIABLE = "CAPSMED_RUNNER_PID"
+
 
 def capsmed_argv(*args: str, processes: int = 1) -> list[str]:
     """The same capsmed as this process, as a command line; ``processes`` > 1 starts
@@ -55,7 +61,7 @@ def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = N
         fh.write(f"\n$ {' '.join(argv)}\n")
         fh.flush()
         proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                                env=child_env(env),
                                 preexec_fn=die_with_parent if os.name == "posix" else None)
         track(proc)
         try:
@@ -67,6 +73,32 @@ def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = N
         finally:
             untrack(proc)
     return proc.returncode
+
+
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process: this one's, ``env``, unbuffered output and
+    :data:`RUNNER_VARIABLE`."""
+    return {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1",
+            RUNNER_VARIABLE: str(os.getpid())}
+
+
+def orphans_of(pid: int) -> list[int]:
+    """The live processes of this user that runner ``pid`` started (directly or not),
+    found by their :data:`RUNNER_VARIABLE`; none where ``/proc`` cannot say (not Linux)."""
+    marker = f"{RUNNER_VARIABLE}={pid}".encode()
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                with open(os.path.join(entry.path, "environ"), "rb") as fh:
+                    variables = fh.read().split(b"\0")
+            except OSError:  # gone meanwhile, or another user's
+                continue
+            if marker in variables:
+                found.append(int(entry.name))
+    return sorted(found)
 
 
 def track(proc: subprocess.Popen) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from capsmed.data.digest import file_digest, keep_digests_in
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
+from capsmed.pipeline.processes import orphans_of
 from capsmed.pipeline.spec import RunSpec
 from capsmed.processes import pid_alive
 
@@ -206,7 +207,17 @@ class PipelineState:
         if info is None:
             return None  # removed meanwhile: try again
         host, pid = str(info.get("host")), int(info.get("pid", 0) or 0)
-        if host == socket.gethostname() and (pid == os.getpid() or not pid_alive(pid)):
+        here = host == socket.gethostname()
+        orphans = orphans_of(pid) if here and pid != os.getpid() and pid > 0 \
+            and not pid_alive(pid) else []
+        if orphans and waiting:
+            return f"the commands of runner pid {pid}, which is gone"
+        if orphans:  # its trainings save and stop, or work on: either way, not twice
+            raise CapsmedError(f"{self.out}: the runner that held this folder (pid {pid}) "
+                               "is gone, but the commands it started (pid "
+                               f"{', '.join(map(str, orphans))}) still run in its run "
+                               "folders; wait until they have ended, then run again")
+        if here and (pid == os.getpid() or not pid_alive(pid)):
             _remove_stale(lock, info)  # its runner is gone (or was this process)
             return None
         if host == socket.gethostname() and waiting:

@@ -69,7 +69,7 @@ class Worker:
             self.proc = _spawn(lambda: subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, pass_fds=(req_r, rep_w),
-                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                env=processes.child_env(env),
                 preexec_fn=processes.die_with_parent if os.name == "posix" else None))
         finally:
             os.close(req_r)
