@@ -130,7 +130,8 @@ def test_the_page_shows_the_routing_of_the_analysed_capsule_runs(tmp_path, monke
     execute.execute_analysis(state, first, argv, execute.analysis_inputs(pipeline, argv), {})
     path = write_study_report(pipeline, state, pipeline.runs)
     text = path.read_text()
-    assert "Routing: mean coupling entropy" in text and "0.6931*" in text
+    # (a mark is escaped in Markdown: it renders as 0.6931*, not as emphasis)
+    assert "Routing: mean coupling entropy" in text and "0.6931\\*" in text
     assert "Routing: test accuracy with 1 and with 3 routing iterations" in text
     routing = json.loads((path.parent / "study.json").read_text())["routing"]
     assert [r["run"] for r in routing] == ["tupac16-capsnet-full-seed0"]  # analysed only
