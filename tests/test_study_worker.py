@@ -208,3 +208,34 @@ def test_compiled_variants_of_many_commands_never_fall_back_to_eager(tmp_path):
         assert len(_debug_get_cache_entry_list(forward.__code__)) == 10
     finally:
         torch._dynamo.reset()
+
+
+def test_a_failed_routing_compile_is_tried_again_in_the_workers_next_command(monkeypatch,
+                                                                            caplog):
+    """A compile that failed once made every later run of the worker route eagerly (other
+    weights than a fresh capsmed train), and only the first run's log said so."""
+    from types import SimpleNamespace
+
+    from capsmed.cli import worker
+    from capsmed.models import compiled
+
+    calls = []
+
+    def broken_compile(fn, **kwargs):  # torch.compile fails when first called
+        def call(*args):
+            calls.append(fn.__name__)
+            raise RuntimeError("no toolchain")
+        return call
+
+    monkeypatch.setattr(compiled.torch, "compile", broken_compile)
+
+    @compiled.compiled_on_cuda
+    def routed(x):
+        return "eager"
+
+    cuda_like = SimpleNamespace(is_cuda=True)  # takes the compiled path on any machine
+    assert routed(cuda_like) == "eager" and routed(cuda_like) == "eager"
+    assert calls == ["routed"]  # failed once: eager from then on, as before
+    worker._release_memory()  # between two commands of a worker
+    assert routed(cuda_like) == "eager" and calls == ["routed", "routed"]
+    assert caplog.text.count("compiled routed failed") == 2

@@ -97,6 +97,9 @@ def _release_memory() -> None:
         from capsmed.models.compiled import raise_recompile_limit
 
         raise_recompile_limit(WORKER_RECOMPILE_LIMIT)
+    compiled = sys.modules.get("capsmed.models.compiled")
+    if compiled is not None:  # a compile that failed in one run is tried again in the next
+        compiled.reset_compile_failures()
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():

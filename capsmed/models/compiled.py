@@ -44,13 +44,13 @@ def compiled_on_cuda(fn: F) -> F:
     compile traces it as part of its own graph.
     """
     compiled: Callable[..., Any] | None = None
-    failed = False
+    failed = _FAILED.setdefault(f"{fn.__module__}.{fn.__qualname__}", [False])
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        nonlocal compiled, failed
+        nonlocal compiled
         first = args[0]
-        if (failed or not first.is_cuda or torch.compiler.is_compiling()
+        if (failed[0] or not first.is_cuda or torch.compiler.is_compiling()
                 or not routing_compile_enabled()):
             return fn(*args, **kwargs)
         if compiled is None:
@@ -61,7 +61,7 @@ def compiled_on_cuda(fn: F) -> F:
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # no toolchain, too many shapes: slower, never stopped
-            failed = True
+            failed[0] = True
             log.warning("compiled %s failed (%s: %s); routing runs eagerly from now on "
                         "(slower). Set %s=0 to skip the attempt.", fn.__name__,
                         type(exc).__name__, str(exc).splitlines()[0][:200], ENV_SWITCH)
@@ -71,6 +71,18 @@ def compiled_on_cuda(fn: F) -> F:
 
 
 RECOMPILE_LIMIT = 64
+
+# Per compiled function: whether its compile failed (it then routes eagerly, with one
+# warning). A study worker resets them before each command (reset_compile_failures):
+# a failure in one run must not make the later runs of the worker route eagerly, other
+# weights than a fresh capsmed train makes, without a word in their logs.
+_FAILED: dict[str, list[bool]] = {}
+
+
+def reset_compile_failures() -> None:
+    """Let every compiled function try compiling again (and warn again if it fails)."""
+    for state in _FAILED.values():
+        state[0] = False
 
 
 def raise_recompile_limit(limit: int) -> None:
