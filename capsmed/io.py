@@ -88,7 +88,14 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
+    """The process's umask, read without changing it where Linux says it (setting it to
+    0 for an instant would give a file another thread of the runner creates then mode
+    0666)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0)  # elsewhere: the classic read, set and put back
     os.umask(mask)
     return mask
 
