@@ -9,9 +9,11 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from capsmed.evaluate.aggregate import Stat
+from capsmed.evaluate.analyses import routing
 from capsmed.evaluate.curve_plot import plot_curves
 from capsmed.evaluate.fraction_plot import FractionFamily, plot_fraction_family
 from capsmed.evaluate.plots import plot_confusion_matrix, plot_image_grid
+from capsmed.predict.outputs import InputResult, write_heatmap
 
 NAMES = ["$5 ml$", "$10 ml$"]
 
@@ -53,3 +55,20 @@ def test_curve_and_fraction_labels_with_dollars_are_drawn_as_written(drawn, tmp_
                          "macro_f1", "macro F1", tmp_path / "f.png")
     _shown_as_written(drawn(), "F1 $vs$ data", "$net$ (ours)", "$set$", "$arch$",
                       "$lr$=0.1")
+
+
+def test_run_class_and_input_names_in_analyses_and_heatmaps_are_drawn_as_written(
+        drawn, tmp_path):
+    curve = [{"epoch": e, "routing_entropy": 0.5, "normalised": 0.7, "val_acc": 0.8}
+             for e in (1, 2)]
+    results = [routing.RoutingResult(str(tmp_path / name), "capsnet", "classes", 8, 2, curve,
+                                     0.5, 0.7, {c: {"normalised": 0.7} for c in NAMES}, 4)
+               for name in ("run $a$", "run $b$")]
+    labels = routing._labels(results)
+    routing._plot_epochs(results, labels, tmp_path)
+    routing._plot_test(results, labels, tmp_path)
+    write_heatmap(tmp_path / "h.png", InputResult("in/$x$.png", (8, 8), np.array([4]),
+                                                  np.array([4]), 8.0, np.array([[0.2, 0.8]])),
+                  NAMES, 1)
+    _shown_as_written(drawn(), *NAMES, "run $a$", "run $b$", "$x$.png: $10 ml$",
+                      "score: $10 ml$")

@@ -163,3 +163,16 @@ def test_the_dry_run_lists_the_claims(tmp_path):
     assert "capsnet-ahead (toy paper s1): macro_f1 of arch capsnet > lenet" in out
     listed = out[out.index("2 claim(s) to test"):].splitlines()
     assert len(listed) == 5 and all(len(line) <= 80 for line in listed)
+
+
+def test_names_and_quotes_reach_study_md_as_written(tmp_path):
+    """A claim named ``<b>`` was an HTML tag GitHub hid, ``*x*`` came out italic."""
+    def change(raw):
+        raw["name"] = "toy *study*"
+        raw["claims"][0].update(name="<b>-ahead", quote="CapsNet is *better* than <i>LeNet")
+    pipeline, state = _toy_study(tmp_path, change)
+    text = write_study_report(pipeline, state, pipeline.runs).read_text()
+    assert text.startswith("# toy \\*study\\*\n")
+    assert "**&lt;b>-ahead (toy paper s1)**" in text
+    assert "> CapsNet is \\*better\\* than &lt;i>LeNet" in text
+    assert "<b>" not in text and "<i>" not in text

@@ -52,6 +52,7 @@ from capsmed.pipeline.study_claims import (
 from capsmed.pipeline.study_curves import draw_table_curves
 from capsmed.pipeline.study_routing import routing_tables
 from capsmed.tables import Column, Table, render, text_column
+from capsmed.tables.text import md_escape
 
 log = logging.getLogger(__name__)
 
@@ -337,12 +338,13 @@ def _study_parts(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpe
 def study_markdown(pipeline: Pipeline, parts: StudyParts, ending: str) -> str:
     """``study.md``: the tables (a curve's PNG linked under its table), the claims with
     their quotes, the routing tables."""
-    text = f"# {pipeline.name}\n\n{pipeline.description.strip()}\n\n"
+    text = f"# {md_escape(pipeline.name)}\n\n{pipeline.description.strip()}\n\n"
     curves = dict(parts.curves())
     for table in parts.tables:
         text += render("md", [table]) + "\n"
         if table.title in curves:
-            text += f"![{table.title}: ours beside the paper's]({curves[table.title]})\n\n"
+            alt = md_escape(table.title).replace("[", r"\[").replace("]", r"\]")
+            text += f"![{alt}: ours beside the paper's]({curves[table.title]})\n\n"
     if parts.claims:
         text += render("md", [claims_table(parts.claims)]) + "\n" \
             + claims_markdown(parts.claims) + "\n"

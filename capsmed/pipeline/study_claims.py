@@ -27,6 +27,7 @@ from capsmed.evaluate.claims import (
 from capsmed.pipeline.checks import check_selection, known_metrics, matches_selection
 from capsmed.pipeline.placeholders import fail
 from capsmed.tables import Column, Table, text_column
+from capsmed.tables.text import md_escape
 
 NO_PAIR = "None"  # the text of a field a run's grid block lacks (grid_axes' value)
 
@@ -164,9 +165,11 @@ def claim_paragraphs(results: Sequence[ClaimResult]) -> list[tuple[str, str, str
 
 
 def claims_markdown(results: Sequence[ClaimResult]) -> str:
-    """The claims' quotes and verdicts, under the table, for study.md."""
+    """The claims' quotes and verdicts, under the table, for study.md: names, quotes
+    and run values as written (a claim named ``<b>`` or ``*x*`` is no tag, no italic)."""
     parts = []
     for heading, quote, found in claim_paragraphs(results):
+        heading, quote, found = md_escape(heading), md_escape(quote), md_escape(found)
         parts.append(f"**{heading}**\n\n> {quote}\n\n{found}\n")
     return "\n".join(parts)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 from capsmed.io import write_text_atomic
 
 # matplotlib's tab10 as 0-255 RGB, so a class keeps its colour across files and runs
@@ -273,9 +273,9 @@ def write_heatmap(path: Path, result: InputResult, class_names: Sequence[str],
                       alpha=0.55, extent=extent, interpolation="nearest")
     # the bar shows the colours themselves, not their see-through overlay
     opaque = plt.cm.ScalarMappable(norm=image.norm, cmap=cmap)
-    class_name = str(class_names[class_index])
+    class_name = plain(class_names[class_index])
     fig.colorbar(opaque, ax=ax, shrink=0.9, label=f"score: {class_name}")
-    title = f"{Path(result.name).name}: {class_name}"
+    title = f"{plain(Path(result.name).name)}: {class_name}"
     if threshold is not None:
         n = int(positives(result, class_index, threshold).sum())
         title += f", {n} of {len(scores)} windows \u2265 {threshold:g}"

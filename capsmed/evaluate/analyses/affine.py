@@ -47,7 +47,7 @@ from capsmed.data.contract import load_split, read_info
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.evaluate.analyses.configs import AffineConfig
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 from capsmed.runs import OpenRun
 
 log = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ def _plot_sweep(result: AffineResult, title: str, path: Path) -> None:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(plain(title), fontsize=9)
     save_figure(fig, path)
 
 

@@ -46,7 +46,7 @@ from capsmed.evaluate.analyses.affine import AFFNIST_CANVAS, affine_linear, warp
 from capsmed.evaluate.analyses.configs import (
     CompactnessConfig,
 )
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def _plot(results: dict[str, dict[str, Any]], title: str, path: Path) -> None:
     ax.tick_params(axis="x", rotation=30)
     ax.grid(alpha=0.3, axis="y")
     top = next(iter(results.values()))["max_score"]
-    ax.set_title(f"{title}\n(max log D = {top:.2f}; error bars: std over samples)",
+    ax.set_title(f"{plain(title)}\n(max log D = {top:.2f}; error bars: std over samples)",
                  fontsize=9)
     save_figure(fig, path)
 

@@ -49,7 +49,7 @@ from capsmed.data.contract import SECOND_LABEL, SplitData
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.evaluate.analyses.configs import ManifoldConfig
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -246,13 +246,14 @@ def _plot_embeddings(panels: list[dict[str, Any]], title: str, path: Path) -> No
                     ax.plot(*zip(e[i], e[j], strict=True), color="grey", linewidth=0.5)
         ax.scatter(g[:, 0], g[:, 1], marker="+", color="lightgrey", s=20)
         ax.scatter(e[:, 0], e[:, 1], c=_colours(offsets), s=22, zorder=3)
-        ax.set_title(f"fixed {panel['fixed_class']}, moving {panel['moving_class']}: "
+        ax.set_title(f"fixed {plain(panel['fixed_class'])}, "
+                     f"moving {plain(panel['moving_class'])}: "
                      f"CD {panel['chamfer']:.3f}", fontsize=8)
         ax.set_aspect("equal")
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle(f"{title}\nt-SNE aligned onto the offset grid (+); colour: red = column, "
-                 "green = row offset", fontsize=9)
+    fig.suptitle(f"{plain(title)}\nt-SNE aligned onto the offset grid (+); colour: "
+                 "red = column, green = row offset", fontsize=9)
     save_figure(fig, path)
 
 

@@ -37,7 +37,7 @@ from torch import nn
 from capsmed.data.contract import SECOND_LABEL
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -233,8 +233,10 @@ def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
 
 
 def _labels(results: list[RoutingResult]) -> list[str]:
+    """Each run's legend entry: its folder name, or its whole path when two share one."""
     names = [Path(r.run_dir).name for r in results]
-    return names if len(set(names)) == len(names) else [r.run_dir for r in results]
+    names = names if len(set(names)) == len(names) else [r.run_dir for r in results]
+    return [plain(n) for n in names]
 
 
 def _plot_epochs(results: list[RoutingResult], labels: list[str], out: Path) -> None:
@@ -298,7 +300,8 @@ def _plot_test(results: list[RoutingResult], labels: list[str], out: Path) -> No
         ax.bar(np.arange(len(names)) + i * width,
                [r.per_class.get(c, {}).get("normalised", np.nan) for c in names], width,
                label=label)
-    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, rotation=45, ha="right")
+    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, [plain(n) for n in names],
+                  rotation=45, ha="right")
     ax.set_ylabel("normalised entropy (H / log J)")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)

@@ -44,7 +44,7 @@ from torch import nn
 from capsmed.data.contract import SECOND_LABEL, is_two_label, read_info, read_meta
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
-from capsmed.figures import pyplot, save_figure
+from capsmed.figures import plain, pyplot, save_figure
 from capsmed.train.run_data import TEST_ROWS
 from capsmed.yamlfile import read_yaml
 
@@ -360,5 +360,5 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
     ax.set_ylim(max(0.0, float(np.min([r["accuracy"] for r in rows])) - 0.1), 1.01)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"{title}\n(paper 003 Fig. 7)", fontsize=9)
+    ax.set_title(f"{plain(title)}\n(paper 003 Fig. 7)", fontsize=9)
     save_figure(fig, path)
