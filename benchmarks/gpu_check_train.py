@@ -1,5 +1,6 @@
 """gpu_check's ``train-modes`` part: ``capsmed train`` itself (its loop, handlers and
-resume) in each speed mode on the device, against the eager run of the same options.
+resume) in each speed mode on the device, against the eager run of the same options
+(augmented runs too: a CUDA graph takes the augmentation's draws as inputs).
 
 A CUDA graph replays the whole step with the learning rate, the epoch's sums and the
 non-finite flag inside it, so a mistake there shows as a loss curve that leaves the
@@ -20,9 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-# (mode, precision); each is compared with ("eager", precision)
+# (mode, precision); each is compared with ("eager", precision), or with
+# ("eager+augment", precision) when augmented (paper 000's medical recipe on the
+# device: a graph takes the draws as inputs, so its images must be the eager run's)
 MODES = (("eager", "fp32"), ("cuda-graph", "fp32"), ("eager", "bf16"),
-         ("cuda-graph", "bf16"), ("compile", "bf16"), ("compile+cuda-graph", "bf16"))
+         ("cuda-graph", "bf16"), ("compile", "bf16"), ("compile+cuda-graph", "bf16"),
+         ("eager+augment", "fp32"), ("cuda-graph+augment", "fp32"),
+         ("eager+augment", "bf16"), ("compile+cuda-graph+augment", "bf16"))
 # Largest relative difference of any epoch's train/val loss from the eager run's.
 # fp32: the same kernels in another launch order; bf16: compile fuses and reorders.
 TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2}
@@ -60,7 +65,9 @@ def _config(data: Path, out: Path, dev: torch.device, quick: bool, mode: str,
                        batch_size=16 if quick else 128, lr=1e-3, recon_weight=5e-4,
                        lr_schedule="exponential", lr_decay=0.5, seed=0, device=str(dev),
                        precision=precision, compile="compile" in mode,
-                       cuda_graph="cuda-graph" in mode, patience=None, out=str(out),
+                       cuda_graph="cuda-graph" in mode, augment="augment" in mode,
+                       augment_recipe="paper000-medical" if "augment" in mode else None,
+                       patience=None, out=str(out),
                        model_kwargs=tiny if quick else {})
 
 
@@ -113,9 +120,9 @@ def check_train_modes(report: Any, dev: torch.device, quick: bool, work: Path) -
         run = _train(_config(data, work / name.replace(" ", "-"), dev, quick, mode,
                              precision))
         losses = _losses(run)
-        reference.setdefault(precision, losses)
+        reference.setdefault((precision, "augment" in mode), losses)
         runs[name] = run
-        diff = _max_rel_diff(losses, reference[precision])
+        diff = _max_rel_diff(losses, reference[precision, "augment" in mode])
         ok = diff <= TOLERANCE[precision]
         report.record("train-modes", name=name, losses=losses, max_rel_diff=diff,
                       tolerance=TOLERANCE[precision], images_per_s=_speed(run),
@@ -127,6 +134,7 @@ def check_train_modes(report: Any, dev: torch.device, quick: bool, work: Path) -
     report.section("capsmed train in each mode", ["mode", "precision",
                    "train/val loss per epoch", "max rel. diff vs eager", "img/s", "note"],
                    rows, note=f"capsnet ({'toy widths' if quick else 'paper size'}), "
+                   "'+augment': paper000-medical on the device, against eager+augment; "
                    f"{EPOCHS} epochs, batch {16 if quick else 128}, lr 1e-3 halved each "
                    "epoch, a partial last batch, on a learnable MNIST-shaped set; img/s is "
                    "the last epoch's from metrics.jsonl (the loop included). fp32 is IEEE "

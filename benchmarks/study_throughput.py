@@ -20,8 +20,10 @@ first epoch's extra and the seconds outside epochs.
 so the extrapolation can use each architecture's fastest mode. Given twice for one
 architecture (``--mode capsnet=compile+graph --mode capsnet=eager``), K runs are
 trained in each mode, and each of the study's runs is counted at the rate of the mode
-it trains in (with ``--set gpu_modes=true``: the MNIST sets' runs in their GPU mode,
-the augmented medical-set runs eager).
+it trains in (with ``--set gpu_modes=true``: capsnet compiled and graphed, lenet
+graphed). A ``MODE+augment`` mode trains with paper 000's medical augmentation on the
+device, and only such a figure counts the study's augmented runs (the medical sets'
+and the digit sets' `aug` condition: half of them).
 ``--toy`` (the test suite's size: 256 images, reduced widths, CPU) checks the script,
 not the speed. ``--fresh-processes`` runs every command in its own process (the
 behaviour before capsmed run's worker), for a side-by-side figure.
@@ -53,8 +55,14 @@ TOY_WIDTHS = {  # reduced widths (--toy): seconds on a CPU
     "baseline": {"channels": [8, 8, 8], "hidden": [32, 16]},
 }
 PAPER_STUDY = ROOT / "pipelines" / "jimenez2018.yaml"
-MODES = {"eager": {}, "compile": {"compile": True}, "graph": {"cuda_graph": True},
-         "compile+graph": {"compile": True, "cuda_graph": True}}
+SPEED_MODES = {"eager": {}, "compile": {"compile": True}, "graph": {"cuda_graph": True},
+               "compile+graph": {"compile": True, "cuda_graph": True}}
+# each also with paper 000's medical augmentation on the device (``MODE+augment``): half
+# of jimenez2018's runs train augmented (the medical sets' and the digit sets' `aug`),
+# and their draws, made before each step outside any graph, cost launches of their own
+MODES = SPEED_MODES | {f"{name}+augment": {**options, "augment": True,
+                                           "augment_recipe": "paper000-medical"}
+                       for name, options in SPEED_MODES.items()}
 
 
 def capsmed(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -206,9 +214,11 @@ def per_arch(rows: list[dict], walls: dict[str, float], share: int = 1
 
 
 def run_mode(train: dict) -> str:
-    """A run's mode from its options: eager, compile, graph or compile+graph."""
-    return "+".join(m for m in ("compile", "graph") if train.get(
+    """A run's mode from its options: eager, compile, graph or compile+graph, with
+    ``+augment`` when it augments on the device."""
+    speed = "+".join(m for m in ("compile", "graph") if train.get(
         {"graph": "cuda_graph"}.get(m, m))) or "eager"
+    return f"{speed}+augment" if train.get("augment") else speed
 
 
 def paper_study_hours(figures: dict[str, dict]) -> tuple[float, int, int]:
@@ -217,8 +227,8 @@ def paper_study_hours(figures: dict[str, dict]) -> tuple[float, int, int]:
     figure's first runs, one per worker sharing the GPU, the first run's overhead
     instead), and how many of its runs that covers. A run is counted at the figure of
     its architecture in the mode the study trains it in: with ``--set gpu_modes=true``
-    its GPU mode where one was measured (the MNIST sets' runs), else its own (eager:
-    the augmented medical-set runs, as a CUDA graph cannot replay random transforms).
+    its GPU mode where one was measured, else its own (eager), and augmented or not as
+    the run is (an augmented run only at a ``+augment`` figure: half of the study).
     ``figures``: keyed by architecture, or ``"ARCH MODE"`` (each names its ``arch``
     and ``mode``; eager when not said)."""
     from capsmed.pipeline.estimate import data_shape, training_images

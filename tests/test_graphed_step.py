@@ -3,6 +3,8 @@ capturing records the step (and undoes what running it changed, as a real captur
 runs nothing), replaying runs it again. A training run through it must equal the eager
 run: the warm-up steps are real ones, a partial batch runs the plain step, a new
 learning rate is captured again and the epoch's sums are part of the captured step.
+An augmented run draws its transforms outside the graph (a real capture would freeze
+the draws into it): the stand-in refuses a capture that draws.
 The real graphs are checked on a GPU by benchmarks/gpu_check.py (train-modes)."""
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import copy
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -55,14 +58,18 @@ class StandInCuda:
                  copy.deepcopy(step.optimizer.state_dict()),
                  [t.clone() for t in (step.tally.sums, step.tally.bad_step, step.tally.step)],
                  torch.get_rng_state())
+        rng = step.settings.augment_rng
+        drawn = None if rng is None else rng.get_state()
         yield
+        assert rng is None or torch.equal(rng.get_state(), drawn), \
+            "the capture drew random transforms: every replay would repeat them"
         step.model.load_state_dict(saved[0])
         step.optimizer.load_state_dict(saved[1])
         for tensor, value in zip((step.tally.sums, step.tally.bad_step, step.tally.step),
                                  saved[2], strict=True):
             tensor.copy_(value)
         torch.set_rng_state(saved[3])
-        graph.run = lambda: self.events.append("replay") or step(*self.wrapper.static)
+        graph.run = lambda: self.events.append("replay") or self.wrapper.run_static()
         self.events.append(f"capture at lr {step.optimizer.param_groups[0]['lr']:.2e}")
 
 
@@ -82,12 +89,15 @@ def _same_weights(a, b):
     return all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_graphed_run_replays_the_eager_run(tiny_h5, tmp_path, monkeypatch):
+@pytest.mark.parametrize("options", [
+    {}, {"augment": True, "augment_recipe": "rotation=20,translation=0.1,hflip,vflip"}],
+    ids=["plain", "augmented"])
+def test_a_graphed_run_replays_the_eager_run(tiny_h5, tmp_path, monkeypatch, options):
     from capsmed.data.contract import read_info
 
     train_rows = read_info(tiny_h5).split_sizes["train"]
     assert train_rows % 16 and train_rows // 16 == 2  # 2 full batches and a partial one
-    eager = train(_cfg(tiny_h5, tmp_path / "eager"), disable_progress=True)
+    eager = train(_cfg(tiny_h5, tmp_path / "eager", **options), disable_progress=True)
     events: list[str] = []
     cuda = StandInCuda(torch.cuda, events)
     monkeypatch.setattr(torch, "cuda", cuda)
@@ -101,7 +111,7 @@ def test_a_graphed_run_replays_the_eager_run(tiny_h5, tmp_path, monkeypatch):
         cuda.wrapper = self
 
     monkeypatch.setattr(GraphedTrainStep, "__init__", init)
-    graphed = train(_cfg(tiny_h5, tmp_path / "graphed", cuda_graph=True),
+    graphed = train(_cfg(tiny_h5, tmp_path / "graphed", cuda_graph=True, **options),
                     disable_progress=True)
     # 6 full batches: 3 warm-up steps on the side stream, then replays, captured
     # again when the schedule halved the learning rate
@@ -112,7 +122,7 @@ def test_a_graphed_run_replays_the_eager_run(tiny_h5, tmp_path, monkeypatch):
     # process starts with that batch, and still makes its graph for the full ones
     cut = tmp_path / "cut"
     try:
-        train(_cfg(tiny_h5, cut, cuda_graph=True), disable_progress=True,
+        train(_cfg(tiny_h5, cut, cuda_graph=True, **options), disable_progress=True,
               stop_after_steps=2)
     except TrainingInterrupted:
         pass

@@ -62,7 +62,6 @@ CUDA = torch.device("cuda")  # only its type is read: no GPU needed
 
 @pytest.mark.parametrize("options, precision, ctx, text", [
     ({}, "fp16", distributed.Distributed(), "does not work with fp16"),
-    ({"augment": True}, "bf16", distributed.Distributed(), "does not work with --augment"),
     ({}, "bf16", distributed.Distributed(world=2), "does not work under torchrun"),
 ])
 def test_cuda_graph_refusals_on_a_gpu(options, precision, ctx, text):
@@ -71,6 +70,13 @@ def test_cuda_graph_refusals_on_a_gpu(options, precision, ctx, text):
         check_cuda_graph(cfg, CUDA, ctx, precision)
     check_cuda_graph(TrainConfig(data="x.h5", arch="lenet", **options), CUDA, ctx,
                       precision)  # without --cuda-graph: nothing to refuse
+
+
+def test_cuda_graph_takes_augmentation():
+    """The graph takes the augmentation's draws as inputs (drawn eagerly before each
+    replay), so an augmented run can be graphed (tests/test_graphed_step.py)."""
+    check_cuda_graph(TrainConfig(data="x.h5", arch="lenet", cuda_graph=True, augment=True),
+                     CUDA, distributed.Distributed(), "bf16")
 
 
 def test_precision_names_the_mode_it_runs_and_tf32_switches_only_for_tf32():

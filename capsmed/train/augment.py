@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -95,14 +96,21 @@ RGB_FROM_HED = ((0.65, 0.70, 0.29), (0.07, 0.99, 0.11), (0.27, 0.57, 0.78))
 _LOG_ADJUST = math.log(1e-6)
 
 
-def hed_jitter(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+def hed_matrices(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stain matrices ``rgb_from_hed`` and ``hed_from_rgb`` (float32, on ``device``).
+    Made from host numbers and inverted with a check that waits for the device: made
+    outside a CUDA graph (:func:`draw_transforms`), never inside one."""
+    rgb_from_hed = torch.tensor(RGB_FROM_HED, dtype=torch.float32, device=device)
+    return rgb_from_hed, torch.linalg.inv(rgb_from_hed)
+
+
+def hed_jitter(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+               matrices: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """RGB images ``x`` [B, 3, H, W] in [0, 1] with their H, E and DAB concentrations
-    set to ``alpha * c + beta`` (``alpha``, ``beta``: [B, 3]); dtype kept."""
-    if x.shape[1] != 3:
-        raise CapsmedError(f"HED colour jitter (hed=...) needs RGB images; these have "
-                           f"{x.shape[1]} channel(s)")
-    rgb_from_hed = torch.tensor(RGB_FROM_HED, dtype=torch.float32, device=x.device)
-    hed_from_rgb = torch.linalg.inv(rgb_from_hed)
+    set to ``alpha * c + beta`` (``alpha``, ``beta``: [B, 3]); dtype kept.
+    ``matrices``: :func:`hed_matrices` made beforehand (made here if not given)."""
+    _check_rgb(x.shape)
+    rgb_from_hed, hed_from_rgb = matrices if matrices is not None else hed_matrices(x.device)
     od = torch.log(x.float().clamp_min(1e-6)) / _LOG_ADJUST  # [B, 3, H, W]
     stains = torch.einsum("bchw,cs->bshw", od, hed_from_rgb)
     stains = stains * alpha[:, :, None, None] + beta[:, :, None, None]
@@ -110,29 +118,50 @@ def hed_jitter(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torc
     return torch.exp(od * _LOG_ADJUST).clamp(0.0, 1.0).to(x.dtype)
 
 
-def augment_batch(x: torch.Tensor, spec: AugmentSpec, generator: torch.Generator,
-                  share: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
-    """Apply ``spec`` to images ``x`` [B, C, H, W] in [0, 1]; shape and dtype kept.
+def _check_rgb(shape: torch.Size | tuple[int, ...]) -> None:
+    if shape[1] != 3:
+        raise CapsmedError(f"HED colour jitter (hed=...) needs RGB images; these have "
+                           f"{shape[1]} channel(s)")
 
-    Pixels brought in from outside the image are reflected, which suits histology and
-    fundus textures better than black corners. ``share`` = (global batch size, rows):
-    ``x`` is those rows of a global batch (one rank's share under torchrun); the
-    transforms are drawn for the whole global batch and these rows' are used, so every
-    rank draws what the single-process run draws for the same samples.
+
+class Transforms(NamedTuple):
+    """One batch's random draws, ready to apply: the affine matrices (float32
+    [B, 2, 3]) and, for HED jitter, its ``alpha`` and ``beta`` [B, 3] and the stain
+    matrices (empty tuple without HED jitter). Only tensors: a CUDA graph of the step
+    takes them as inputs, copied in before each replay, as it takes the batch."""
+
+    theta: torch.Tensor
+    hed: tuple[torch.Tensor, ...] = ()
+
+
+def draw_transforms(spec: AugmentSpec, shape: torch.Size | tuple[int, ...],
+                    generator: torch.Generator, device: torch.device,
+                    share: tuple[int, torch.Tensor] | None = None) -> Transforms:
+    """Draw ``spec``'s transforms for a batch of images of ``shape`` [B, C, H, W].
+
+    All of the batch's random numbers are drawn here, from ``generator`` alone, and
+    nothing here runs inside a CUDA graph: a graphed step draws eagerly before each
+    replay, in the eager step's order, so its images are the eager run's. ``share`` =
+    (global batch size, rows): the batch is those rows of a global batch (one rank's
+    share under torchrun); the transforms are drawn for the whole global batch and
+    these rows' are kept, so every rank draws what the single-process run draws for
+    the same samples.
     """
-    b, dev = x.shape[0], x.device
+    b = shape[0]
     n, rows = share if share is not None else (b, None)
+    if spec.hed:
+        _check_rgb(shape)
 
     def pick(values: torch.Tensor) -> torch.Tensor:
         return values if rows is None else values[rows.to(values.device)]
 
-    def uniform(*shape: int) -> torch.Tensor:  # in [-1, 1)
-        return pick(torch.rand(n, *shape, generator=generator, device=dev) * 2 - 1)
+    def uniform(*size: int) -> torch.Tensor:  # in [-1, 1)
+        return pick(torch.rand(n, *size, generator=generator, device=device) * 2 - 1)
 
     def flip(enabled: bool) -> torch.Tensor:
         if not enabled:
-            return torch.ones(b, device=dev)
-        return pick(torch.where(torch.rand(n, generator=generator, device=dev) < 0.5,
+            return torch.ones(b, device=device)
+        return pick(torch.where(torch.rand(n, generator=generator, device=device) < 0.5,
                                 -1.0, 1.0))
 
     angle = uniform() * math.radians(spec.rotation)
@@ -142,13 +171,33 @@ def augment_batch(x: torch.Tensor, spec: AugmentSpec, generator: torch.Generator
     # theta maps output coordinates to input ones: rotation * diag(flips), then shift.
     # affine_grid's coordinates are x / (W/2) and y / (H/2), so a rotation in pixels is
     # D^-1 R D there (D = diag(W, H) / 2): on a non-square image R alone would shear.
-    h_over_w = x.shape[2] / x.shape[3]
+    h_over_w = shape[2] / shape[3]
     theta = torch.stack([torch.stack([cos * sx, -sin * sy * h_over_w, shift[:, 0]], dim=1),
                          torch.stack([sin * sx / h_over_w, cos * sy, shift[:, 1]], dim=1)],
                         dim=1)
-    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    if not spec.hed:
+        return Transforms(theta)
+    # drawn after the geometry, so recipes without colour draw as before
+    alpha, beta = 1 + uniform(3) * spec.hed, uniform(3) * spec.hed
+    return Transforms(theta, (alpha, beta, *hed_matrices(device)))
+
+
+def apply_transforms(x: torch.Tensor, transforms: Transforms) -> torch.Tensor:
+    """Apply drawn ``transforms`` to images ``x`` [B, C, H, W] in [0, 1]; shape and
+    dtype kept; no random numbers and no host synchronisation (a CUDA graph can hold
+    it). Pixels brought in from outside the image are reflected, which suits histology
+    and fundus textures better than black corners."""
+    grid = F.affine_grid(transforms.theta.to(x.dtype), list(x.shape), align_corners=False)
     out = F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection",
                         align_corners=False)
-    if spec.hed:  # drawn after the geometry, so recipes without colour draw as before
-        return hed_jitter(out, 1 + uniform(3) * spec.hed, uniform(3) * spec.hed)
+    if transforms.hed:
+        alpha, beta, *matrices = transforms.hed
+        return hed_jitter(out, alpha, beta, (matrices[0], matrices[1]))
     return out
+
+
+def augment_batch(x: torch.Tensor, spec: AugmentSpec, generator: torch.Generator,
+                  share: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """Apply ``spec`` to images ``x`` [B, C, H, W] in [0, 1]; shape and dtype kept:
+    :func:`draw_transforms` then :func:`apply_transforms` (``share``: see there)."""
+    return apply_transforms(x, draw_transforms(spec, x.shape, generator, x.device, share))

@@ -84,8 +84,8 @@ class TrainConfig:
         channels_last: Channels-last memory format; None = on CUDA only.
         compile: ``torch.compile`` the model (20-50 s start-up; pays off on long runs).
         cuda_graph: Replay the whole training step (forward, loss, backward, optimiser
-            update, the epoch's sums) as one CUDA graph (CUDA only; not with fp16,
-            ``augment`` or torchrun).
+            update, the epoch's sums) as one CUDA graph (CUDA only; not with fp16
+            or torchrun; with ``augment`` the transforms are drawn before each replay).
         state_every_minutes: Write the resumable state at most this often (at a check
             point every 50 steps or an epoch end), besides at the start, at the end of
             training and when stopped; 0 = at every check point and epoch end.

@@ -50,8 +50,6 @@ def check_cuda_graph(cfg: TrainConfig, device: torch.device, ctx: distributed.Di
         f"needs a CUDA device (this run's is {device})" if device.type != "cuda" else
         "does not work with fp16 (its loss scaler decides on the host); use --precision "
         "bf16 or fp32" if precision == "fp16" else
-        "does not work with --augment (the graph would replay the same random "
-        "transforms)" if cfg.augment else
         "does not work under torchrun" if ctx.enabled else "")
     if problem:
         raise CapsmedError(f"--cuda-graph {problem}")

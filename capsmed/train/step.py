@@ -22,7 +22,7 @@ from capsmed.data.loader import TwoLabels
 from capsmed.device import device_name
 from capsmed.errors import CapsmedError
 from capsmed.models.common import ModelOutput
-from capsmed.train.augment import AugmentSpec, augment_batch
+from capsmed.train.augment import AugmentSpec, Transforms, apply_transforms, draw_transforms
 from capsmed.train.losses import count_correct, training_loss, two_label_loss
 
 log = logging.getLogger(__name__)
@@ -185,14 +185,27 @@ class TrainStep:
         device_type = next(model.parameters()).device.type
         self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
 
+    def draw(self, x: torch.Tensor, share: tuple[int, torch.Tensor] | None = None
+             ) -> Transforms | None:
+        """The augmentation's random transforms for batch ``x`` (None: no augmentation)."""
+        s = self.settings
+        if s.augment is None:
+            return None
+        assert s.augment_rng is not None
+        return draw_transforms(s.augment, x.shape, s.augment_rng, x.device, share)
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor,
-                 share: tuple[int, torch.Tensor] | None = None
+                 share: tuple[int, torch.Tensor] | None = None,
+                 transforms: Transforms | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the batch loss and the number of correct predictions (device tensors).
-        ``share``: where ``x`` sits in the global batch (torchrun), for augmentation."""
+        ``share``: where ``x`` sits in the global batch (torchrun), for augmentation.
+        ``transforms``: the augmentation's draws for ``x``, made beforehand (a CUDA
+        graph's step); drawn here if the run augments and none are given."""
         s = self.settings
         if s.augment is not None:
-            x = augment_batch(x, s.augment, s.augment_rng, share)
+            x = apply_transforms(x, transforms if transforms is not None
+                                 else self.draw(x, share))
         out = forward(self.model, x, y, s)
         loss, correct = loss_and_correct(out, x, y, s)
         objective = loss
@@ -232,14 +245,16 @@ class GraphedTrainStep:
     the plain step. A changed learning rate (a schedule), which the graph holds as a
     constant, is captured again. The loss and correct count returned are the graph's
     own tensors: valid until the next call. Not for fp16 (the loss scaler decides on
-    the host) nor for on-device augmentation (its random draws would be frozen into
-    the graph).
+    the host). On-device augmentation draws its transforms eagerly before each replay
+    (:meth:`TrainStep.draw`, the eager step's draws in the eager step's order) and the
+    graph takes them as inputs beside the batch: a graph holding the draws themselves
+    would replay the same random transforms at every step.
     """
 
     def __init__(self, step: TrainStep, warmup: int = 3) -> None:
         s = step.settings
-        if s.autocast_dtype == torch.float16 or s.augment is not None:
-            raise ValueError("CUDA graphs need fp32 or bf16 and no on-device augmentation")
+        if s.autocast_dtype == torch.float16:
+            raise ValueError("CUDA graphs need fp32 or bf16")
         for group in step.optimizer.param_groups:
             group["capturable"] = True  # state (the step count) lives on the device
         self.step, self.warmup = step, warmup
@@ -247,7 +262,8 @@ class GraphedTrainStep:
         self.warmed = 0
         self.side: torch.cuda.Stream | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.static: tuple[torch.Tensor, torch.Tensor] | None = None
+        # the batch, its labels and its augmentation draws, as the graph reads them
+        self.static: tuple[torch.Tensor, torch.Tensor, Transforms | None] | None = None
         self.outputs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.captured_lrs: list[float] = []
 
@@ -269,11 +285,17 @@ class GraphedTrainStep:
         if self.warmed < self.warmup:
             self.warmed += 1
             return self._on_side_stream(x, y)
+        transforms = self.step.draw(x)
         if self.graph is None or self.captured_lrs != self._lrs():
-            self._capture(x, y)
+            self._capture(x, y, transforms)
         assert self.static is not None and self.graph is not None and self.outputs is not None
         self.static[0].copy_(x)
         self.static[1].copy_(y)
+        if transforms is not None:
+            assert self.static[2] is not None
+            for target, value in zip(_tensors(self.static[2]), _tensors(transforms),
+                                     strict=True):
+                target.copy_(value)
         self.graph.replay()
         return self.outputs
 
@@ -287,13 +309,27 @@ class GraphedTrainStep:
         torch.cuda.current_stream().wait_stream(self.side)
         return out
 
-    def _capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def _capture(self, x: torch.Tensor, y: torch.Tensor,
+                 transforms: Transforms | None) -> None:
         """Record the step on the static batch; nothing runs until the replay."""
         if self.static is None:
-            self.static = (x.clone(), y.clone())
+            self.static = (x.clone(), y.clone(),
+                           None if transforms is None else Transforms(
+                               transforms.theta.clone(),
+                               tuple(t.clone() for t in transforms.hed)))
         self.graph = None  # a new learning rate: the old graph's memory goes first
         self.step.optimizer.zero_grad(set_to_none=True)  # gradients from the graph's pool
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.outputs = self.step(*self.static)
+            self.outputs = self.run_static()
         self.graph, self.captured_lrs = graph, self._lrs()
+
+    def run_static(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step on the static inputs: what the graph records."""
+        assert self.static is not None
+        x, y, transforms = self.static
+        return self.step(x, y, None, transforms)
+
+
+def _tensors(transforms: Transforms) -> tuple[torch.Tensor, ...]:
+    return (transforms.theta, *transforms.hed)
