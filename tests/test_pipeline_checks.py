@@ -151,3 +151,35 @@ def test_a_dataset_axis_sets_data_over_train_data(tmp_path):
 def test_the_shipped_smoke_pipeline_still_loads():
     pipeline = load_pipeline(SMOKE)
     assert len(pipeline.runs) == 8 and len(pipeline.analyses) == 2
+
+
+def test_variables_fill_the_grid_exclude_and_when(tmp_path):
+    """{name} anywhere below 'variables' (docs/pipelines.md): in the grid, exclude and
+    a rule's when too. Before, an axis "{seeds}" was one run labelled seed={seeds},
+    and a when or exclude naming a variable was refused as matching no run."""
+    def change(raw):
+        raw["variables"].update({"seeds": [0, 1], "halved": "half", "dropped": 1})
+        raw["grid"][0]["seed"] = "{seeds}"
+        raw["rules"][0]["when"] = {"condition": "{halved}"}
+        raw["exclude"] = [{"arch": "lenet", "seed": "{dropped}"}]
+        raw.pop("analyses")  # they name seeds 0 and 1
+
+    raw = copy.deepcopy(BASE)
+    raw["variables"]["out"] = str(tmp_path / "out")
+    change(raw)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    pipeline = load_pipeline(path)
+    labels = sorted(r.label for r in pipeline.runs)
+    assert labels == sorted(["tupac16-capsnet-full-seed0", "tupac16-capsnet-full-seed1",
+                             "tupac16-capsnet-half-seed0", "tupac16-capsnet-half-seed1",
+                             "tupac16-lenet-full-seed0", "tupac16-lenet-half-seed0"])
+    assert all((r.train.get("fraction") == 0.5) == (r.fields["condition"] == "half")
+               for r in pipeline.runs)
+    assert all(r.train["seed"] == r.fields["seed"] for r in pipeline.runs)
+    # --set: the axis follows the variable
+    one = load_pipeline(path, {"seeds": [1], "dropped": 1, "halved": "full"})
+    assert sorted(r.label for r in one.runs) == ["tupac16-capsnet-full-seed1",
+                                                 "tupac16-capsnet-half-seed1"]
+    assert all((r.train.get("fraction") == 0.5) == (r.fields["condition"] == "full")
+               for r in one.runs)

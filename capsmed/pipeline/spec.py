@@ -125,6 +125,23 @@ def _variables(raw: dict[str, Any], overrides: Mapping[str, Any], path: Path) ->
     return values
 
 
+def _fill_selections(raw: dict[str, Any], names: Mapping[str, Any],
+                     path: Path) -> dict[str, Any]:
+    """``raw`` with the variables filled in the grid, in ``exclude`` and in the rules'
+    ``when`` (a run's own fields fill the rest, run by run): ``seed: "{seeds}"`` with
+    ``--set seeds=[0]`` is an axis of one value, not the text '{seeds}'."""
+    raw = dict(raw)
+    for key in ("grid", "exclude"):
+        if raw.get(key) is not None:
+            raw[key] = interpolate(raw[key], names, key, path)
+    if isinstance(raw.get("rules"), list):
+        raw["rules"] = [{**rule, "when": interpolate(rule["when"], names,
+                                                      f"rules[{i}].when", path)}
+                        if isinstance(rule, dict) and rule.get("when") is not None else rule
+                        for i, rule in enumerate(raw["rules"])]
+    return raw
+
+
 def _combinations(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     blocks = raw.get("grid")
     if isinstance(blocks, dict):
@@ -323,6 +340,7 @@ def load_pipeline(path: Path, overrides: Mapping[str, Any] | None = None) -> Pip
     names["out"] = str(out)
     stages = read_stages(raw, names, path)
     names.update({f"datasets.{k}": str(s.output) for k, s in stages.items()})
+    raw = _fill_selections(raw, names, path)
     combos = _combinations(raw, path)
     axes = grid_axes(combos)
     _check_rules(raw, axes, combos, path)
