@@ -89,9 +89,9 @@ def test_report_metric_table_columns_follow_arch_order_across_datasets(archs, tm
     value = {"capsnet": {"aaa": "", "bbb": "0.9"}, "lenet": {"aaa": "0.5", "bbb": "0.7"}}
     csv = (tmp_path / "report" / "table_macro_f1.csv").read_text().splitlines()
     assert csv == ["dataset," + ",".join(f"full / {a} {k}" for a in order
-                                         for k in ("mean", "std", "n"))] + [
+                                         for k in ("mean", "std", "n", "unfinished"))] + [
         ",".join([d, *(v for a in order for v in (
-            (value[a][d], "", "1") if value[a][d] else ("", "", "")))])
+            (value[a][d], "", "1", "0") if value[a][d] else ("", "", "", "")))])
         for d in ("aaa", "bbb")]
 
 

@@ -225,7 +225,7 @@ def test_tables_in_the_papers_layouts(runs_root, tmp_path):
     rows = (out / "table_macro_f1.csv").read_text().splitlines()
     assert rows[0].startswith("dataset,fraction 0.1 / lenet mean,fraction 0.1 / lenet std,")
     pooled = (out / "per_class_pooled.csv").read_text().splitlines()
-    assert "tupac16,2-fold CV,capsnet,non-mitosis,9,0.5333333333333333,0.8888888888888888,2" \
+    assert "tupac16,2-fold CV,capsnet,non-mitosis,9,0.5333333333333333,0.8888888888888888,2,0" \
         in pooled
     pooled_md = (out / "per_class_pooled.md").read_text()
     assert "| **Total** | **24** | **0.711** | **0.711** |" in pooled_md

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from capsmed.evaluate.aggregate import Group, Stat, order_metrics
-from capsmed.evaluate.caveats import cell_notes, mark
+from capsmed.evaluate.caveats import cell_notes, mark, unfinished
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import TEST_NAMES, PairedTest
 from capsmed.tables import PLUS_MINUS, Column, Table, text_column
@@ -83,10 +83,14 @@ def metric_table(groups: Sequence[Group], metric: str, digits: int = 3,
         found = [cell.get((d, p, a)) for p, a in columns]
         rows.append([d, *(mark(format_stat(cell.get((d, p, a)), digits, show_n),
                                runs.get((d, p, a), ())) for p, a in columns)])
-        csv_rows.append([d, *(v for s in found for v in
-                              ((s.mean, s.std, s.n) if s else (None, None, None)))])
+        # unfinished: runs of the cell whose training had not finished (the † of the
+        # other formats), so a CSV reader sees it too
+        csv_rows.append([d, *(v for s, (p, a) in zip(found, columns, strict=True) for v in
+                              ((s.mean, s.std, s.n,
+                                len(unfinished(runs.get((d, p, a), ()))))
+                               if s else (None, None, None, None)))])
     csv_columns = ["dataset"] + [f"{p} / {a} {k}" for p, a in columns
-                                 for k in ("mean", "std", "n")]
+                                 for k in ("mean", "std", "n", "unfinished")]
     return Table(
         title=f"{metric_title(metric)}: mean {PLUS_MINUS} std over repetitions "
               "(paper 000 Table 2 layout)",
@@ -174,20 +178,20 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
                     pre, sen = values["precision"], values["sensitivity"]
                     row += [UNDEFINED if v is None else f"{v:.{digits}f}" for v in (pre, sen)]
                     csv_rows.append([dataset, protocol, g.arch, name, n_images, pre, sen,
-                                     len(g.runs)])
+                                     len(g.runs), len(unfinished(g.runs))])
                 else:
                     pre, sen = values.get("precision"), values.get("sensitivity")
                     row += [format_stat(s, digits, missing=UNDEFINED) for s in (pre, sen)]
                     csv_rows.append([dataset, protocol, g.arch, name, n_images,
                                      *(v for s in (pre, sen) for v in
                                        ((s.mean, s.std) if s else (None, None))),
-                                     len(g.runs)])
+                                     len(g.runs), len(unfinished(g.runs))])
             rows.append(row)
         csv_columns = (["dataset", "protocol", "arch", "class", "support_total", "precision",
-                        "sensitivity", "runs"] if mode == "pooled" else
+                        "sensitivity", "runs", "unfinished_runs"] if mode == "pooled" else
                        ["dataset", "protocol", "arch", "class", "support_total",
                         "precision_mean", "precision_std", "sensitivity_mean",
-                        "sensitivity_std", "runs"])
+                        "sensitivity_std", "runs", "unfinished_runs"])
         how = "pooled over runs" if mode == "pooled" else f"mean {PLUS_MINUS} std over runs"
         tables.append(Table(
             title=f"{dataset} / {protocol}: precision and sensitivity per class, {how} "
@@ -248,10 +252,11 @@ def groups_table(groups: Sequence[Group], digits: int = 3) -> Table:
         stats = {m: g.stat(m) for m in metrics}
         rows.append([g.dataset, g.protocol, mark(g.arch, g.runs), str(len(g.runs)),
                      *(format_stat(stats[m], digits) for m in metrics)])
-        csv_rows += [[g.dataset, g.protocol, g.arch, "", m, s.mean, s.std, s.n]
+        late = len(unfinished(g.runs))
+        csv_rows += [[g.dataset, g.protocol, g.arch, "", m, s.mean, s.std, s.n, late]
                      for m, s in stats.items() if s is not None]
         per_class = mean_per_class(g.runs)["per_class"]
-        csv_rows += [[g.dataset, g.protocol, g.arch, name, m, s.mean, s.std, s.n]
+        csv_rows += [[g.dataset, g.protocol, g.arch, name, m, s.mean, s.std, s.n, late]
                      for name, values in per_class.items() for m, s in values.items()
                      if s is not None]
     return Table(
@@ -260,5 +265,6 @@ def groups_table(groups: Sequence[Group], digits: int = 3) -> Table:
                  Column("n"), *(Column(metric_title(m)) for m in metrics)],
         rows=rows, notes=cell_notes({f"{g.dataset}, {g.protocol} / {g.arch}": g.runs
                                      for g in groups}),
-        csv_columns=["dataset", "protocol", "arch", "class", "metric", "mean", "std", "n"],
+        csv_columns=["dataset", "protocol", "arch", "class", "metric", "mean", "std", "n",
+                     "unfinished"],
         csv_rows=csv_rows, label="groups")

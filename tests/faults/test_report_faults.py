@@ -63,6 +63,16 @@ def test_report_warns_about_and_marks_an_unfinished_run(toy_h5, toy_run, tmp_pat
     states = {r["path"]: r["unfinished"] for r in summary["runs"]}
     assert states == {str(runs / "done"): None, str(cut): "trained 1 of 3 epochs"}
     assert "\\dag{}" in (tmp_path / "rep" / "table_macro_f1.tex").read_text()
+    # the CSVs say it too: a column of each cell's unfinished runs
+    import csv
+
+    with (tmp_path / "rep" / "table_macro_f1.csv").open() as f:
+        (row,) = [r for r in csv.DictReader(f) if r["dataset"] == "toy"]
+    assert [row[k] for k in row if k.endswith(" unfinished")] == ["1"]
+    with (tmp_path / "rep" / "per_class_pooled.csv").open() as f:
+        assert {r["unfinished_runs"] for r in csv.DictReader(f)} == {"1"}
+    with (tmp_path / "rep" / "groups.csv").open() as f:
+        assert {r["unfinished"] for r in csv.DictReader(f)} == {"1"}
 
 
 def test_report_says_when_cells_rest_on_identical_predictions(toy_run, tmp_path):
