@@ -258,6 +258,18 @@ def test_per_class_limit_with_folds_sends_the_rest_to_the_test_set():
     assert set(again) | set(limited) == set(limited)  # same pool for every fold
 
 
+def test_a_fold_without_samples_is_refused_not_trained_on_every_row():
+    """Folds 0 and 2 only: --fold 1 trained on every row and saved no test row."""
+    labels = np.array([0, 1] * 4)
+    folds = np.array([0, 0, 0, 0, 2, 2, 2, 2])
+    with pytest.raises(CapsmedError, match="no sample of the file is in fold 1"):
+        cv_partition(labels, folds, 1, per_class_limit=None, seed=0)
+    with pytest.raises(CapsmedError, match="no sample of the file is in fold 1"):
+        cv_partition(labels, folds, 1, per_class_limit=2, seed=0)
+    train_rows, test_rows = cv_partition(labels, folds, 2, per_class_limit=None, seed=0)
+    assert train_rows.tolist() == [0, 1, 2, 3] and test_rows.tolist() == [4, 5, 6, 7]
+
+
 def test_per_class_limit_spreads_each_class_evenly_over_the_folds():
     """Paper 001: up to x images per class make the 5 folds, so every fold holds x/5 of
     each class; a fold short of them is made up from the others."""
@@ -349,6 +361,19 @@ def test_two_labels_with_a_loss_they_cannot_use_are_refused_before_the_folder(tm
         train(TrainConfig(data=str(path), arch="capsnet", epochs=1, batch_size=6,
                           out=str(out), model_kwargs={**TINY_CAPSNET, "loss": "spread"}),
               disable_progress=True)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", [{"imbalance": {"0": 20}}, {"per_class_limit": 2}])
+def test_two_labels_refuse_class_counts_of_the_first_object_only(tmp_path, option):
+    """--imbalance 0=20 kept rows by their first digit: class 0 stayed as the second
+    digit of most rows (60% of its objects, not 20%), without a word."""
+    path = _two_label_file(tmp_path / "two.h5", 12, {"train": 30, "val": 3})
+    out = tmp_path / "run"
+    with pytest.raises(CapsmedError, match=f"does not support --{next(iter(option))}"
+                       .replace("_", "-")):
+        train(TrainConfig(data=str(path), arch="lenet", epochs=1, batch_size=6, out=str(out),
+                          model_kwargs=TINY_LENET, **option), disable_progress=True)
     assert not out.exists()
 
 

@@ -157,11 +157,14 @@ def cv_partition(labels: np.ndarray, folds: np.ndarray, fold: int,
     go to the test set, as in paper 001's small-data experiments.
 
     Raises:
-        CapsmedError: if ``fold`` is outside the file's folds.
+        CapsmedError: if ``fold`` is outside the file's folds or holds no sample.
     """
     k = int(folds.max()) + 1 if len(folds) else 0
     if not 0 <= fold < k:
         raise CapsmedError(f"--fold {fold}: the file has folds 0..{k - 1}")
+    if not (folds == fold).any():  # it would train on every row and test on none
+        raise CapsmedError(f"--fold {fold}: no sample of the file is in fold {fold} "
+                           f"(folds 0..{k - 1}); there is nothing to hold out")
     pool = np.zeros(len(labels), dtype=bool)
     pool[limit_per_class_over_folds(labels, folds, per_class_limit, seed) if per_class_limit
          else np.arange(len(labels))] = True

@@ -202,7 +202,12 @@ class Run:
         clash = [name for name, on in (("--class-weights", self.cfg.class_weights),
                                        ("--augment", self.cfg.augment),
                                        ("--cuda-graph", self.cfg.cuda_graph),
-                                       ("torchrun", self.ctx.enabled)) if on]
+                                       ("torchrun", self.ctx.enabled),
+                                       # these count the first object's class only:
+                                       # a class stays as the second object
+                                       ("--imbalance", self.cfg.imbalance),
+                                       ("--per-class-limit",
+                                        self.cfg.per_class_limit is not None)) if on]
         if clash:
             raise CapsmedError(f"{self.info.path}: two-label training (MultiMNIST) does "
                                f"not support {', '.join(clash)}")
