@@ -42,6 +42,7 @@ def preprocess(source: str, inputs: Path | str | list[Path], output: Path | str,
     from dataclasses import fields
 
     from capsmed.data.sources import get_source
+    from capsmed.data.sources.common import SPLITS
     from capsmed.errors import CapsmedError
 
     entry = get_source(source)
@@ -53,6 +54,16 @@ def preprocess(source: str, inputs: Path | str | list[Path], output: Path | str,
             raise CapsmedError(f"dataset={options['dataset']!r} contradicts the source "
                                f"{source!r}; call capsmed.preprocess({options['dataset']!r}, "
                                "...) instead")
+    # the configs use fractions only without split files or folds; as the command line
+    # refuses --train/--val/--test with them, a call giving both is refused
+    replacing = [k for k in ("split_files", "folds") if options.get(k)]
+    if "fractions" in options and replacing:
+        raise CapsmedError(f"{replacing[0]} replaces the split fractions; drop fractions, "
+                           f"or {replacing[0]}")
+    unknown = sorted(set(options.get("split_files") or {}) - set(SPLITS))
+    if unknown:  # written as splits of that name, with no train split
+        raise CapsmedError(f"split_files: unknown split(s) {', '.join(unknown)} (use "
+                           f"{', '.join(SPLITS)})")
     config = entry.config(**options) if entry.config is not None else None
     given = [Path(p) for p in inputs] if isinstance(inputs, list) else Path(inputs)
     return Path(entry.hook("preprocess")(given, Path(output), config, overwrite=overwrite))
@@ -80,10 +91,14 @@ def evaluate_run(run_dir: Path | str, **options: Any) -> Any:
 def load_run(run_dir: Path | str, device: str = "cpu") -> Any:
     """A trained run, checked and loaded (:class:`capsmed.runs.OpenRun`): its
     ``model``, ``class_names``, ``input_shape``, ``record()`` of the preprocessing, and
-    ``predict(images)`` for model-ready uint8 images [N, C, H, W]."""
+    ``predict(images)`` for model-ready uint8 images [N, C, H, W]. An unfinished run
+    (``resume.pt`` there: an intermediate epoch's checkpoint) is loaded with a warning,
+    as ``capsmed predict`` and ``export`` warn."""
     from capsmed.runs import open_run
 
-    return open_run(Path(run_dir), device=device, need_data=False)
+    run = open_run(Path(run_dir), device=device, need_data=False)
+    run.warn_if_unfinished("loads", "load it")
+    return run
 
 
 def predict_inputs(run_dir: Path | str, inputs: list[Path | str], out_dir: Path | str,

@@ -52,3 +52,74 @@ def test_nan_scores_are_refused_by_load_run_predict_array_and_export(tmp_path):
     with pytest.raises(CapsmedError, match=f"{nan} 3 of 3 random images"):
         capsmed.export_run(run_dir, tmp_path / "m.pt")
     assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.fixture(scope="module")
+def lenet_run(tmp_path_factory):
+    from tests.helpers import folder_lenet
+
+    return folder_lenet(tmp_path_factory.mktemp("api-lenet"))[0]
+
+
+def test_load_run_and_predict_array_warn_of_an_unfinished_run(lenet_run, tmp_path, caplog):
+    """``capsmed predict`` and export warn when resume.pt is there (the checkpoint is
+    of an intermediate epoch); ``load_run`` and ``predict_array`` scored it silently."""
+    import shutil
+
+    run_dir = lenet_run
+    image = np.full((40, 40), 200, np.uint8)
+    capsmed.predict_array(capsmed.load_run(run_dir), image)
+    assert "has not finished" not in caplog.text
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(run_dir, unfinished)
+    (unfinished / "resume.pt").write_bytes(b"")  # training in progress
+    run = capsmed.load_run(unfinished)
+    assert "its training has not finished (resume.pt is there), so this loads the " \
+           "epoch 1 checkpoint" in " ".join(caplog.text.split())
+    caplog.clear()
+    capsmed.predict_array(unfinished, image)
+    assert "so this predicts with the epoch 1 checkpoint" in " ".join(caplog.text.split())
+    caplog.clear()
+    capsmed.predict_array(run, image)  # load_run has said it
+    assert "has not finished" not in caplog.text
+
+
+def test_preprocess_refuses_fractions_that_split_files_or_folds_replace(tmp_path):
+    """``--train/--val/--test`` with ``--split-file`` or ``--folds``, and a split file
+    of an unknown split, are refused by the command line; ``capsmed.preprocess``
+    ignored the fractions (and recorded them) and wrote a split named 'training'."""
+    from capsmed.data.sources.folder.synth import write_class_folders
+
+    write_class_folders(tmp_path / "images", classes=2, images_per_class=4, patients=2,
+                        size=16, seed=0)
+    (tmp_path / "train.txt").write_text("P01\n")
+    (tmp_path / "test.txt").write_text("P02\n")
+    files = {"train": str(tmp_path / "train.txt"), "test": str(tmp_path / "test.txt")}
+    fractions = {"train": 0.5, "val": 0.0, "test": 0.5}
+    for given, name in (({"split_files": files}, "split_files"), ({"folds": 2}, "folds")):
+        with pytest.raises(CapsmedError, match=f"^{name} replaces the split fractions; "
+                           f"drop fractions, or {name}$"):
+            capsmed.preprocess("folder", tmp_path / "images", tmp_path / "s.h5",
+                               group_pattern=r"^(P\d+)_", fractions=fractions, **given)
+        assert not (tmp_path / "s.h5").exists()
+    with pytest.raises(CapsmedError, match=r"^split_files: unknown split\(s\) training "
+                       r"\(use train, val, test\)$"):  # was written as a split 'training'
+        capsmed.preprocess("folder", tmp_path / "images", tmp_path / "s.h5",
+                           group_pattern=r"^(P\d+)_",
+                           split_files={"training": files["train"], "test": files["test"]})
+    out = capsmed.preprocess("folder", tmp_path / "images", tmp_path / "s.h5", workers=1,
+                             group_pattern=r"^(P\d+)_", split_files=files)
+    assert read_info(out).split_sizes == {"train": 4, "test": 4}
+
+
+def test_a_batch_size_below_one_is_refused_not_an_empty_result(lenet_run):
+    """``run.predict(images, batch_size=-1)`` stepped past every image: a capsule
+    network returned scores [0, 0] for N images, without an error."""
+    run = capsmed.load_run(lenet_run)
+    images = np.zeros((3, *run.input_shape), np.uint8)
+    for size in (0, -1):
+        with pytest.raises(CapsmedError, match=f"^batch_size must be >= 1, got {size}$"):
+            run.predict(images, batch_size=size)
+        with pytest.raises(CapsmedError, match=f"^batch_size must be >= 1, got {size}$"):
+            capsmed.predict_array(run, np.full((40, 40), 9, np.uint8), batch_size=size)
+    assert run.predict(images, batch_size=2).shape == (3, 3)

@@ -95,8 +95,11 @@ def predict_array(run: Any, images: Any, stride: int | None = None,
     """
     from capsmed.runs import OpenRun, open_run
 
-    opened = run if isinstance(run, OpenRun) else open_run(Path(run), device="cpu",
-                                                             need_data=False)
+    if isinstance(run, OpenRun):  # load_run warned of an unfinished run
+        opened = run
+    else:
+        opened = open_run(Path(run), device="cpu", need_data=False)
+        opened.warn_if_unfinished("predicts with", "predict")  # as capsmed predict warns
     arrays = as_images(images)
     recipe = make_recipe(opened.record(), Overrides(
         stride=stride, min_tissue=min_tissue,

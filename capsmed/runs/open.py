@@ -126,8 +126,11 @@ class OpenRun:
 
         Raises:
             CapsmedError: images of another dtype or shape than the model takes; a
-                NaN or infinite score (corrupt weights), as ``capsmed predict``.
+                NaN or infinite score (corrupt weights), as ``capsmed predict``; a
+                ``batch_size`` below 1, as ``capsmed predict --batch-size``.
         """
+        if batch_size < 1:  # range() would step past every image: no scores, no error
+            raise CapsmedError(f"batch_size must be >= 1, got {batch_size}")
         images = np.asarray(images)
         if images.ndim == 3:
             images = images[None]
