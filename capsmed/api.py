@@ -101,15 +101,17 @@ def load_run(run_dir: Path | str, device: str = "cpu") -> Any:
     return run
 
 
-def predict_inputs(run_dir: Path | str, inputs: list[Path | str], out_dir: Path | str,
-            **options: Any) -> Any:
-    """``capsmed predict``: raw images, folders or slides, their preprocessing replayed;
-    writes ``out_dir`` and returns the :class:`~capsmed.predict.engine.Prediction`.
-    ``options`` are the fields of :class:`~capsmed.predict.config.PredictOptions`."""
+def predict_inputs(run_dir: Path | str, inputs: list[Path | str] | Path | str,
+                   out_dir: Path | str, **options: Any) -> Any:
+    """``capsmed predict``: raw images, folders or slides (one path, or a list), their
+    preprocessing replayed; writes ``out_dir`` and returns the
+    :class:`~capsmed.predict.engine.Prediction`. ``options`` are the fields of
+    :class:`~capsmed.predict.config.PredictOptions`."""
     from capsmed.predict.config import PredictOptions
     from capsmed.predict.engine import predict as run_predict
 
-    return run_predict(Path(run_dir), [Path(p) for p in inputs], Path(out_dir),
+    given = [inputs] if isinstance(inputs, str | Path) else inputs  # not its characters
+    return run_predict(Path(run_dir), [Path(p) for p in given], Path(out_dir),
                        PredictOptions(**options))
 
 

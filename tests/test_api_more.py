@@ -123,3 +123,15 @@ def test_a_batch_size_below_one_is_refused_not_an_empty_result(lenet_run):
         with pytest.raises(CapsmedError, match=f"^batch_size must be >= 1, got {size}$"):
             capsmed.predict_array(run, np.full((40, 40), 9, np.uint8), batch_size=size)
     assert run.predict(images, batch_size=2).shape == (3, 3)
+
+
+def test_predict_inputs_takes_one_path_as_one_input(tmp_path_factory, tmp_path):
+    """A single path given as a string was iterated character by character."""
+    from tests.helpers import folder_lenet
+
+    run_dir, files = folder_lenet(tmp_path_factory.mktemp("api-one-input"))
+    one = capsmed.predict_inputs(run_dir, str(files[0]), tmp_path / "one")
+    listed = capsmed.predict_inputs(run_dir, [files[0]], tmp_path / "listed")
+    assert (tmp_path / "one" / "predictions.csv").read_text() == \
+        (tmp_path / "listed" / "predictions.csv").read_text()
+    assert len(one.results) == len(listed.results) == 1 and not one.failed
