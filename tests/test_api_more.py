@@ -135,3 +135,10 @@ def test_predict_inputs_takes_one_path_as_one_input(tmp_path_factory, tmp_path):
     assert (tmp_path / "one" / "predictions.csv").read_text() == \
         (tmp_path / "listed" / "predictions.csv").read_text()
     assert len(one.results) == len(listed.results) == 1 and not one.failed
+
+
+def test_no_images_give_no_rows_of_the_runs_classes(lenet_run):
+    run = capsmed.load_run(lenet_run)
+    shape = run.input_shape
+    scores = run.predict(np.zeros((0, *shape), np.uint8))
+    assert scores.shape == (0, len(run.class_names))

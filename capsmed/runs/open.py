@@ -138,6 +138,8 @@ class OpenRun:
             shape = "x".join(map(str, self.input_shape))
             raise CapsmedError(f"{self.run_dir}: the model takes uint8 images [N, {shape}] "
                                f"(N, C, H, W), got {images.dtype} {list(images.shape)}")
+        if not len(images):  # [0, K], as the scores of any other count are [N, K]
+            return np.zeros((0, len(self.class_names)))
         scores = predict_scores(self.model, images, self.device, batch_size)
         # as capsmed predict refuses: a NaN row's argmax is an arbitrary class (the first)
         refuse_non_finite(non_finite_rows(scores), len(scores), self.run_dir / WEIGHTS,
