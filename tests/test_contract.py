@@ -197,3 +197,23 @@ def test_data_info_reads_whole_at_80_columns_with_15_classes(tmp_path, monkeypat
     assert "…" not in result.output
     for name in names:  # a row of the split table and one of the fold table
         assert sum(line.split()[:2] == ["│", name] for line in lines) == 2, name
+
+
+@pytest.mark.parametrize("files, shown", [
+    ({"a.tif": 10, "b.tif": 5}, "(2 files, 15 bytes)"),
+    ({"a.tif": "sha256:ab12"}, "(1 files)"),  # hashes (SPEC: "file hashes or sizes")
+    (["a.tif", "b.tif", "c.tif"], "(3 files)"),
+])
+def test_data_info_shows_a_source_recorded_by_hashes_or_names(tmp_path, files, shown):
+    """A portable file's source may list its raw files by hash or by name: data info
+    summed them as sizes and stopped with a TypeError."""
+    from rich.console import Console
+
+    from capsmed.data.describe import describe_dataset
+
+    path = _write(tmp_path / "d.h5", {"train": ([0, 1], ["a", "b"])})
+    with h5py.File(path, "r+") as f:
+        f.attrs["source"] = json.dumps({"raw_dir": "/raw", "files": files})
+    console = Console(record=True, width=120)
+    console.print(describe_dataset(path))
+    assert f"source: /raw {shown}" in " ".join(console.export_text().split())

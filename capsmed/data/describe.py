@@ -94,7 +94,13 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
     for key, value in sorted(info.preprocessing.items()):
         params.add_row(escape(key), escape(value if isinstance(value, str)
                                            else json.dumps(value)))
+    # capsmed records {file: size}; another tool may record hashes, or a list of names
     files = info.source.get("files", {})
+    files = files if isinstance(files, dict | list) else {}
+    sizes = [v for v in (files.values() if isinstance(files, dict) else ())
+             if isinstance(v, int) and not isinstance(v, bool)]
+    total = (f", {sum(sizes):,} bytes" if isinstance(files, dict) and len(sizes) == len(files)
+             else "")
     params.caption = escape(f"source: {info.source.get('raw_dir', '?')} "
-                            f"({len(files)} files, {sum(files.values()):,} bytes)")
+                            f"({len(files)} files{total})")
     return Group(*tables, params)

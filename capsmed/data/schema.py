@@ -148,7 +148,10 @@ def reading(path: Path) -> Iterator[h5py.File]:
 
 
 def split_names(f: h5py.File) -> list[str]:
-    return [k for k in f if isinstance(f[k], h5py.Group) and "labels" in f[k]]
+    """The groups that are splits: those holding images or labels (a split missing one
+    of them is refused by :func:`_check_split`, not passed over as if absent)."""
+    return [k for k in f if isinstance(f[k], h5py.Group)
+            and ("labels" in f[k] or "images" in f[k])]
 
 
 def read_info(path: Path) -> DatasetInfo:
@@ -284,6 +287,27 @@ def _split_names(value: Any) -> list[str] | None:
     return [str(n) for n in names] if isinstance(names, list) else None
 
 
+def _check_image_attrs(path: Path, split: str, attrs: h5py.AttributeManager) -> None:
+    """Refuse images whose own ``axes`` or ``value_range`` attribute (as another tool may
+    write them) says other than the N,C,H,W uint8 0..255 every reader takes them for."""
+    def text(value: Any) -> str:
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+    if "axes" in attrs and text(attrs["axes"]).replace(" ", "").upper() != "N,C,H,W":
+        raise CapsmedError(f"{path}: '{split}/images' has axes {text(attrs['axes'])!r}, "
+                           "expected 'N,C,H,W' (channels first)")
+    if "value_range" in attrs:
+        value = attrs["value_range"]
+        try:
+            bounds = json.loads(value) if isinstance(value, str | bytes) \
+                else np.asarray(value).tolist()
+        except ValueError:
+            bounds = text(value)
+        if bounds != [0, 255]:
+            raise CapsmedError(f"{path}: '{split}/images' has value_range {bounds}, "
+                               "expected [0, 255] (uint8 images are read as 0..255)")
+
+
 def _check_split(path: Path, grp: h5py.Group, split: str, image_shape: tuple[int, ...],
                  names: list[str]) -> tuple[int, int | None]:
     """A split's size and number of folds (None without folds), after checking its
@@ -298,6 +322,7 @@ def _check_split(path: Path, grp: h5py.Group, split: str, image_shape: tuple[int
         raise CapsmedError(f"{path}: '{split}/images' is {images.dtype} {list(images.shape)}, "
                            f"expected uint8 [N, {', '.join(map(str, image_shape))}] (the "
                            "channels and image_size attributes)")
+    _check_image_attrs(path, split, images.attrs)
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise CapsmedError(f"{path}: '{split}/labels' is {labels.dtype} "
                            f"{list(labels.shape)}, expected integers [N]")
@@ -319,6 +344,13 @@ def _check_split(path: Path, grp: h5py.Group, split: str, image_shape: tuple[int
         raise CapsmedError(f"{path}: '{split}/labels' holds {len(outside)} label(s) outside "
                            f"0..{num_classes - 1} (e.g. {int(outside[0])}); class_names "
                            f"has {num_classes} classes")
+    meta = grp.get("meta")
+    if isinstance(meta, h5py.Group):  # per-sample arrays: row i belongs to image i
+        for name, ds in meta.items():
+            if isinstance(ds, h5py.Dataset) and (ds.ndim == 0 or ds.shape[0] != n):
+                raise CapsmedError(f"{path}: '{split}/meta/{name}' has "
+                                   f"{ds.shape[0] if ds.ndim else 'no'} rows for {n} "
+                                   "samples")
     if "folds" not in grp:
         return n, None
     folds = grp["folds"]

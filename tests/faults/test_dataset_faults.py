@@ -63,6 +63,39 @@ def _split_class_names_reversed(path):
         f["test/labels"].attrs["class_names"] = json.dumps(names[::-1])
 
 
+def _rename(old, new):
+    """A split whose dataset another tool named otherwise: the split is not to be
+    passed over as if the file had none (a run without its validation set)."""
+    def change(path):
+        with h5py.File(path, "r+") as f:
+            f.move(old, new)
+    return change
+
+
+def _second_labels_of_twice_the_rows(path):
+    """meta/label2 with a row per image and as many again: the run took the first rows,
+    so the second digit of each image came from another row."""
+    with h5py.File(path, "r+") as f:
+        n = f["train/labels"].shape[0]
+        f["train/meta/label2"] = (np.arange(2 * n) + 1) % 2
+
+
+def _dataset_attribute(name, key, value):
+    def change(path):
+        with h5py.File(path, "r+") as f:
+            f[name].attrs[key] = value
+    return change
+
+
+def _binary_images(path):
+    """uint8 images of 0 and 1 that say so (another tool's masks): read as 0..255 they
+    would train on black images."""
+    with h5py.File(path, "r+") as f:
+        images = f["train/images"]
+        images[...] = images[...] > 100
+        images.attrs["value_range"] = np.array([0, 1], np.uint8)
+
+
 def _truncate(path):
     path.write_bytes(path.read_bytes()[:3000])
 
@@ -92,6 +125,13 @@ FAULTS = {  # id: (change, text of the error line)
                                "attribute 'preprocessing' must be JSON"),
     "split-class-names-reversed": (_split_class_names_reversed,
                                    "'test/labels' names its classes"),
+    "val-labels-named-label": (_rename("val/labels", "val/label"),
+                               "split 'val' has no 'labels' dataset"),
+    "meta-longer-than-split": (_second_labels_of_twice_the_rows,
+                               "'train/meta/label2' has 96 rows for 48 samples"),
+    "images-in-0-1": (_binary_images, "'train/images' has value_range [0, 1]"),
+    "images-channels-last": (_dataset_attribute("val/images", "axes", "N,H,W,C"),
+                             "'val/images' has axes 'N,H,W,C'"),
     "damaged-object-header": (_overwrite(_groups_header), "cannot read"),
     "truncated": (_truncate, "cannot open HDF5 file"),
 }
