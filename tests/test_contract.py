@@ -217,3 +217,50 @@ def test_data_info_shows_a_source_recorded_by_hashes_or_names(tmp_path, files, s
     console = Console(record=True, width=120)
     console.print(describe_dataset(path))
     assert f"source: /raw {shown}" in " ".join(console.export_text().split())
+
+
+@pytest.mark.parametrize("revision", [None, 1])
+def test_a_file_of_an_older_data_revision_is_named_by_data_info_and_training(
+        tiny_h5, tmp_path, caplog, revision):
+    """A file from a capsmed whose preprocessing made other images of some raw files
+    (DATA_REVISION) trained without a word, and data info did not show its revision."""
+    import logging
+    import shutil
+
+    from rich.console import Console
+
+    from capsmed.data.contract import DATA_REVISION
+    from capsmed.data.describe import describe_dataset
+    from capsmed.train.config import TrainConfig
+    from capsmed.train.engine import train
+
+    console = Console(record=True, width=120)
+    console.print(describe_dataset(tiny_h5))
+    assert f"data revision {DATA_REVISION} (this capsmed's)" in \
+        " ".join(console.export_text().split())
+    old = tmp_path / "old.h5"
+    shutil.copy(tiny_h5, old)
+    with h5py.File(old, "r+") as f:
+        if revision is None:  # written before revisions were recorded
+            del f.attrs["data_revision"]
+        else:
+            f.attrs["data_revision"] = revision
+    console = Console(record=True, width=120)
+    console.print(describe_dataset(old))
+    shown = "none recorded" if revision is None else str(revision)
+    text = " ".join(console.export_text().split())
+    assert f"data revision {shown}" in text and f"this capsmed's is {DATA_REVISION}" in text
+    with caplog.at_level(logging.WARNING, logger="capsmed"):
+        train(TrainConfig(data=str(old), arch="lenet", epochs=1, batch_size=16,
+                          out=str(tmp_path / "run"), model_kwargs={"widths": [3, 4],
+                                                                    "hidden": [8]}),
+              disable_progress=True)
+    (warning,) = [m for m in caplog.messages if "data revision" in m]
+    assert f"{old}: written by capsmed's data revision {revision or 0}" in warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="capsmed"):
+        train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                          out=str(tmp_path / "current"), model_kwargs={"widths": [3, 4],
+                                                                        "hidden": [8]}),
+              disable_progress=True)
+    assert not [m for m in caplog.messages if "data revision" in m]

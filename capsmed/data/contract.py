@@ -28,20 +28,22 @@ from pathlib import Path
 import numpy as np
 
 from capsmed.data.schema import (
+    DATA_REVISION,
     FORMAT_VERSION,
     STRING_DTYPE,
     DatasetInfo,
     SplitData,
     read_info,
     reading,
+    warn_if_older_revision,
 )
 from capsmed.data.writer import CHUNK_BYTES, DatasetWriter, find_leaks
 from capsmed.errors import CapsmedError
 
-__all__ = ["CHUNK_BYTES", "FORMAT_VERSION", "SECOND_LABEL", "DatasetInfo", "DatasetWriter",
-           "SplitData", "class_counts", "find_leaks", "fold_class_counts", "fold_leaks",
-           "groups_by_split", "is_two_label", "load_split", "meta_names", "read_images",
-           "read_info", "read_labels", "read_meta"]
+__all__ = ["CHUNK_BYTES", "DATA_REVISION", "FORMAT_VERSION", "SECOND_LABEL", "DatasetInfo",
+           "DatasetWriter", "SplitData", "class_counts", "find_leaks", "fold_class_counts",
+           "fold_leaks", "groups_by_split", "is_two_label", "load_split", "meta_names",
+           "read_images", "read_info", "read_labels", "read_meta", "warn_if_older_revision"]
 
 # The meta array holding the second object's label in two-object sets (MultiMNIST).
 SECOND_LABEL = "label2"

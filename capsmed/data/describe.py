@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from capsmed.data.contract import (
+    DATA_REVISION,
     class_counts,
     find_leaks,
     fold_class_counts,
@@ -54,6 +55,7 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
                        ("classes", escape(", ".join(info.class_names))),
                        ("created", escape(f"{info.created} by capsmed "
                                           f"{info.capsmed_version}")),
+                       ("data revision", _revision(info.data_revision)),
                        ("group leak check", _leak_check(leaks, fold_leaks(path),
                                                         bool(info.folds)))):
         header.add_row(f"[bold]{key}", value)
@@ -104,3 +106,12 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
     params.caption = escape(f"source: {info.source.get('raw_dir', '?')} "
                             f"({len(files)} files{total})")
     return Group(*tables, params)
+
+
+def _revision(revision: int) -> str:
+    """The file's data revision against this capsmed's (capsmed/data/schema.py)."""
+    if revision == DATA_REVISION:
+        return f"{revision} (this capsmed's)"
+    written = str(revision) if revision else "none recorded (written before revisions)"
+    return (f"{written}; this capsmed's is {DATA_REVISION}: its preprocessing makes "
+            "other images or labels of some raw files (preprocess again for them)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from capsmed.errors import CapsmedError, first_line
 if TYPE_CHECKING:
     from capsmed.data.domains import Domain
     from capsmed.data.sources import Source
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 # What the reports call their total row (report.csv's ``total``, the terminal tables'
@@ -84,6 +87,7 @@ class DatasetInfo:
     source_kind: str | None = None  # the registered source that wrote it (None: older)
     domain: str | None = None  # its image domain (None: written before domains)
     provenance: dict[str, Any] = field(default_factory=dict)  # command line, versions
+    data_revision: int = 0  # DATA_REVISION of the capsmed that wrote it (0: before them)
 
     @property
     def num_classes(self) -> int:
@@ -203,7 +207,20 @@ def read_info(path: Path) -> DatasetInfo:
             source_kind=attrs.optional_text("source_kind"),
             domain=attrs.optional_text("domain"),
             provenance=attrs.mapping("provenance"),
+            data_revision=(attrs.integer("data_revision", minimum=1)
+                           if "data_revision" in f.attrs else 0),
         )
+
+
+def warn_if_older_revision(info: DatasetInfo, doing: str) -> None:
+    """Warn that ``info``'s file was written by a capsmed whose preprocessing made other
+    images or labels of some raw files than this one makes (:data:`DATA_REVISION`)."""
+    if info.data_revision < DATA_REVISION:
+        log.warning("%s: written by capsmed's data revision %d; this capsmed's is %d, "
+                    "whose preprocessing makes other images or labels of some raw files "
+                    "(capsmed/data/schema.py says which); %s it as it is, or preprocess "
+                    "again for the current data", info.path, info.data_revision,
+                    DATA_REVISION, doing)
 
 
 class _Attributes:

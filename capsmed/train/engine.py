@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from capsmed.data.contract import read_info
+from capsmed.data.contract import read_info, warn_if_older_revision
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.train import distributed
@@ -52,6 +52,7 @@ def train(config: TrainConfig, disable_progress: bool | None = None,
         try:
             if ctx.is_main:
                 warn_unused_recon_weight(config, run.model)  # as given, not the domain's
+                warn_if_older_revision(info, "training on")
             return run_loop(run, None, stop_after_steps)
         finally:
             run.release()
