@@ -9,9 +9,9 @@ entry point, exit code and output, with stdout and stderr sent to the run's log.
 
 Nothing of one command is left for the next: the CLI sets logging and progress
 anew for every command, training seeds every generator and scopes its signal
-handlers and precision flags to the run, and what torch.compile made is kept with
-room for every variant (none falls back to eager), so a run trained here is
-bit-identical to one trained by ``capsmed train`` (tests/test_study_worker.py).
+handlers and precision flags to the run, and torch.compile's state is reset after each
+command (as a fresh process has it), so a run trained here is bit-identical to one
+trained by ``capsmed train`` (tests/test_study_worker.py).
 
 Protocol (one JSON object per line): on file descriptor ``--requests`` the runner
 writes ``{"args": [...], "log": PATH}``; this process answers ``{"code": N}`` on
@@ -82,21 +82,17 @@ def capsmed_main() -> str:
     return os.path.join(os.path.dirname(capsmed.__file__), "__main__.py")
 
 
-# compiled variants per function a worker keeps room for: more than its commands make
-# (MAX_COMMANDS in capsmed.pipeline.workers, a few variants each)
-WORKER_RECOMPILE_LIMIT = 512
-
-
 def _release_memory() -> None:
-    # What torch.compile made is kept for the next run of the same shapes (its warm-up
-    # is paid once per worker), but each model variant takes one of dynamo's
-    # recompile_limit slots per function (8), and once they are full a later `train
-    # --compile` silently runs eagerly (other weights than `capsmed train` makes): room
-    # for every variant the worker's commands can make.
-    if "torch._dynamo" in sys.modules:
-        from capsmed.models.compiled import raise_recompile_limit
-
-        raise_recompile_limit(WORKER_RECOMPILE_LIMIT)
+    # Nothing torch.compile made is kept for the next command: dynamo remembers which
+    # dimensions it has seen in two sizes (automatic dynamic shapes) and reuses its
+    # graphs while their guards pass, so a `train --compile` after another batch size or
+    # input shape ran dynamic-shape kernels where a fresh `capsmed train` compiles
+    # static ones, and trained other weights. reset() puts dynamo where a fresh process
+    # starts (torch's on-disk compile caches still make the recompile quick), and with
+    # it the recompile_limit count of variants per function.
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
     compiled = sys.modules.get("capsmed.models.compiled")
     if compiled is not None:  # a compile that failed in one run is tried again in the next
         compiled.reset_compile_failures()
