@@ -75,6 +75,31 @@ def test_a_content_digest_is_kept_for_later_processes(tmp_path, monkeypatch):
         keep_digests_in(None)
 
 
+def test_a_file_rewritten_in_place_with_its_old_times_is_read_again(tmp_path, monkeypatch):
+    """cp -p over an existing file keeps its inode, sets the old modification time and,
+    for arrays of the same shapes, the same size: the stored digest of the old content
+    was taken for the new one (its data stage's runs were not trained again)."""
+    import shutil
+
+    data = _h5(tmp_path / "a.h5", "x")
+    other = _h5(tmp_path / "b.h5", "x", labels=(1, 1, 1))  # other content, same size
+    keep_digests_in(tmp_path / "digests.jsonl")
+    try:
+        first = dataset_digest(data)
+        before = os.stat(data)
+        time.sleep(0.01)
+        shutil.copyfile(other, data)  # in place: the same inode
+        os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = os.stat(data)
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == \
+            (before.st_ino, before.st_size, before.st_mtime_ns)
+        monkeypatch.setattr(digest, "_stored", {})  # a later process
+        digest._content.clear()
+        assert dataset_digest(data) != first
+    finally:
+        keep_digests_in(None)
+
+
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "capsmed", "run", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=900,

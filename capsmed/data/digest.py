@@ -32,15 +32,19 @@ CHUNK = 8 << 20
 ROWS = 4096  # rows of a dataset hashed at a time
 # File attributes that say when or by what a file was written, not what it holds.
 NOT_CONTENT = frozenset({"created", "capsmed_version", "source", "provenance"})
-_cache: dict[tuple[str, int, int, int], str] = {}
-_content: dict[tuple[str, int, int, int], str] = {}
+_cache: dict[tuple[str, int, int, int, int], str] = {}
+_content: dict[tuple[str, int, int, int, int], str] = {}
 _store: Path | None = None
 _stored: dict[Path, dict[str, str]] = {}
 
 
-def _key(path: Path) -> tuple[str, int, int, int]:
+def _key(path: Path) -> tuple[str, int, int, int, int]:
+    """What a file's cached digest is kept under. The change time too: a copy made in
+    place with its source's modification time (``cp -p``, ``rsync -t --inplace``) keeps
+    the inode, and the size when the arrays keep their shapes, but no tool can set the
+    change time back."""
     st = os.stat(path)
-    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def file_digest(path: Path) -> str:
