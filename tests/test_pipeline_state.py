@@ -621,3 +621,33 @@ def test_a_run_queued_after_its_data_is_remade_keeps_its_job(tmp_path):
     assert second.cancelled == [] and second.submitted == []
     rows = {r.label: r for r in _rows(pipeline, state, lambda name, jobs: second.poll(jobs))}
     assert (rows[run.label].status, rows[run.label].run_id) == ("running", run_id)
+
+
+def test_weights_copied_in_place_with_their_old_times_are_checked_again(tmp_path):
+    """cp -p of another run's weights (same architecture: same size) over a verified
+    checkpoint keeps its size, mtime and inode: the verified record passed it."""
+    import json as json_module
+
+    from capsmed.pipeline.verify import Verified
+    from tests.pipeline_stand_ins import write_checkpoint
+
+    records = tmp_path / "records"
+    records.mkdir()
+    run_dir = tmp_path / "run"
+    weights = write_checkpoint(run_dir, b"weights-a")
+    assert Verified(records).problem(run_dir) is None  # read once, recorded
+    before = os.stat(weights)
+    time.sleep(0.01)
+    with weights.open("r+b") as fh:  # in place, as cp over an existing file writes
+        fh.write(b"weights-b")
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(weights)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == \
+        (before.st_size, before.st_mtime_ns, before.st_ino)
+    assert "is damaged" in Verified(records).problem(run_dir)
+    # a record made before the change time was kept still matches (no mass re-read)
+    write_checkpoint(run_dir, b"weights-a")
+    st = os.stat(weights)
+    (records / "verified.jsonl").write_text(json_module.dumps(
+        {"run": str(run_dir), "stat": [st.st_size, st.st_mtime_ns, st.st_ino]}) + "\n")
+    assert Verified(records).problem(run_dir) is None

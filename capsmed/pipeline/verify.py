@@ -4,8 +4,8 @@ Training records the digest of its weights in ``checkpoint.json``. A run folder 
 ``checkpoint.safetensors`` no longer has that digest (cut short by a full disk, a bad
 copy, an edit) is not finished, whatever its other files say. The check reads the
 weights once: the study's ``.capsmed-run/verified.jsonl`` then keeps the file's size,
-modification time and inode, and a file whose stat is unchanged is not read again (the
-job that trained the run fills it in as it ends).
+modification time, inode and change time, and a file whose stat is unchanged is not
+read again (the job that trained the run fills it in as it ends).
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ class Verified:
             st = weights.stat()
         except OSError:
             return f"{weights} is missing"
-        stat = [st.st_size, st.st_mtime_ns, st.st_ino]
-        if self._load().get(str(run_dir)) == stat:
+        # the change time too: a checkpoint copied in place with its old times (cp -p
+        # of another run of the same architecture) keeps size, mtime and inode
+        stat = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        known = self._load().get(str(run_dir))
+        if known == stat or known == stat[:3]:  # 3: recorded before the change time
             return None
         try:
             recorded = checkpoint_meta(run_dir).get("weights_digest")
