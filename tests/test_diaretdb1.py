@@ -356,10 +356,25 @@ def test_a_translucent_fundus_image_is_refused_and_an_opaque_alpha_dropped(tmp_p
     palette = Image.new("P", (16, 16))
     palette.putpalette([0, 0, 0, 200, 100, 50])
     palette.save(tmp_path / "p.png", transparency=0)  # index 0 transparent everywhere
-    for name in ("a.png", "p.png"):
+    # an RGB colour key (tRNS): OpenCV, so predict, reads it as alpha
+    Image.fromarray(rgb).save(tmp_path / "k.png", transparency=tuple(rgb[0, 0].tolist()))
+    for name in ("a.png", "p.png", "k.png"):
         with pytest.raises(CapsmedError, match=rf"{name}: has transparent pixels, but "
                                                "DIARETDB1"):
             read_rgb_png(tmp_path / name)
+
+
+def test_an_animated_fundus_png_is_refused_not_read_as_its_first_frame(tmp_path):
+    """As OpenCV's read (predict's) refuses it; a still one is read."""
+    from capsmed.data.sources.diaretdb1.layout import read_rgb_png
+
+    frames = [Image.fromarray(np.full((8, 8, 3), v, np.uint8)) for v in (10, 200)]
+    frames[0].save(tmp_path / "still.png")
+    frames[0].save(tmp_path / "loop.png", save_all=True, append_images=frames[1:])
+    assert read_rgb_png(tmp_path / "still.png")[0, 0].tolist() == [10, 10, 10]
+    with pytest.raises(CapsmedError, match=r"loop.png: an animation of 2 frames, not one "
+                                           "fundus image"):
+        read_rgb_png(tmp_path / "loop.png")
 
 
 def test_a_fundus_mask_is_read_as_it_looks(tmp_path):

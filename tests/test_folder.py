@@ -222,10 +222,36 @@ def test_a_tiff_stack_is_refused_not_read_as_its_first_page(tmp_path):
                      metadata={"axes": "CYX"})
     with pytest.raises(CapsmedError, match=r"channels.tif: a stack of 3 TIFF pages"):
         read_image(tmp_path / "channels.tif")
+    # a TIFF by another name is a TIFF: OpenCV would read its first page alone
+    (tmp_path / "channels.png").write_bytes((tmp_path / "channels.tif").read_bytes())
+    with pytest.raises(CapsmedError, match=r"channels.png: a stack of 3 TIFF pages"):
+        read_image(tmp_path / "channels.png")
     with tifffile.TiffWriter(tmp_path / "pyramid.tif") as tif:
         tif.write(rgb, metadata=None)
         tif.write(rgb[::2, ::2], subfiletype=1, metadata=None)
     assert np.array_equal(read_image(tmp_path / "pyramid.tif"), rgb)
+
+
+def test_an_animation_is_refused_not_read_as_its_first_frame(tmp_path):
+    """An animated PNG in a class folder (or a GIF given to predict) is a cine loop, not
+    its first frame, as a TIFF stack is not its first page; a still one is read."""
+    from PIL import Image
+
+    from capsmed.data.images import read_image
+
+    frames = [Image.fromarray(np.full((6, 6, 3), v, np.uint8)) for v in (10, 200, 90)]
+    root = tmp_path / "loops"
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        frames[0].save(root / name / "P0_still.png")
+    frames[0].save(root / "b" / "P1_loop.png", save_all=True, append_images=frames[1:])
+    frames[0].save(tmp_path / "loop.gif", save_all=True, append_images=frames[1:])
+    with pytest.raises(CapsmedError, match=r"P1_loop.png: an animation of 3 frames"):
+        preprocess_folder(root, tmp_path / "p.h5",
+                          FolderConfig(fractions={"train": 1.0}, workers=1))
+    with pytest.raises(CapsmedError, match=r"loop.gif: an animation of 3 frames"):
+        read_image(tmp_path / "loop.gif")
+    assert read_image(root / "a" / "P0_still.png")[0, 0].tolist() == [10, 10, 10]
 
 
 def test_exif_orientation_is_counted_in_a_warning(tmp_path, caplog):
@@ -244,6 +270,14 @@ def test_exif_orientation_is_counted_in_a_warning(tmp_path, caplog):
     assert read_info(out).image_size == (8, 12)  # stored as the pixels lie
     assert "1 image(s) carry an EXIF orientation (P0_x.jpg) that is not applied" \
         in caplog.text
+    # a TIFF's own orientation tag (274), which tifffile ignores and viewers apply
+    tifffile.imwrite(root / "b" / "P1_y.tif", np.full((8, 12, 3), 100, np.uint8),
+                     photometric="rgb", extratags=[(274, "H", 1, 6, True)])
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        preprocess_folder(root, tmp_path / "q.h5",
+                          FolderConfig(fractions={"train": 1.0}, workers=1))
+    assert "2 image(s) carry an EXIF orientation (P0_x.jpg, P1_y.tif)" in caplog.text
 
 
 def test_colour_turned_grey_by_a_grey_first_image_is_warned_about(tmp_path, caplog):

@@ -56,3 +56,23 @@ def test_an_unfinished_run_predicts_with_a_warning(folder_run, tmp_path, caplog)
     predict(copy, files[:1], tmp_path / "out", PredictOptions(device="cpu"))
     assert "its training has not finished (resume.pt is there), so this predicts with " \
            "the epoch 1 checkpoint" in " ".join(caplog.text.split())
+
+
+def test_an_input_with_an_exif_orientation_is_warned_about(folder_run, tmp_path, caplog):
+    """As preprocess warns about its images: predict scores a phone photo stored
+    sideways (Orientation 6) as its pixels lie, which a viewer shows turned upright."""
+    from PIL import Image
+
+    run, files = folder_run
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    with Image.open(files[0]) as image:
+        image.save(tmp_path / "turned.jpg", exif=exif)
+        image.save(tmp_path / "upright.jpg")
+    with caplog.at_level("WARNING"):
+        predict(run, [tmp_path / "upright.jpg"], tmp_path / "a", PredictOptions(device="cpu"))
+        assert "EXIF orientation" not in caplog.text
+        predict(run, [tmp_path / "turned.jpg", tmp_path / "upright.jpg"], tmp_path / "b",
+                PredictOptions(device="cpu"))
+    assert "1 input(s) carry an EXIF orientation (turned.jpg) that is not applied" \
+        in caplog.text

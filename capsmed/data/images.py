@@ -1,7 +1,8 @@
 """Reading image files of any common format into uint8 arrays.
 
-TIFF through tifffile, everything else through OpenCV (``IMREAD_UNCHANGED``, so 16-bit
-and alpha survive), then 8-bit scaling, channel conversion and resizing. Every failure
+TIFF (by its name or its first bytes) through tifffile, everything else through OpenCV
+(``IMREAD_UNCHANGED``, so 16-bit and alpha survive), then 8-bit scaling, channel
+conversion and resizing. Every failure
 is a one-line :class:`CapsmedError` naming the file. :func:`check_image_file` runs
 before any decoder: an empty file, or a header claiming an absurd size (a corrupt or
 hostile file), is refused before a decoder allocates memory or raises its own error.
@@ -13,6 +14,7 @@ import contextlib
 import logging
 import re
 import struct
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +36,7 @@ UNREAD_IMAGE_EXTENSIONS = frozenset(
     (".webp", ".gif", ".pgm", ".ppm", ".pbm", ".pnm", ".jp2", ".j2k", ".jpx", ".jxl",
      ".heic", ".heif", ".avif", ".dcm", ".dicom", ".tga", ".exr", ".hdr", ".svs", ".ndpi",
      ".mrxs", ".scn", ".vms", ".czi", ".nii", ".nrrd", ".mha", ".mhd"))
+TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF
 _JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
@@ -66,7 +69,7 @@ def header_size(path: Path) -> tuple[int, int] | None:
             return struct.unpack("<HH", head[18:22])
         width, height = struct.unpack("<ii", head[18:26])
         return abs(width), abs(height)
-    if head[:4] in (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"):
+    if head[:4] in TIFF_MAGIC:
         try:
             with tifffile.TiffFile(path) as tif:
                 page = tif.pages[0]
@@ -178,16 +181,46 @@ def _png_grey_alpha(data: np.ndarray) -> bool:
             and data[12:16].tobytes() == b"IHDR" and int(data[25]) == 4)
 
 
+def _frame_count(path: Path, head: bytes) -> int:
+    """How many frames a PNG (APNG), GIF or WebP file holds (1 for any other format, or
+    when the header cannot be read); ``head``: its first bytes. OpenCV decodes only the
+    first frame of an animation."""
+    if not (head.startswith((b"\x89PNG", b"GIF8")) or head[8:12] == b"WEBP"):
+        return 1  # a multi-picture JPEG (MPO) is one photograph and its extra views
+    from PIL import Image  # header only for PNG and WebP; GIF frames are skipped, not decoded
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                return int(getattr(im, "n_frames", 1))
+    except Exception:  # a damaged header: the decoder says what is wrong with the file
+        return 1
+
+
+def _is_tiff(path: Path) -> bool:
+    """Whether the file starts as a TIFF does, whatever its name (False when unreadable:
+    the reader then says what is wrong)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) in TIFF_MAGIC
+    except OSError:
+        return False
+
+
 def read_image(path: Path) -> np.ndarray:
     """Read an image as stored: (H, W) or (H, W, C) in RGB(A) order, original dtype.
 
-    TIFF goes through tifffile (first page), everything else through OpenCV with
-    ``IMREAD_UNCHANGED`` (so 16-bit and alpha survive; EXIF orientation is not applied).
+    TIFF (by name or first bytes) goes through tifffile (first page), everything else
+    through OpenCV with ``IMREAD_UNCHANGED`` (so 16-bit and alpha survive; EXIF
+    orientation is not applied); an animated PNG, GIF or WebP is refused, as a TIFF
+    stack is.
     A grey + alpha PNG comes back as (H, W, 2), as a TIFF does, not as OpenCV's BGRA:
     it is a grey image, which colour-only readers refuse.
     """
-    if path.suffix.lower() in (".tif", ".tiff"):
-        image, _ = read_tiff(path)
+    if path.suffix.lower() in (".tif", ".tiff") or _is_tiff(path):
+        image, _ = read_tiff(path)  # a TIFF by another name too: OpenCV would read its
+        # first page of a stack, and turn it by its orientation tag
     else:
         check_image_file(path)
         try:
@@ -205,6 +238,10 @@ def read_image(path: Path) -> np.ndarray:
         if image is None:
             raise CapsmedError(f"{path}: cannot decode image (corrupt, truncated or not "
                                f"a {path.suffix[1:].upper()} file)")
+        frames = _frame_count(path, data[:12].tobytes())
+        if frames > 1:  # as a TIFF stack: the first frame alone is not what it shows
+            raise CapsmedError(f"{path}: an animation of {frames} frames, not one image; "
+                               "save the frame to use as its own file")
         if image.ndim == 3 and image.shape[-1] >= 3:  # OpenCV stores BGR(A)
             image = image[..., [2, 1, 0, *range(3, image.shape[-1])]]
         if _png_grey_alpha(data) and image.ndim == 3 and image.shape[-1] == 4:
@@ -216,8 +253,15 @@ def read_image(path: Path) -> np.ndarray:
 
 
 def exif_orientation(path: Path) -> int:
-    """The EXIF orientation tag of a JPEG, PNG or WebP file (1, upright, when absent or
-    unreadable); :func:`read_image` does not apply it."""
+    """The orientation tag of a JPEG, PNG or WebP file's EXIF or of a TIFF's first page
+    (1, upright, when absent or unreadable); :func:`read_image` does not apply it."""
+    if path.suffix.lower() in (".tif", ".tiff"):  # tag 274, as viewers apply it
+        try:
+            with tifffile.TiffFile(path) as tif:
+                value = tif.pages[0].tags.valueof(274, 1)
+        except Exception:  # a damaged header: read_tiff says what is wrong with the file
+            return 1
+        return value if isinstance(value, int) and 1 <= value <= 8 else 1
     if path.suffix.lower() not in (".jpg", ".jpeg", ".png", ".webp"):
         return 1
     from PIL import Image  # header only: Pillow reads no pixels for this

@@ -64,7 +64,10 @@ def refuse_total_row_name(names: Any, where: Path | str) -> None:
 #     vectors before it picks hematoxylin (an image whose vector was flipped got the
 #     stains swapped). (Refusing translucent TUPAC16
 #     and DIARETDB1 images changes no file that was written: not a reason.)
-DATA_REVISION = 4
+#   5 (2026-11-28): a TIFF named otherwise (.png) read by tifffile, as one named .tif
+#     (OpenCV turned it by its orientation tag). (Refusing animations, stacks by
+#     another name and colour-keyed DIARETDB1 PNGs changes no file written: not a reason.)
+DATA_REVISION = 5
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from capsmed.data.images import exif_orientation
 from capsmed.data.record import DatasetRecord
 from capsmed.data.replay import make_recipe
 from capsmed.data.replay.windows import Prepared
@@ -228,6 +229,7 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
                  staging: Path, checkpoint: Path) -> Prediction:
     scorer = _BatchScorer(model, device, opts.batch_size)
     queue: deque[_Open] = deque()
+    turned: list[str] = []  # inputs with an EXIF orientation other than upright
     done = Prediction(staging, [], [], record.class_names[class_index], opts.threshold,
                       {name: 0 for name in record.class_names}, windowed=recipe.windowed)
 
@@ -267,12 +269,19 @@ def _predict_all(model: torch.nn.Module, meta: dict[str, Any], record: DatasetRe
                 log.error("%s", exc)
                 entry.error = str(exc)
             entry.closed = True
+            if entry.error is None and exif_orientation(item.path) != 1:
+                turned.append(item.path.name)
             drain()
             progress.advance(overall)
             scorer.check_finite(checkpoint, recipe.windowed)  # a corrupt checkpoint: stop early
         deliver(scorer.flush())
         scorer.check_finite(checkpoint, recipe.windowed)
         drain()
+    if turned:  # as preprocess warns about its images: a viewer shows these turned
+        log.warning("%d input(s) carry an EXIF orientation (%s%s) that is not applied: "
+                    "they are scored as their pixels lie, as training read its images; "
+                    "rotate the files first if the camera's view matters", len(turned),
+                    ", ".join(turned[:3]), ", ..." if len(turned) > 3 else "")
     return done
 
 

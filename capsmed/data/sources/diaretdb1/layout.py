@@ -124,9 +124,14 @@ def _read_png(path: Path, what: str, first_channel: bool = False) -> np.ndarray:
         check_image_file(path, what)
     try:
         with Image.open(path) as image:
+            if getattr(image, "n_frames", 1) > 1:  # as OpenCV's read of it is refused
+                raise CapsmedError(f"{path}: an animation of {image.n_frames} frames, not "
+                                   f"one {what}; save the frame to use as its own file")
             image.load()
             if image.mode == "P":  # a transparent palette entry stays transparent
                 image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+            elif image.mode in ("RGB", "L") and "transparency" in image.info:
+                image = image.convert(image.mode + "A")  # a colour key (tRNS), as OpenCV
             if first_channel and len(image.getbands()) > 1:
                 image = image.getchannel(0)  # a third of the copying np.asarray would do
             return np.asarray(image)
