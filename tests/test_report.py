@@ -412,6 +412,31 @@ def test_stratified_folds_with_equal_class_counts_are_summed_in_the_images_colum
     assert any("every image once" in n for n in table.notes)
 
 
+def test_folds_whose_held_out_rows_overlap_under_a_per_class_limit_are_not_every_image_once(
+        runs_root, tmp_path):
+    """With --per-class-limit, the images beyond the limit are in every fold's test set
+    (paper 001's small-data protocol): summed over the folds they count once per fold,
+    yet the notes said every image was counted once."""
+    from capsmed.evaluate.layouts import per_class_tables
+
+    base = collect_runs([runs_root / "cv"]).runs[0]
+    folds = []
+    for f, cm in enumerate([[[8, 2], [1, 9]], [[7, 3], [2, 8]]]):
+        run = tmp_path / f"f{f}"
+        run.mkdir()
+        np.save(run / "test_indices.npy", np.r_[[f, 2 + f], np.arange(4, 20)])  # 4.. shared
+        folds.append(replace(base, path=run, fold=f, confusion=np.asarray(cm),
+                             settings={**base.settings, "per_class_limit": 2}))
+    notes = " ".join(per_class_tables(group_runs(folds), "pooled")[0].notes)
+    assert "every image once" not in notes and "every image counts once" not in notes
+    assert "count once per run" in notes
+    # the same limit with disjoint held-out rows (no image beyond it): every image once
+    for f, run in enumerate(r.path for r in folds):
+        np.save(run / "test_indices.npy", np.arange(10 * f, 10 * f + 10))
+    notes = " ".join(per_class_tables(group_runs(folds), "pooled")[0].notes)
+    assert "every image once" in notes and "per-class limit" not in notes
+
+
 
 def test_a_class_named_total_keeps_its_own_row_in_the_per_class_table(runs_root):
     """The row of a class named 'Total' was taken for the total row: it showed the

@@ -12,13 +12,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from capsmed.evaluate.aggregate import Group, Stat, order_metrics
+import numpy as np
+
+from capsmed.evaluate.aggregate import EvaluatedRun, Group, Stat, order_metrics
 from capsmed.evaluate.caveats import cell_notes, mark, unfinished
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
 from capsmed.evaluate.significance import TEST_NAMES, PairedTest
 from capsmed.tables import PLUS_MINUS, Column, Table, text_column
 from capsmed.train.protocol import protocol_sort_key
+
+# a CV run's held-out rows: capsmed.train.run_data.TEST_ROWS (which imports torch)
+TEST_ROWS = "test_indices.npy"
 
 METRIC_TITLES = {"macro_f1": "Macro F1", "accuracy": "Accuracy",
                  "balanced_accuracy": "Balanced accuracy",
@@ -121,11 +127,37 @@ def _images_column(members: Sequence[Group],
     folds = [r.fold for r in members[0].runs]
     once = ("every image once" if len(folds) == len(set(folds)) else
             "every image once per repetition of its fold")
+    if _over_limit_in_every_fold(runs):
+        once = ("each fold's images once, but the images beyond the per-class limit are "
+                "in every fold's test set and count once per run: more than the dataset "
+                "holds")
     notes = [f"Images: test samples summed over the runs (over CV folds: {once})"]
     if any(s != supports[0] for s in supports):
         notes.append("the architectures were tested on different numbers of images; "
                      f"Images shows {members[0].arch}'s")
     return supports[0], notes
+
+
+def _over_limit_in_every_fold(runs: Sequence[EvaluatedRun]) -> bool:
+    """CV runs with ``--per-class-limit`` whose held-out rows (``test_indices.npy``)
+    overlap between folds: the images beyond the limit are tested by every fold
+    (:func:`capsmed.data.challenges.cv_partition`), so the summed folds count them more
+    than once."""
+    tested: list[tuple[int, np.ndarray]] = []
+    for r in runs:
+        path = Path(r.path) / TEST_ROWS
+        if r.fold is None or r.settings.get("per_class_limit") is None \
+                or not path.is_file():
+            continue
+        try:
+            rows = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError):
+            continue
+        if any(fold != r.fold and np.intersect1d(rows, other).size
+               for fold, other in tested):
+            return True
+        tested.append((r.fold, rows))
+    return False
 
 
 def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
@@ -150,7 +182,9 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
             results = [pooled_per_class(g.runs) for g in members]
             notes.append("Pooled: each architecture's confusion matrices summed over its "
                          "runs, then PRE = TP/(TP+FP) and SEN = TP/(TP+FN); over CV folds "
-                         "every image counts once (paper 001)")
+                         + ("the images beyond the per-class limit count once per fold"
+                            if _over_limit_in_every_fold([r for g in members for r in g.runs])
+                            else "every image counts once (paper 001)"))
             supports = [[r["per_class"][n]["support"] for n in names] for r in results]
             notes += [f"{g.arch}: {note}" for g, r in zip(members, results, strict=True)
                       for note in r["notes"]]

@@ -19,7 +19,9 @@ from capsmed.evaluate.aggregate import EvaluatedRun, Stat, describe
 def pooled_per_class(runs: Sequence[EvaluatedRun]) -> dict[str, Any]:
     """Paper 001 Table 2: sum the runs' confusion matrices, then PRE and SEN per class.
 
-    Over CV folds every image is tested once, so this is the whole dataset's table. The
+    Over CV folds every image is tested once, so this is the whole dataset's table
+    (except under ``--per-class-limit``, whose images beyond the limit are tested by
+    every fold and counted once per fold). The
     conventions are ``capsmed evaluate``'s: precision is 0 for a class present but never
     predicted and undefined (None) for one neither present nor predicted; sensitivity
     is undefined without samples; the Total row is the unweighted mean over the classes
