@@ -395,6 +395,23 @@ def test_compactness_cli_on_a_capsnet_run(caps_run, tmp_path):
     assert_clean_failure(bad, "unknown factor(s) spin", fresh / "analysis")
 
 
+def test_compactness_refuses_two_digit_images(tmp_path):
+    """Paper 004 keeps the capsule of *the* ground-truth class; on a MultiMNIST file the
+    score silently kept the first digit's capsule and ignored the second digit."""
+    data = tmp_path / "two.h5"
+    images = np.random.default_rng(0).integers(0, 256, (4, 1, 28, 28), dtype=np.uint8)
+    with DatasetWriter(data, dataset="toy", kind="multimnist", domain="digits",
+                       class_names=["a", "b", "c"], image_shape=(1, 28, 28),
+                       preprocessing={}, source={}) as w:
+        w.append("test", images, np.array([0, 1, 2, 0]), np.array([f"g{i}" for i in range(4)]),
+                 meta={"label2": np.array([1, 2, 0, 2])})
+    torch.manual_seed(0)
+    run = _untrained_capsnet_run(tmp_path / "run", data, ["a", "b", "c"])
+    result = runner.invoke(app, ["-q", "analyze", "compactness", str(run), "--factor",
+                                 "rotation", "--steps", "3"])
+    assert_clean_failure(result, "has two labels per image (label2)", run / "analysis")
+
+
 def test_routing_table_fits_80_columns_with_run_names_whole(caps_run, tmp_path):
     """Issue 23: `analyze routing` split run names over four lines at 80 columns."""
     runs = [tmp_path / "study" / "runs" / f"tupac16-capsnet-full-seed{s}-{h}"

@@ -161,6 +161,8 @@ def test_manifold_cli_end_to_end(tiny_h5, tmp_path):
 
 @pytest.mark.parametrize("arch, size, kwargs, where", [
     ("capsnet", 28, {}, "after the first routing"),
+    ("convnet-r", 28, {"conv_channels": 8, "decoder_hidden": [8, 8]},
+     "no routing: the grouped class activations"),
     ("parallel-em", 64, {"branches": 2},
      "after the last routing, not paper 003's Cap1 after the first")])
 def test_the_capsule_representation_says_which_routing_it_follows(arch, size, kwargs, where):
@@ -169,7 +171,7 @@ def test_the_capsule_representation_says_which_routing_it_follows(arch, size, kw
     from capsmed.evaluate.analyses.manifold import representations
     from capsmed.models import create_model
 
-    channels = 1 if arch == "capsnet" else 3
+    channels = 1 if size == 28 else 3
     model = create_model(arch, in_channels=channels, num_classes=2, input_size=[size, size],
                          **kwargs)
     images = np.zeros((2, channels, size, size), np.uint8)

@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from capsmed.data.contract import SECOND_LABEL
+from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.evaluate.analyses.affine import AFFNIST_CANVAS, affine_linear, warp
 from capsmed.evaluate.analyses.configs import (
@@ -173,7 +175,13 @@ def analyze_compactness(run_dir: Path, config: CompactnessConfig | None = None,
     ``RUN_DIR/analysis/compactness/``. Returns the record and the folder."""
     cfg = config or CompactnessConfig()
     run = common.open_analysed(run_dir, data, device)
-    samples = common.load_samples(run, cfg.split, max_samples=cfg.max_samples, seed=cfg.seed)
+    samples = common.load_samples(run, cfg.split, with_meta=True,
+                                  max_samples=cfg.max_samples, seed=cfg.seed)
+    if SECOND_LABEL in samples.meta:  # which of the two digits' capsules would be kept?
+        raise CapsmedError(f"{run.data_path}: split '{cfg.split}' has two labels per image "
+                           f"({SECOND_LABEL}); the compactness score keeps the capsule of "
+                           "the one ground-truth class (paper 004: MNIST), so score "
+                           "single-digit images (--data)")
     describe, results = semantic_compactness(run.model, samples.images, samples.labels,
                                              run.device, cfg)
     record = {"run_dir": str(run.run_dir), "arch": run.arch, "data": str(run.data_path),

@@ -19,6 +19,8 @@ where the paper is silent:
   black fill. One unit = ``step`` px (default 1; MultiMNIST shifts digits by up to 4 px);
 * representation: capsule networks give their class capsules (the capsules after the
   first routing, paper 003's "Cap1", in a CapsNet with one routed layer), flattened;
+  paper 004's ConvNet-R/-CR/-CR-SF, which group FC(160) into class vectors without
+  routing, give those (the output says "no routing");
   ConvNets the output of their first fully connected layer (paper 003's "Linear1"),
   before its activation;
   ``layer`` names any module instead (its output, flattened);
@@ -198,7 +200,8 @@ def representations(model: nn.Module, images: np.ndarray, device: torch.device,
         routed = sum(1 for m in model.modules() if getattr(m, "iterations", None))
         if getattr(model, "capsule_layers", 3) == 4:  # parallel-dr routes per branch too
             routed += 1
-        where = ("after the first routing" if routed <= 1 else
+        where = ("no routing: the grouped class activations" if routed == 0 else
+                 "after the first routing" if routed == 1 else
                  "after the last routing, not paper 003's Cap1 after the first")
         return f"class capsules ({where})", torch.cat(feats).numpy()
     if layer is None:
