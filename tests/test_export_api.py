@@ -109,6 +109,17 @@ def test_export_refuses_bad_requests(api_run, tmp_path):
                    absent=[other])
 
 
+def test_onnx_without_onnx_runtime_is_refused_in_one_line(api_run, tmp_path, monkeypatch):
+    """The ONNX file is checked in ONNX Runtime: with onnx and onnxscript but not
+    onnxruntime, the export ran, then the check died with a ModuleNotFoundError
+    traceback instead of saying what to install."""
+    _, runs = api_run
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if absent
+    out = tmp_path / "m.onnx"
+    assert_refused(invoke(["export", runs["lenet"], "-o", out]), "--format onnx",
+                   text="onnxruntime: pip install 'capsmed[export]'", absent=[out])
+
+
 def test_the_format_follows_the_file_name_when_not_given(api_run, tmp_path, caplog):
     _, runs = api_run
     with caplog.at_level("WARNING"):

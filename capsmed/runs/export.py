@@ -143,10 +143,11 @@ def export_run(run_dir: Path, output: Path, fmt: str | None = None,
 def _onnx(module: nn.Module, example: torch.Tensor, path: Path, metadata: str) -> None:
     try:
         import onnx
+        import onnxruntime  # noqa: F401 -- the written file is checked with it
         import onnxscript  # noqa: F401 -- torch's ONNX exporter needs it
     except ImportError:
-        raise CapsmedError("--format onnx needs onnx and onnxscript: pip install "
-                           "'capsmed[export]'") from None
+        raise CapsmedError("--format onnx needs onnx, onnxscript and onnxruntime: pip "
+                           "install 'capsmed[export]'") from None
     # torch's exporter logs one 130-column warning per torchvision operator it cannot
     # register (capsmed does not use torchvision): not the user's concern
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
