@@ -167,7 +167,7 @@ def test_transfer_copies_batch_norm_statistics_with_the_weights(tmp_path):
     save_checkpoint(tmp_path, source, {"arch": "em-capsnet", "model_kwargs": kwargs,
                                        "epoch": 1, "data": "x.h5", "class_names": ["a", "b"]})
     target = create_model("em-capsnet", **kwargs)
-    transfer_parameters(target, tmp_path, [name], freeze=True)
+    transfer_parameters(target, tmp_path, [name], freeze=True, arch="em-capsnet")
     copied = dict(target.named_modules())[name]
     assert torch.equal(copied.running_mean, norm.running_mean)
     assert torch.equal(copied.running_var, norm.running_var)
@@ -183,7 +183,7 @@ def test_transfer_copies_batch_norm_statistics_with_the_weights(tmp_path):
         features, norm.running_mean, norm.running_var, copied.weight, copied.bias,
         training=False, eps=copied.eps))
     thawed = create_model("em-capsnet", **kwargs)  # not frozen: trains as usual
-    transfer_parameters(thawed, tmp_path, [name], freeze=False)
+    transfer_parameters(thawed, tmp_path, [name], freeze=False, arch="em-capsnet")
     thawed.train()
     thawed(torch.randn(4, 1, 28, 28))
     assert not torch.equal(dict(thawed.named_modules())[name].running_mean,

@@ -10,6 +10,7 @@ import signal
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -483,3 +484,59 @@ def test_transfer_copies_and_freezes_the_named_layers(tiny_h5, tmp_path):
             for r in (source, few)}
     assert meta[few]["input_mean"] == meta[source]["input_mean"]
     assert meta[few]["input_std"] == meta[source]["input_std"]
+
+
+def test_transfer_refuses_sources_whose_layers_are_not_what_it_names(tiny_h5, tmp_path):
+    """An unfinished source lent an intermediate epoch's layers, one of another
+    architecture its same-named layers, a deeper block only its first convolutions, and
+    --no-standardize fed a standardised source's layers unscaled inputs, all silently;
+    config.yaml did not say which weights were copied."""
+    fast = {"data": str(tiny_h5), "epochs": 1, "batch_size": 16, "steps_per_epoch": 1}
+
+    def run(name, arch, kwargs, **options):
+        return train(TrainConfig(**{**fast, **options}, arch=arch, out=str(tmp_path / name),
+                                 model_kwargs=kwargs), disable_progress=True)
+
+    def refused(arch, kwargs, source, match, **options):
+        with pytest.raises(CapsmedError, match=match):
+            run("target", arch, kwargs, transfer_from=str(source), transfer_layers=["features"],
+                **options)
+        assert not (tmp_path / "target").exists()
+
+    with pytest.raises(TrainingInterrupted):  # epoch 1 of 2 kept, resumable
+        train(TrainConfig(**{**fast, "epochs": 2}, arch="lenet", out=str(tmp_path / "unf"),
+                          model_kwargs=TINY_LENET), disable_progress=True, stop_after_steps=1)
+    refused("lenet", TINY_LENET, tmp_path / "unf", "its training has not finished")
+    avg = run("avg", "convnet-avg", {"channels": [4, 4], "kernel_size": 9})
+    refused("convnet-cr", {"conv_channels": 4, "decoder_hidden": [16, 16]}, avg,
+            "a run of architecture 'convnet-avg'")
+    deep = run("deep", "baseline", {"channels": [4, 4, 4], "hidden": [8, 6]})
+    refused("baseline", {"channels": [4, 4], "hidden": [8, 6]}, deep,
+            "parameter 'features.4.bias' is missing")
+    # its layers were trained on standardised inputs: unscaled ones are not what they saw
+    refused("baseline", {"channels": [4, 4, 4], "hidden": [8, 6]}, deep,
+            "standardised its inputs.*drop --no-standardize", standardize=False)
+    target = run("same", "baseline", {"channels": [4, 4, 4], "hidden": [8, 6]},
+                 transfer_from=str(deep), transfer_layers=["features"])
+    recorded = yaml.safe_load((target / "config.yaml").read_text())["transfer"]
+    source_meta = json.loads((deep / "checkpoint.json").read_text())
+    assert recorded == {"run": str(deep.resolve()), "epoch": 1,
+                        "weights_digest": source_meta["weights_digest"]}
+
+
+def test_transfer_from_a_run_trained_on_the_test_fold_is_refused(tiny_h5, tmp_path):
+    """Fold 1 transferring from a fold-0 run tested on samples its copied layers were
+    trained on, silently."""
+    path, _, _ = _folds_file(tiny_h5, tmp_path / "cv.h5")
+    fast = {"data": str(path), "arch": "lenet", "epochs": 1, "batch_size": 16,
+            "steps_per_epoch": 1, "folds": 3, "model_kwargs": TINY_LENET}
+    source = train(TrainConfig(**fast, fold=0, out=str(tmp_path / "f0")),
+                   disable_progress=True)
+    with pytest.raises(CapsmedError, match=r"f0: trained on \d+ of the rows this run tests"):
+        train(TrainConfig(**fast, fold=1, out=str(tmp_path / "f1"), transfer_from=str(source),
+                          transfer_layers=["features"]), disable_progress=True)
+    assert not (tmp_path / "f1").exists()
+    same_fold = train(TrainConfig(**fast, fold=0, seed=1, out=str(tmp_path / "again"),
+                                  transfer_from=str(source), transfer_layers=["features"]),
+                      disable_progress=True)
+    assert (same_fold / "summary.json").is_file()

@@ -66,7 +66,7 @@ from capsmed.train.step import (
     prepare_model,
     resolve_precision,
 )
-from capsmed.train.transfer import transfer_parameters
+from capsmed.train.transfer import check_source_rows, transfer_parameters
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,9 @@ class Run:
         self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
         check_training_classes(info, self.rows)
+        if cfg.transfer_from:  # the copied layers never saw this run's test samples
+            check_source_rows(Path(cfg.transfer_from), self.data_digest,
+                              self.rows.test_split, self.rows.test_rows)
         self.two_labels = self._check_two_labels()
         self.model_kwargs = (model_kwargs if model_kwargs is not None
                              else self._new_model_kwargs())
@@ -220,8 +223,13 @@ class Run:
         its own training rows, and the user's options."""
         info, cfg = self.info, self.cfg
         stats: dict[str, Any] = {}
-        if cfg.standardize and cfg.transfer_from:  # the copied layers' input scaling
+        if cfg.transfer_from:  # the copied layers' input scaling
             stats = self._source_statistics(Path(cfg.transfer_from))
+            if stats and not cfg.standardize:
+                raise CapsmedError(f"{cfg.transfer_from}: standardised its inputs, and the "
+                                   "layers it lends were trained on them so; drop "
+                                   "--no-standardize (a transfer run standardises as its "
+                                   "source did)")
         elif cfg.standardize:
             stats = channel_statistics(sample_for_statistics(info, self.rows))
         return {"in_channels": info.channels, "num_classes": info.num_classes,
@@ -249,9 +257,11 @@ class Run:
             if run_dir is None:
                 raise
             raise CapsmedError(f"{run_dir / 'config.yaml'}: {exc}") from None
+        self.transfer: dict[str, Any] | None = None  # the source, as config.yaml records
         if cfg.transfer_from:
-            transfer_parameters(model, Path(cfg.transfer_from), cfg.transfer_layers,
-                                cfg.freeze_transferred)
+            self.transfer = transfer_parameters(model, Path(cfg.transfer_from),
+                                                cfg.transfer_layers, cfg.freeze_transferred,
+                                                arch=cfg.arch)
         return model
 
     def _new_run_dir(self) -> Path:
@@ -384,7 +394,8 @@ class Run:
                          "digest": self.data_digest,
                          "train_split": self.rows.train_split,
                          "val_split": self.rows.val_split,
-                         "test_split": self.rows.test_split}}, sort_keys=False))
+                         "test_split": self.rows.test_split},
+             **({"transfer": self.transfer} if self.transfer else {})}, sort_keys=False))
 
     def checkpoint_meta(self, epoch: int, val_loss: float | None) -> dict[str, Any]:
         return {"arch": self.cfg.arch, "model_kwargs": self.model_kwargs, "epoch": epoch,

@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from capsmed.data.contract import DatasetInfo, read_labels
-from capsmed.errors import CapsmedError, first_line
+from capsmed.errors import CapsmedError
 from capsmed.train import distributed
 from capsmed.train.config import TrainConfig
-from capsmed.train.run_data import TEST_ROWS, TRAIN_ROWS, RunRows
+from capsmed.train.run_data import TEST_ROWS, TRAIN_ROWS, RunRows, read_saved_rows
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,7 @@ def check_saved_rows(run_dir: Path, rows: RunRows) -> None:
         path = run_dir / name
         if values is None or not path.is_file():
             continue
-        try:
-            saved = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise CapsmedError(f"{path}: cannot read the saved rows ({first_line(exc)})"
-                               ) from None
+        saved = read_saved_rows(path)
         if not np.array_equal(saved, values):
             raise CapsmedError(f"{path}: the run trained on other rows than its "
                                f"config.yaml selects now ({len(saved)} saved, "

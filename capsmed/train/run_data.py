@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,13 +33,23 @@ from capsmed.data.contract import (
     read_meta,
 )
 from capsmed.data.loader import DeviceSplit, StreamingSplit, should_stream, split_nbytes
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, first_line
 from capsmed.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 CV_SPLIT = "all"
 TRAIN_ROWS, TEST_ROWS = "train_indices.npy", "test_indices.npy"  # in the run folder
+
+
+def read_saved_rows(path: Path) -> np.ndarray:
+    """A run folder's saved row indices (:data:`TRAIN_ROWS`, :data:`TEST_ROWS`), or one
+    line naming the file."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise CapsmedError(f"{path}: cannot read the saved rows ({first_line(exc)})"
+                           ) from None
 
 
 @dataclass(frozen=True)
