@@ -151,6 +151,9 @@ def _bad(blood: Path, tmp_path: Path, case: str) -> Path:
         arrays["val_labels"] = np.zeros((16, 14), np.uint8)
     elif case == "count":
         arrays["val_labels"] = arrays["val_labels"][:-1]
+    elif case == "empty-val":  # the val split silently dropped: no model selection
+        arrays["val_images"] = arrays["val_images"][:0]
+        arrays["val_labels"] = arrays["val_labels"][:0]
     elif case == "not-square":
         arrays = {k: v[:, :, :20] if k.endswith("images") else v for k, v in arrays.items()}
     elif case == "size-name":
@@ -190,6 +193,7 @@ def _bad(blood: Path, tmp_path: Path, case: str) -> Path:
     ("negative-label", "outside 0..7 (e.g. -1)"),
     ("multi-label", "val_labels has shape [16, 14], expected [16, 1] (several labels"),
     ("count", "val_labels has shape [15, 1], expected [16, 1]"),
+    ("empty-val", "val_images holds no images; a MedMNIST file has images in each"),
     ("not-square", "are 28x20, expected square images"),
     ("size-name", "the name announces 64 px images, the arrays hold 28 px ones"),
     ("object-array", "train_labels holds Python objects (a pickled array); refused"),

@@ -121,6 +121,9 @@ def check_arrays(archive: NpzArchive, chosen: MedmnistSet, named_size: int | Non
             raise CapsmedError(f"{path}: {split}_labels has shape {list(labels.shape)}, "
                                f"expected [{images.rows}, 1]" +
                                (" (several labels per image: multi-label)" if multi else ""))
+        if not images.rows:  # the writer would drop the split: no val = no model selection
+            raise CapsmedError(f"{path}: {split}_images holds no images; a MedMNIST file "
+                               "has images in each of train, val and test")
     if len(sizes) > 1:
         raise CapsmedError(f"{path}: the splits hold images of different sizes "
                            f"({', '.join(map(str, sorted(sizes)))} px)")
