@@ -264,3 +264,23 @@ def test_a_file_of_an_older_data_revision_is_named_by_data_info_and_training(
                                                                         "hidden": [8]}),
               disable_progress=True)
     assert not [m for m in caplog.messages if "data revision" in m]
+
+
+def test_data_info_does_not_vouch_for_patients_of_a_per_image_file(tmp_path):
+    """MedMNIST, MNIST or a folder set without patient ids: every image is its own
+    group, so 'ok: no group in two splits' said nothing, yet read as a passed check."""
+    from rich.console import Console
+
+    from capsmed.data.describe import describe_dataset
+
+    def text(path):
+        console = Console(record=True, width=200)
+        console.print(describe_dataset(path))
+        return " ".join(console.export_text().split())
+
+    per_image = _write(tmp_path / "p.h5", {"train": ([0, 1], ["a", "b"]),
+                                           "test": ([0, 1], ["c", "d"])})
+    assert "not checked: every image is its own group" in text(per_image)
+    patients = _write(tmp_path / "g.h5", {"train": ([0, 1], ["a", "a"]),
+                                          "test": ([0, 1], ["c", "c"])})
+    assert "ok: no group in two splits" in text(patients)
