@@ -273,3 +273,32 @@ def test_given_centres_on_a_slide_come_back_in_the_order_given(tmp_path, monkeyp
     patches = np.concatenate([p for p, _ in chunks])
     assert xy.tolist() == given.tolist()
     assert np.array_equal(patches[:, 0], extract_patches(red, given[:, ::-1], 32))
+
+
+def test_an_odd_wsi_tile_is_written_at_its_centre_and_read_back_from_it(tmp_path):
+    """33 px tiles: ``left + 16.5`` rounded half to even put the centres of odd lefts
+    1 px right of those of even ones (pixel 17 of the tile, not 16), so predictions.csv
+    given back as --centres read tiles 1 px off, and the given centres x=49 and x=50
+    read one tile, both written as x=50."""
+    from capsmed.data.sources.wsi.recipe import SlideTiles
+
+    rgb = np.random.default_rng(0).integers(0, 256, (150, 200, 3), dtype=np.uint8)
+    write_pyramid(tmp_path / "slide.svs", rgb, mpp=0.25, levels=1, tile=128)
+    recipe = SlideTiles.__new__(SlideTiles)  # the tiling alone: no run needed
+    recipe.cfg = WsiConfig(tile_size=33, min_tissue=0.0, mask_downsample=8,
+                           slide_labels_csv="labels.csv")
+    recipe.stain, recipe.trained_mpp = None, None
+
+    def tiles(centres):
+        chunks = list(recipe.prepare(tmp_path / "slide.svs", centres).chunks)
+        return (np.concatenate([t for t, _ in chunks]),
+                np.concatenate([c for _, c in chunks]))
+
+    images, xy = tiles(None)
+    assert len(xy) == 6 * 4 and np.array_equal(np.unique(np.diff(np.unique(xy[:, 0]))), [33])
+    for image, (x, y) in zip(images, xy.tolist(), strict=True):  # pixel 16 is the centre
+        assert np.array_equal(image.transpose(1, 2, 0), rgb[y - 16:y + 17, x - 16:x + 17])
+    again, back = tiles(xy)
+    assert np.array_equal(back, xy) and np.array_equal(again, images)
+    images, xy = tiles(np.array([[49, 60], [50, 60]]))
+    assert xy.tolist() == [[49, 60], [50, 60]] and not np.array_equal(images[0], images[1])

@@ -88,8 +88,9 @@ def write_predictions_csv(path: Path, results: Sequence[InputResult],
 
     Columns: ``input, centre_x, centre_y, size, score_<class>..., predicted``: the
     window's centre in the input's level-0 pixels (a slide-set dataset records its
-    tiles' top-left corners as ``left``, ``top``: ``centre = left + size / 2``); ``size`` is the
-    footprint rounded to whole pixels, scores have 6 significant digits and
+    tiles' top-left corners as ``left``, ``top``: ``centre = left + size / 2``, a half
+    rounded down); ``size`` is the footprint rounded to whole pixels, scores have 6
+    significant digits and
     ``predicted`` is the class name. The csv module quotes names with commas or quotes.
     """
     buffer = io.StringIO(newline="")

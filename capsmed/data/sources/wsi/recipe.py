@@ -74,7 +74,7 @@ class SlideTiles:
             lefts = np.stack([xs[cols], ys[rows]], axis=1).astype(np.int64).reshape(-1, 2)
         else:
             xy = check_centres(path, centres, *info.dimensions, what="slide")
-            lefts = np.round(xy - footprint / 2).astype(np.int64)
+            lefts = xy - centre_offset(footprint)
             _check_tiles_inside(path, xy, lefts, footprint, info.dimensions)
         w0, h0 = info.dimensions
         scale = min(1.0, THUMBNAIL_SIDE / max(w0, h0))
@@ -98,7 +98,17 @@ class SlideTiles:
             for start in range(0, len(lefts), CHUNK):
                 part = lefts[start:start + CHUNK]
                 yield (read_tiles(slide, path, part, res, self.cfg, self.stain),
-                       np.round(part + footprint / 2).astype(np.int64))
+                       part + centre_offset(footprint))
+
+
+def centre_offset(footprint: float) -> int:
+    """Level-0 px from a tile's left (top) edge to the centre written for it:
+    ``footprint / 2`` rounded, a half down (an odd 33 px tile: 16, its pixel
+    ``size // 2``, as a patch's centre). One whole offset both ways, so a written
+    centre given back (``--centres``) reads the same tile: rounding ``left + 16.5``
+    half to even moved odd lefts' centres up and even ones' down, and gave centres
+    back read tiles 1 px off, two given centres 1 px apart one tile."""
+    return int(np.ceil(footprint / 2 - 0.5))
 
 
 def training_mpp(record: DatasetRecord) -> float | None:
