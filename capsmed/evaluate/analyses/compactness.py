@@ -15,7 +15,8 @@ and averages over the dataset. If only one unit changes the score is ``log D`` (
 maximum); if all change equally it is 0. Our reading where the paper is silent:
 
 * the list of values: ``steps`` (default 11) evenly spaced values over affNIST's
-  ranges (see :mod:`capsmed.evaluate.analyses.affine`), identity included: rotation
+  ranges (see :mod:`capsmed.evaluate.analyses.affine`), identity included when
+  ``steps`` is odd (an even count steps over it): rotation
   +-20 degrees, translation along x or y +-8 px on 40x40 (+-20% of the side), isotropic
   scale 0.8-1.2, shear along x or y with angle +-45 degrees (factor tan). Pixels brought
   in from outside are black (``padding``), as in affNIST;
