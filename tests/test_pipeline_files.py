@@ -28,3 +28,26 @@ def test_a_pipeline_file_loads_with_its_runs(name):
 
 def test_every_pipeline_file_is_listed():
     assert {p.stem for p in PIPELINES.glob("*.yaml")} == set(RUNS)
+
+
+def test_jimenez2018_significance_claims_hold_only_if_every_fraction_does():
+    """Paper 000 s3.1: "All the experiments validated the significance test ..." is a
+    claim about each fraction: a fraction where CapsNet is no better than LeNet must not
+    be carried by the others (it was: the claims pooled every fraction's pairs)."""
+    from capsmed.evaluate.claims import evaluate_claims
+
+    pipeline = load_pipeline(PIPELINES / "jimenez2018.yaml", {})
+    claims = [c for c in pipeline.claims if c.name.startswith("significant-on-")]
+    assert {c.name for c in claims} == {"significant-on-mnist", "significant-on-fashion-mnist",
+                                        "significant-on-diaretdb1"}
+    assert all(c.scope == "every" for c in claims)
+    mnist = next(c for c in claims if c.name == "significant-on-mnist")
+    gaps = {"f1": 0.03, "f5": 0.01, "f10": 0.007, "f50": -0.001}  # f50: CapsNet not better
+    noise = [0.0003, -0.0002, 0.0001, -0.0004]
+    records = [{"fields": {"dataset": "mnist", "arch": arch, "condition": cond, "seed": s},
+                "metrics": {"macro_f1": value}}
+               for cond, gap in gaps.items() for s in range(4)
+               for arch, value in (("capsnet", 0.95 + gap + noise[s]),
+                                   ("lenet", 0.95 - noise[s] / 2),
+                                   ("baseline", 0.95 + noise[s] / 3))]
+    assert evaluate_claims([mnist], records)[0].verdict != "holds"
