@@ -28,13 +28,17 @@ paper gives no sizes and reports that this network did not converge.
 
 Paper 001 does not state the stem and branch widths. With the defaults here (stem
 planes 32 and 64, branch planes 128, 1x1 primary convolution), at 400x400x3 with
-15 classes, every DR entry of its Table 1 is within 6%:
+15 classes, the parallel networks and the 2-layer DR entries of its Table 1 are within
+6%:
 
     layers  N   here      paper
-    3       2   11.59M    11.3M
     3       12  68.95M    73.2M
     2       1   77.53M    77.3M
     2       4   78.58M    77.6M
+
+(Table 1's 3-layer N=2 row, 11.3M, is the non-parallel network with 2 routed
+Mid-Caps, which this class does not build: one Mid-Cap per branch. Its parallel
+3-layer N=2 has 11.59M; the paper gives no parallel N=2 count.)
 """
 
 from __future__ import annotations
