@@ -58,6 +58,10 @@ REFUSED = {  # id: (extra arguments, change to the smoke pipeline, text of the o
     "gpus-letters": (["--gpus", "abc"], None, "--gpus expects GPU numbers such as 0,1"),
     "gpus-absent": (["--gpus", "0"], _train(device="auto"),
                     "asks for 1 GPU(s), and this machine gives 1"),
+    "gpus-not-here": (["--gpus", "0"], None, "--gpus: no GPU 0 on this machine (CUDA sees "
+                      "no GPU here); its jobs would train on the CPU (pass --allow-cpu"),
+    "gpus-twice": (["--gpus", "0,1,0", "--allow-cpu"], None,
+                   "--gpus: GPU 0 named more than once ('0,1,0')"),
     "gpu-runs-without-gpus": ([], lambda raw: raw.update(resources={"gpus": 1}),
                               "8 training run(s) ask for 1 GPU(s) each (resources.gpus) "
                               "and would get none"),
@@ -69,11 +73,11 @@ REFUSED = {  # id: (extra arguments, change to the smoke pipeline, text of the o
 @pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
 def test_the_dry_run_refuses_in_one_line(tmp_path, monkeypatch, case):
     extra, change, text = REFUSED[case]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU here, whatever the machine
     if case == "gpus-absent":  # a machine whose CUDA sees one GPU, asked for two
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
         extra = ["--gpus", "0", "--slurm-gpus", "2"]
         text = "asks for 2 GPU(s), and this machine gives 1 (--gpus 0)"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU here, whatever the machine
     result = runner.invoke(app, ["run", "--dry-run", str(_pipeline(tmp_path, change)),
                                  *extra])
     lines = [line for line in result.stderr.splitlines() if line.strip()]

@@ -180,6 +180,48 @@ def test_runs_per_gpu_from_the_command_line_is_for_the_local_executor(tmp_path):
         executor_for(pipeline, RunOptions(runs_per_gpu=2, executor="slurm"))
 
 
+def test_gpus_named_twice_or_not_as_numbers_are_refused(tmp_path):
+    """``--gpus 0,0`` gave a run of two GPUs CUDA_VISIBLE_DEVICES=0,0; the YAML's
+    ``gpus: "0,1"`` was read letter by letter (a GPU named ','), ``jobs: -1`` hung."""
+    from capsmed.pipeline.runner import RunOptions, executor_for
+    from capsmed.pipeline.spec import load_pipeline
+
+    pipeline = load_pipeline(SMOKE, {"out": str(tmp_path / "out")})
+    with pytest.raises(CapsmedError, match=r"--gpus: GPU 0 named more than once \('0,1,0'\)"):
+        executor_for(pipeline, RunOptions(gpus=["0", "1", "0"]))
+    with pytest.raises(CapsmedError, match="GPU 1 named more than once"):
+        executor_for(pipeline, RunOptions(gpus=["1", "01"]))
+
+    def with_executor(**section):
+        raw = yaml.safe_load(SMOKE.read_text())
+        raw["executor"] = section
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return load_pipeline(path, {"out": str(tmp_path / "out")})
+
+    assert executor_for(with_executor(gpus="0,1"), RunOptions()).settings.devices == ("0", "1")
+    for gpus, text in (([0, 0], "executor.gpus: GPU 0 named more than once"),
+                       (1, "executor.gpus: expected a list of GPU numbers"),
+                       (0, "executor.gpus: expected a list of GPU numbers"),
+                       (["a"], "executor.gpus: expected GPU numbers")):
+        with pytest.raises(CapsmedError, match=text):
+            executor_for(with_executor(gpus=gpus), RunOptions())
+    for jobs in (-1, 0, 2.5):
+        with pytest.raises(CapsmedError, match="executor.jobs must be a whole number >= 1"):
+            executor_for(with_executor(jobs=jobs), RunOptions())
+
+
+@pytest.mark.parametrize(("visible", "seen"), [("-1", []), ("0,-1,1", ["0"]),
+                                               ("0, 1", ["0", "1"]), ("", [])])
+def test_visible_gpus_end_where_cuda_stops_reading(monkeypatch, visible, seen):
+    """CUDA_VISIBLE_DEVICES=-1 hides every GPU: it counted as one, so runs that ask
+    for a GPU were placed on '-1' and trained on the CPU without a word."""
+    from capsmed.pipeline.executors.local import visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert visible_gpus() == seen
+
+
 def test_a_local_job_of_a_dead_runner_reads_as_ended(tmp_path):
     from capsmed.pipeline.work import Job
 

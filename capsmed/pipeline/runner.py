@@ -135,9 +135,16 @@ def executor_for(pipeline: Pipeline, options: RunOptions) -> Executor:
     with the same settings whatever it is."""
     cfg = pipeline.executor
     kind = options.executor or cfg.get("kind", "local")
-    gpus = options.gpus if options.gpus is not None else (
-        [str(g) for g in cfg["gpus"]] if cfg.get("gpus") else None)
-    jobs = options.jobs or (int(cfg["jobs"]) if cfg.get("jobs") else None)
+    gpus = (_gpu_list(options.gpus, "--gpus") if options.gpus is not None else
+            _gpu_list(cfg["gpus"], f"{pipeline.path}: executor.gpus")
+            if cfg.get("gpus") not in (None, []) else None)
+    jobs = cfg.get("jobs")
+    if isinstance(jobs, str) and jobs.strip().isdigit():  # a {variable} given as text
+        jobs = int(jobs)
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise CapsmedError(f"{pipeline.path}: executor.jobs must be a whole number >= 1, "
+                           f"got '{jobs}'")
+    jobs = options.jobs or jobs
     settings = dict(cfg.get(kind) or {})
     if options.runs_per_gpu is not None:
         if kind != "local":
@@ -147,6 +154,25 @@ def executor_for(pipeline: Pipeline, options: RunOptions) -> Executor:
     return create_executor(kind, ExecutorSettings(
         out=pipeline.out, study=pipeline.name, jobs=jobs,
         devices=tuple(gpus) if gpus is not None else None, options=settings))
+
+
+def _gpu_list(value: Any, where: str) -> list[str]:
+    """GPU numbers (``--gpus 0,1``, ``executor.gpus: [0, 1]``), each once: a GPU named
+    twice would be given twice to a run of several GPUs, and counted twice."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or isinstance(value, bool):
+        raise CapsmedError(f"{where}: expected a list of GPU numbers such as [0, 1] "
+                           f"(how many a run gets is resources.gpus), got '{value}'")
+    devices = [str(g).strip() for g in items]
+    if any(isinstance(g, bool) or not d.isdigit() for g, d in zip(items, devices,
+                                                                    strict=True)):
+        raise CapsmedError(f"{where}: expected GPU numbers such as 0,1, got '{value}'")
+    devices = [str(int(d)) for d in devices]  # 00 is GPU 0
+    twice = sorted({d for d in devices if devices.count(d) > 1})
+    if twice:
+        raise CapsmedError(f"{where}: GPU {', '.join(twice)} named more than once "
+                           f"('{','.join(devices)}')")
+    return devices
 
 
 def check_gpus(pipeline: Pipeline, runs: Sequence[RunSpec], options: RunOptions,
@@ -168,6 +194,26 @@ def check_gpus(pipeline: Pipeline, runs: Sequence[RunSpec], options: RunOptions,
     raise CapsmedError(f"{pipeline.path}: {len(wanting)} training run(s) ask for "
                        f"{asked} GPU(s) each (resources.gpus) and would get none: {why}; "
                        "pass --allow-cpu to train them on CPUs")
+
+
+def check_devices(pipeline: Pipeline, options: RunOptions, executor: Executor) -> None:
+    """The local executor's GPUs (``--gpus``, ``executor.gpus``) are GPUs CUDA sees
+    here: a run told another one sees no GPU and trains on the CPU. Without any GPU
+    here, ``--allow-cpu`` lets them through (jobs then train on CPUs)."""
+    given = executor.settings.devices
+    if executor.name != "local" or not given:
+        return
+    from capsmed.pipeline.executors.local import visible_gpus
+
+    seen = visible_gpus()
+    absent = [d for d in given if d not in seen]
+    if not absent or (options.allow_cpu and not seen):
+        return
+    where = "--gpus" if options.gpus is not None else f"{pipeline.path}: executor.gpus"
+    sees = f"CUDA sees {','.join(seen)}" if seen else "CUDA sees no GPU here"
+    raise CapsmedError(f"{where}: no GPU {', '.join(absent)} on this machine ({sees}); "
+                       "its jobs would train on the CPU" + (
+                           "" if seen else " (pass --allow-cpu to let them)"))
 
 
 @dataclass
@@ -203,6 +249,7 @@ def prepare(pipeline: Pipeline, options: RunOptions,
     todo, finished = [], []
     for run, _, status in plan(pipeline, runs, state):
         (finished if status == "done" else todo).append(run)
+    check_devices(pipeline, options, executor)
     check_gpus(pipeline, todo, options, executor)
     items = work_items(pipeline, state, stages, todo, runs, options.resources,
                        executor.gpus_available(), note or (lambda text: None),

@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 def visible_gpus() -> list[str]:
     """CUDA devices of this machine (none on a CPU-only one)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip()]
+    if visible is not None:  # CUDA stops at an invalid entry: -1 (none), 0,-1,1 (GPU 0)
+        ids = [g.strip() for g in visible.split(",") if g.strip()]
+        return list(itertools.takewhile(lambda g: not g.startswith("-"), ids))
     if sys.platform == "linux" and not any(
             os.path.exists(p) for p in ("/proc/driver/nvidia/gpus", "/dev/kfd")):
         return []  # no NVIDIA or ROCm driver: no GPU, and no 2 s import of torch to say so
