@@ -257,3 +257,45 @@ def test_a_number_option_given_nan_or_inf_is_refused(tmp_path, source, option, v
     assert f"{name} must be" in result.stderr and not out.exists()
     with pytest.raises(CapsmedError, match="h_max must be a number > 0"):
         WsiConfig(slide_labels_csv="labels.csv", h_max=float(value))
+
+
+# ---- this session's refusals, through the command ------------------------------------
+
+def test_train_refuses_a_transfer_from_an_unfinished_run(shapes, cut_run, tmp_path):
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["-q", "train", "--data", str(shapes), "--arch", "lenet",
+                                 "--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]",
+                                 "--transfer-from", str(cut_run), "--transfer-layers",
+                                 "features", "--epochs", "1",
+                                 "--device", "cpu", "--out", str(run)])
+    assert_clean_failure(result, f"{cut_run}: its training has not finished", run)
+
+
+def test_train_refuses_images_whose_value_range_is_not_0_255(shapes, tmp_path):
+    import h5py
+
+    data = tmp_path / "masks.h5"
+    shutil.copy(shapes, data)
+    with h5py.File(data, "r+") as f:
+        f["train/images"].attrs["value_range"] = "[0, 1]"
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["-q", "train", "--data", str(data), "--arch", "lenet",
+                                 "--epochs", "1", "--device", "cpu", "--out", str(run)])
+    assert_clean_failure(result, f"{data}: 'train/images' has value_range [0, 1]", run)
+
+
+def test_folder_preprocess_refuses_an_animation(tmp_path):
+    from PIL import Image
+
+    from capsmed.data.sources.folder.synth import write_class_folders
+
+    write_class_folders(tmp_path / "images", classes=2, images_per_class=3, patients=3,
+                        size=16, seed=0)
+    first = sorted((tmp_path / "images").rglob("*.png"))[0]
+    frames = [Image.new("L", (16, 16), v) for v in (0, 128, 255)]
+    frames[0].save(first, save_all=True, append_images=frames[1:])
+    out = tmp_path / "set.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "folder", str(tmp_path / "images"),
+                                 "-o", str(out), "--size", "16", "--workers", "1",
+                                 "--group-pattern", PATIENT])
+    assert_clean_failure(result, f"{first}: an animation of 3 frames", out)
