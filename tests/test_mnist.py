@@ -364,3 +364,33 @@ def test_unpacked_train_and_t10k_files_swapped_are_refused(tmp_path):
     result = runner.invoke(app, ["preprocess", "fashion-mnist", str(raw), "-o", str(out)])
     assert_clean_failure(result, str(raw / "train-images-idx3-ubyte"), out)
     assert "train and t10k files swapped" in result.stderr
+
+
+def _unpacked_raw(raw, class_counts):
+    for prefix in ("train", "t10k"):
+        labels = np.repeat(np.arange(10), class_counts[prefix]).astype(np.uint8)
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", np.zeros((len(labels), 2, 2), np.uint8))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+    return raw
+
+
+@pytest.mark.parametrize(("given", "files"), [("mnist", "fashion-mnist"),
+                                               ("fashion-mnist", "mnist")])
+def test_unpacked_files_of_the_other_dataset_are_refused(tmp_path, given, files):
+    # unpacked files have no published checksum, the same file names and counts per
+    # file: Fashion-MNIST given as MNIST was preprocessed under digit names, silently
+    from capsmed.data.sources.mnist.reader import PUBLISHED_CLASS_COUNTS
+
+    raw = _unpacked_raw(tmp_path / "raw", PUBLISHED_CLASS_COUNTS[files])
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["preprocess", given, str(raw), "-o", str(out)])
+    assert_clean_failure(result, str(raw / "train-labels-idx1-ubyte"), out)
+    assert f"count per class as the published {files} files, not {given}" in result.stderr
+
+
+def test_unpacked_files_of_the_named_dataset_are_read(tmp_path):
+    from capsmed.data.sources.mnist.reader import PUBLISHED_CLASS_COUNTS, load_mnist_splits
+
+    raw = _unpacked_raw(tmp_path / "raw", PUBLISHED_CLASS_COUNTS["mnist"])
+    splits, _ = load_mnist_splits(raw, "mnist", val=0.1, seed=0)
+    assert sum(len(s) for s in splits.values()) == 70_000

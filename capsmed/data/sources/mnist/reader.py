@@ -71,6 +71,13 @@ REMOTE = {
 }
 
 PUBLISHED_COUNTS = {"train": 60_000, "t10k": 10_000}  # images per file, both datasets
+# images per class of the published files: what tells unpacked files of one dataset
+# given as the other (they have no published checksum, and the same counts per file)
+PUBLISHED_CLASS_COUNTS = {
+    "mnist": {"train": (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949),
+              "t10k": (980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009)},
+    "fashion-mnist": {"train": (6000,) * 10, "t10k": (1000,) * 10},
+}
 CANVAS = 40
 CHUNK = 16384  # images per write: bounded memory, few appends (each checks for leaks)
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}  # seeds per split stream
@@ -180,6 +187,20 @@ def _refuse_misplaced_published_files(files: dict[str, tuple[Path, Path]],
                                    f"not {expected}.gz (train and t10k files swapped?)")
 
 
+def _refuse_other_datasets_labels(files: dict[str, tuple[Path, Path]],
+                                  labels: dict[str, np.ndarray], dataset: str) -> None:
+    """Refuse files whose labels count, class by class, as the other dataset's published
+    files: unpacked Fashion-MNIST given as MNIST (or back) has the same shapes and file
+    names, and would be preprocessed under the wrong class names without a word."""
+    counts = {prefix: tuple(int(c) for c in np.bincount(labels[prefix], minlength=10))
+              for prefix in labels}
+    for other, published in PUBLISHED_CLASS_COUNTS.items():
+        if other != dataset and counts == published:
+            raise CapsmedError(f"{files['train'][1]}: its labels count per class as the "
+                               f"published {other} files, not {dataset}; point `capsmed "
+                               f"preprocess {other}` at them, or give the {dataset} files")
+
+
 def load_mnist_splits(raw_dir: Path, dataset: str, val: float, seed: int
                       ) -> tuple[dict[str, SourceSplit], dict]:
     """Read the IDX files of ``raw_dir`` as train / val / test source splits.
@@ -205,6 +226,8 @@ def load_mnist_splits(raw_dir: Path, dataset: str, val: float, seed: int
         raise CapsmedError(f"{files['train'][0]}: holds {len(train_labels):,} images and "
                            f"{files['t10k'][0].name} {len(test_labels):,}: the train and "
                            "t10k files swapped (the published train files hold 60,000)")
+    _refuse_other_datasets_labels(files, {"train": train_labels, "t10k": test_labels},
+                                  dataset)
     train_idx, val_idx = split_train_val(len(train_labels), val, seed)
     test_idx = np.arange(len(test_labels))
     splits = {}
