@@ -272,3 +272,25 @@ def test_a_failed_routing_compile_is_tried_again_in_the_workers_next_command(mon
     worker._release_memory()  # between two commands of a worker
     assert routed(cuda_like) == "eager" and calls == ["routed", "routed"]
     assert caplog.text.count("compiled routed failed") == 2
+
+
+def test_a_warning_shown_in_one_command_is_shown_again_in_the_next(tmp_path):
+    """Python shows a warning once per place in a process: a worker's later run's log
+    lacked a warning that a fresh `capsmed train` of the same run prints."""
+    import warnings
+
+    from capsmed.cli import worker
+
+    def warn():
+        warnings.warn("a third-party warning", UserWarning, stacklevel=1)
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        before = warnings.filters[:]
+        warn()
+        warn()  # once per place, as in a fresh process
+        assert len(shown) == 1
+        assert worker.run_command(["--version"], str(tmp_path / "a.log")) == 0
+        assert warnings.filters == before
+        warn()  # the next command shows it again
+        assert len(shown) == 2

@@ -9,8 +9,9 @@ entry point, exit code and output, with stdout and stderr sent to the run's log.
 
 Nothing of one command is left for the next: the CLI sets logging and progress
 anew for every command, training seeds every generator and scopes its signal
-handlers and precision flags to the run, and torch.compile's state is reset after each
-command (as a fresh process has it), so a run trained here is bit-identical to one
+handlers and precision flags to the run, and torch.compile's state and Python's
+warning filters and registries are reset after each command (as a fresh process has
+them), so a run trained here is bit-identical to one
 trained by ``capsmed train`` (tests/test_study_worker.py).
 
 Protocol (one JSON object per line): on file descriptor ``--requests`` the runner
@@ -29,6 +30,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import IO
 
@@ -45,6 +47,7 @@ def run_command(args: Sequence[str], log: str) -> int:
     # sys.argv as `python -m capsmed ARGS` has it: what a dataset's provenance and
     # a run's record say made them (not this worker's own command line)
     saved_argv = sys.argv
+    saved_filters = warnings.filters[:]
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         sys.argv = [capsmed_main(), *args]
@@ -71,6 +74,7 @@ def run_command(args: Sequence[str], log: str) -> int:
         os.dup2(saved[1], 2)
         for f in (fd, *saved):
             os.close(f)
+        _fresh_warnings(saved_filters)
     _release_memory()
     return code
 
@@ -80,6 +84,15 @@ def capsmed_main() -> str:
     import capsmed
 
     return os.path.join(os.path.dirname(capsmed.__file__), "__main__.py")
+
+
+def _fresh_warnings(filters: list) -> None:
+    """The warning filters as before the command, and every warning shown again: Python
+    shows a warning once per place (or once at all) in a process, so a later run's log
+    lacked a warning that `capsmed train` of the same run prints."""
+    warnings.resetwarnings()  # bumps the filters' version: every module's registry is stale
+    warnings.filters[:] = filters
+    warnings.onceregistry.clear()
 
 
 def _release_memory() -> None:
