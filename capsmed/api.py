@@ -134,4 +134,4 @@ def export_run(run_dir: Path | str, output: Path | str, format: str | None = Non
     (``format`` None: the one ``output``'s suffix names, else ONNX)."""
     from capsmed.runs import export
 
-    return export.export_run(Path(run_dir), Path(output), format, overwrite=overwrite)
+    return export.export_run(Path(run_dir), output, format, overwrite=overwrite)

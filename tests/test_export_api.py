@@ -109,6 +109,23 @@ def test_export_refuses_bad_requests(api_run, tmp_path):
                    absent=[other])
 
 
+def test_an_output_naming_a_folder_is_refused_with_a_file_name_to_give(api_run, tmp_path,
+                                                                      monkeypatch):
+    """``-o exports/`` wrote the model to a file named ``exports`` (Path drops the
+    "/"); an existing folder was refused without saying what to give instead."""
+    _, runs = api_run
+    monkeypatch.chdir(tmp_path)
+    assert_refused(invoke(["export", runs["lenet"], "-o", "exports/", "--format",
+                           "torchscript"]), "exports/", text="such as exports/model.pt",
+                   absent=[tmp_path / "exports"])
+    (tmp_path / "made").mkdir()
+    assert_refused(invoke(["export", runs["lenet"], "-o", "made"]), "made",
+                   text="such as made/model.onnx", absent=[tmp_path / "made"])
+    with pytest.raises(CapsmedError, match="such as exports/model.pt2"):
+        capsmed.export_run(runs["lenet"], "exports/", format="exported-program")
+    assert not (tmp_path / "exports").exists()
+
+
 def test_onnx_without_onnx_runtime_is_refused_in_one_line(api_run, tmp_path, monkeypatch):
     """The ONNX file is checked in ONNX Runtime: with onnx and onnxscript but not
     onnxruntime, the export ran, then the check died with a ModuleNotFoundError

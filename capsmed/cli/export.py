@@ -20,8 +20,9 @@ EPILOG = ("Example: capsmed export runs/caps-s1 -o caps.onnx; then in Python: "
 @handles_errors
 def export(
     run_dir: Path = typer.Argument(..., help="A run directory written by capsmed train."),
-    output: Path = typer.Option(..., *OUTPUT_FLAGS, help="The file to write.",
-                                show_default=False),
+    # a str, not a Path: Path("exports/") drops the "/" that says a folder was meant
+    output: str = typer.Option(..., *OUTPUT_FLAGS, metavar="<path>", show_default=False,
+                               help="The file to write (a file name, not a folder)."),
     fmt: str = typer.Option(None, "--format", help="onnx (ONNX Runtime; needs "
                             "'capsmed[export]'), torchscript or exported-program "
                             "(torch.export) [the one FILE's suffix names: .onnx, "

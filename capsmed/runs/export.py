@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ FORMATS = ("onnx", "torchscript", "exported-program")
 # file names that say a format (torch.export's own is .pt2; TorchScript's .pt)
 SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript",
             ".pt2": "exported-program"}
+_SUFFIX = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}  # for hints
 METADATA_KEY = "capsmed"  # the ONNX metadata_props key; capsmed.json elsewhere
 EXTRA_FILE = "capsmed.json"
 
@@ -88,7 +90,7 @@ def export_metadata(run: OpenRun) -> dict[str, Any]:
     }
 
 
-def export_run(run_dir: Path, output: Path, fmt: str | None = None,
+def export_run(run_dir: Path, output: Path | str, fmt: str | None = None,
                overwrite: bool = False) -> Path:
     """Write ``run_dir``'s model to ``output`` in ``fmt`` (see :data:`FORMATS`; None:
     the one its suffix names, else ONNX). A suffix naming another format than ``fmt``
@@ -99,16 +101,23 @@ def export_run(run_dir: Path, output: Path, fmt: str | None = None,
     model's own within 1e-5.
 
     Raises:
-        CapsmedError: an unknown format, an existing output without ``overwrite``, a
-            missing exporter package, a model the exporter cannot take.
+        CapsmedError: an unknown format, an output naming a folder (``exports/``), an
+            existing output without ``overwrite``, a missing exporter package, a
+            model the exporter cannot take.
     """
+    # "exports/" names a folder, but Path("exports/") is "exports": the model was
+    # written to a file of that name
+    given = str(output)
+    folder = given.endswith(("/", os.sep)) or Path(output).is_dir()
     output = Path(output)
     named = SUFFIXES.get(output.suffix.lower())
     fmt = fmt or named or "onnx"
     if fmt not in FORMATS:
         raise CapsmedError(f"--format must be one of {', '.join(FORMATS)}, got '{fmt}'")
-    if output.is_dir():
-        raise CapsmedError(f"{output}: is a folder; give the file to write")
+    if folder:
+        example = output / f"model{_SUFFIX[fmt]}"
+        raise CapsmedError(f"{given}: names a folder; give the file to write, such as "
+                           f"{example}")
     if output.exists() and not overwrite:
         raise CapsmedError(f"{output}: already exists; pass --overwrite to replace it")
     if named is not None and named != fmt:
