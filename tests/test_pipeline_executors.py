@@ -211,6 +211,34 @@ def test_gpus_named_twice_or_not_as_numbers_are_refused(tmp_path):
             executor_for(with_executor(jobs=jobs), RunOptions())
 
 
+def test_an_empty_gpu_list_is_no_gpu_in_the_yaml_as_on_the_command_line(tmp_path,
+                                                                       monkeypatch):
+    """``--gpus ''`` gave the local executor no GPU, while ``executor.gpus: []`` gave
+    it every visible one; a run asking for a GPU was then refused as if the machine
+    had none."""
+    from capsmed.pipeline import runner
+    from capsmed.pipeline.executors import local
+    from capsmed.pipeline.spec import load_pipeline
+
+    monkeypatch.setattr(local, "visible_gpus", lambda: ["0", "1"])
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["executor"] = {"gpus": []}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    pipeline = load_pipeline(path, {"out": str(tmp_path / "out")})
+    from_yaml = runner.executor_for(pipeline, runner.RunOptions())
+    assert from_yaml.devices == [] == runner.executor_for(
+        pipeline, runner.RunOptions(gpus=[])).devices
+    del raw["executor"]["gpus"]  # left out: every visible GPU
+    path.write_text(yaml.safe_dump(raw))
+    assert runner.executor_for(load_pipeline(path, {"out": str(tmp_path / "out")}),
+                               runner.RunOptions()).devices == ["0", "1"]
+    run = pipeline.runs[0]
+    run.resources["gpus"] = 1
+    with pytest.raises(CapsmedError, match="would get none: executor.gpus gives 0"):
+        runner.check_gpus(pipeline, [run], runner.RunOptions(), from_yaml)
+
+
 @pytest.mark.parametrize(("visible", "seen"), [("-1", []), ("0,-1,1", ["0"]),
                                                ("0, 1", ["0", "1"]), ("", [])])
 def test_visible_gpus_end_where_cuda_stops_reading(monkeypatch, visible, seen):

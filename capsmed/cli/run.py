@@ -50,7 +50,7 @@ def run(
     jobs: int = typer.Option(None, help="Jobs at once [local: one per GPU, 1 on a CPU; "
                              "slurm: 256 per job array]."),
     gpus: str = typer.Option(None, help="GPUs of this machine for the local executor, "
-                             "e.g. 0,1 [all visible]."),
+                             "e.g. 0,1; '' for none (CPUs) [all visible]."),
     runs_per_gpu: int = typer.Option(None, "--runs-per-gpu", min=1, help="Local "
                                      "executor: runs sharing each GPU at once, for small "
                                      "runs that leave it idle between launches [1]."),

@@ -135,9 +135,10 @@ def executor_for(pipeline: Pipeline, options: RunOptions) -> Executor:
     with the same settings whatever it is."""
     cfg = pipeline.executor
     kind = options.executor or cfg.get("kind", "local")
+    # an empty list is no GPU, as --gpus '' is; all visible is the key left out (or null)
     gpus = (_gpu_list(options.gpus, "--gpus") if options.gpus is not None else
             _gpu_list(cfg["gpus"], f"{pipeline.path}: executor.gpus")
-            if cfg.get("gpus") not in (None, []) else None)
+            if cfg.get("gpus") is not None else None)
     jobs = cfg.get("jobs")
     if isinstance(jobs, str) and jobs.strip().isdigit():  # a {variable} given as text
         jobs = int(jobs)
@@ -187,6 +188,7 @@ def check_gpus(pipeline: Pipeline, runs: Sequence[RunSpec], options: RunOptions,
         why = "--slurm-gpus 0"
     elif here is not None and here < asked:
         why = (f"--gpus gives {here}" if options.gpus is not None else
+               f"executor.gpus gives {here}" if executor.settings.devices is not None else
                "this machine has no GPU (CUDA sees none)" if here == 0 else
                f"this machine has {here}")
     else:
