@@ -115,6 +115,16 @@ def test_ordinal_grades_train_as_classes_when_asked(tmp_path):
     assert info.preprocessing["ordinal_as_classes"] is True and info.domain == "fundus"
 
 
+def test_ordinal_as_classes_on_a_set_without_grades_is_refused(blood, tmp_path):
+    """The flag was ignored for a set that is not ordinal, and the file recorded
+    ``ordinal_as_classes: false`` against what was asked."""
+    out = tmp_path / "blood.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "medmnist", str(blood), "-o", str(out),
+                                 "--ordinal-as-classes"])
+    assert_clean_failure(result, f"{blood}: --ordinal-as-classes applies to ordinal sets "
+                         "(retinamnist); bloodmnist has no ordinal grades", out)
+
+
 class _Trap:
     """Unpickling this touches a file: the test sees whether anything unpickled it."""
 

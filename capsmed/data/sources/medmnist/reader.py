@@ -52,7 +52,8 @@ def identify(path: Path, cfg: MedmnistConfig) -> tuple[MedmnistSet, int | None]:
 
     Raises:
         CapsmedError: the set cannot be told, is 3-D, multi-label, or ordinal without
-            ``ordinal_as_classes``; or the name and ``set_name`` disagree.
+            ``ordinal_as_classes`` (or not ordinal with it); or the name and
+            ``set_name`` disagree.
     """
     match = _NAME.fullmatch(path.stem.lower())
     named = match.group(1) if match and (match.group(1) in SETS or
@@ -73,6 +74,10 @@ def identify(path: Path, cfg: MedmnistConfig) -> tuple[MedmnistSet, int | None]:
     if chosen.task == MULTI_LABEL:
         raise CapsmedError(f"{path}: {flag} is multi-label ({len(chosen.classes)} "
                            "findings per image); capsmed trains single-label classifiers")
+    if cfg.ordinal_as_classes and chosen.task != ORDINAL:  # else recorded as false
+        ordinal = ", ".join(f for f, s in SETS.items() if s.task == ORDINAL)
+        raise CapsmedError(f"{path}: --ordinal-as-classes applies to ordinal sets "
+                           f"({ordinal}); {flag} has no ordinal grades; drop the flag")
     if chosen.task == ORDINAL and not cfg.ordinal_as_classes:
         raise CapsmedError(f"{path}: {flag} grades are ordinal (0-4); pass "
                            "--ordinal-as-classes to train them as 5 classes, as the "
@@ -197,7 +202,7 @@ def preprocess_medmnist(npz_file: Path, output: Path, config: MedmnistConfig | N
                      chosen.file_name(size), md5)
         parameters = {
             "set_name": chosen.flag, "task": chosen.task,
-            "ordinal_as_classes": cfg.ordinal_as_classes and chosen.task == ORDINAL,
+            "ordinal_as_classes": cfg.ordinal_as_classes,
             "size": size, "channels_used": chosen.channels,
             "splits": "official train/val/test of the file",
             "grouping": "per-image: MedMNIST publishes no patient ids, so a patient "
