@@ -136,15 +136,22 @@ def setup_logging(level: int) -> None:
 
 
 def parse_key_values(pairs: list[str] | None, option: str) -> dict[str, Any]:
-    """``["a=1", "b=[2,3]"]`` -> ``{"a": 1, "b": [2, 3]}`` (values parsed as YAML scalars)."""
+    """``["a=1", "b=[2,3]"]`` -> ``{"a": 1, "b": [2, 3]}`` (values parsed as YAML scalars);
+    a key given twice is refused."""
     import yaml
 
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # key -> the value as typed, to name a repeated key
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise CapsmedError(f"{option} expects key=value, got '{pair}'")
-        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        key = key.strip().replace("-", "_")
+        if key in given:  # the last one silently won
+            raise CapsmedError(f"{option} {key} given twice ('{given[key]}' and "
+                               f"'{value}'); give it once")
+        given[key] = value
+        out[key] = yaml.safe_load(value)
     return out
 
 
