@@ -378,6 +378,55 @@ def test_two_labels_refuse_class_counts_of_the_first_object_only(tmp_path, optio
     assert not out.exists()
 
 
+def _two_label_variant(path, val_label2: bool = True, source_shape=None):
+    """A 3-class two-label file of 12x12 images: 'val' without meta/label2, or
+    meta/image_a and image_b of ``source_shape`` per sample."""
+    rng = np.random.default_rng(0)
+    with DatasetWriter(path, dataset="multimnist", kind="multimnist", domain="digits",
+                       class_names=["0", "1", "2"], image_shape=(1, 12, 12),
+                       preprocessing={}, source={}) as w:
+        for split, n in (("train", 6), ("val", 3)):
+            first = np.arange(n) % 3
+            meta = {"label2": (first + 1) % 3} if split == "train" or val_label2 else {}
+            if source_shape is not None:
+                meta |= {k: rng.integers(0, 255, (n, *source_shape), dtype=np.uint8)
+                         for k in ("image_a", "image_b")}
+            w.append(split, rng.integers(0, 255, (n, 1, 12, 12), dtype=np.uint8), first,
+                     np.array([f"{split}{i}" for i in range(n)]), meta=meta)
+    return path
+
+
+def test_two_labels_refuse_a_validation_split_of_one_label(tmp_path):
+    """Training on both digits but validating on the first only (a 'val' without
+    meta/label2) chose the checkpoint on another task than the one trained, unsaid."""
+    path = _two_label_variant(tmp_path / "two.h5", val_label2=False)
+    out = tmp_path / "run"
+    with pytest.raises(CapsmedError, match="'train' holds two labels per image .* but "
+                       "'val' one"):
+        train(TrainConfig(data=str(path), arch="lenet", epochs=1, batch_size=6,
+                          out=str(out), model_kwargs=TINY_LENET), disable_progress=True)
+    assert not out.exists()
+
+
+def test_two_labels_refuse_source_images_of_another_shape(tmp_path):
+    """meta/image_a stored [N, H, W] (no channel axis) broadcast against the [N, 1, H, W]
+    reconstruction: every digit was compared with every source image of the batch."""
+    path = _two_label_variant(tmp_path / "two.h5", source_shape=(12, 12))
+    out = tmp_path / "run"
+    with pytest.raises(CapsmedError, match=r"'train/meta/image_a' must be uint8 \[6, 1, 12, "
+                       r"12\] like 'train/images' .* got uint8 \[6, 12, 12\]"):
+        train(TrainConfig(data=str(path), arch="convnet-cr", epochs=1, batch_size=6,
+                          out=str(out), model_kwargs={"conv_channels": 8, "kernel_size": 3,
+                                                      "decoder_hidden": [8]}),
+              disable_progress=True)
+    assert not out.exists()
+    fine = _two_label_variant(tmp_path / "fine.h5", source_shape=(1, 12, 12))
+    train(TrainConfig(data=str(fine), arch="convnet-cr", epochs=1, batch_size=6,
+                      out=str(out), model_kwargs={"conv_channels": 8, "kernel_size": 3,
+                                                  "decoder_hidden": [8]}),
+          disable_progress=True)
+
+
 def test_two_labels_reconstruct_the_second_object_under_bf16_autocast(tmp_path):
     """The second object's reconstruction runs after the forward pass, outside its
     autocast: a ConvNet-CR's bf16 capsules met the fp32 decoder and every step failed

@@ -27,6 +27,7 @@ from capsmed.data.challenges import cv_partition, select_training_indices
 from capsmed.data.contract import (
     SECOND_LABEL,
     DatasetInfo,
+    is_two_label,
     meta_names,
     read_images,
     read_labels,
@@ -88,8 +89,10 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
         _check_not_empty(info, "'train'", len(labels), rows)
         full = len(labels) if cfg.per_class_limit is None else int(np.minimum(
             np.bincount(labels, minlength=info.num_classes), cfg.per_class_limit).sum())
-        return RunRows("train", rows, full,
-                       "val" if info.split_sizes.get("val") else None, "test", None)
+        val = "val" if info.split_sizes.get("val") else None
+        if val is not None:
+            _check_same_targets(info, "train", val)
+        return RunRows("train", rows, full, val, "test", None)
     if CV_SPLIT not in info.folds:
         raise CapsmedError(f"{info.path}: --fold needs a file written with cross-validation "
                            f"folds (split '{CV_SPLIT}' + folds), e.g. capsmed preprocess aml")
@@ -107,6 +110,19 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
     chosen = select_training_indices(labels[train_rows], info.class_names, rest, cfg.seed)
     _check_not_empty(info, f"'{CV_SPLIT}' without fold {cfg.fold}", len(train_rows), chosen)
     return RunRows(CV_SPLIT, train_rows[chosen], len(train_rows), None, CV_SPLIT, test_rows)
+
+
+def _check_same_targets(info: DatasetInfo, train: str, val: str) -> None:
+    """Refuse a validation split that holds one label per image where training holds
+    two (MultiMNIST's ``meta/label2``), or the reverse: the checkpoint would be chosen
+    on another task than the one trained."""
+    two = {split: is_two_label(info.path, split) for split in (train, val)}
+    if two[train] != two[val]:
+        has, lacks = (train, val) if two[train] else (val, train)
+        raise CapsmedError(f"{info.path}: '{has}' holds two labels per image "
+                           f"(meta/{SECOND_LABEL}) but '{lacks}' one: validation would "
+                           f"score another task than training; give both splits "
+                           f"meta/{SECOND_LABEL} or neither")
 
 
 def _check_not_empty(info: DatasetInfo, split: str, available: int, chosen: np.ndarray
@@ -161,8 +177,15 @@ def _two_label_loader(info: DatasetInfo, split: str, rows: np.ndarray | None,
                            f"within 0..{info.num_classes - 1}, like '{split}/labels'")
     sources = None
     if {"image_a", "image_b"} <= set(names):
-        sources = np.stack([read_meta(info.path, split, n, rows)
-                            for n in ("image_a", "image_b")], axis=1)
+        shape = (len(labels), info.channels, *info.image_size)
+        pair = [read_meta(info.path, split, n, rows) for n in ("image_a", "image_b")]
+        for name, values in zip(("image_a", "image_b"), pair, strict=True):
+            # another shape would broadcast against the reconstruction, silently
+            if values.dtype != np.uint8 or values.shape != shape:
+                raise CapsmedError(f"{info.path}: '{split}/meta/{name}' must be uint8 "
+                                   f"{list(shape)} like '{split}/images' (each object's "
+                                   f"own image), got {values.dtype} {list(values.shape)}")
+        sources = np.stack(pair, axis=1)
     else:
         log.warning("%s: no per-object source images (image_a/image_b); the two-label "
                     "run trains without the reconstruction loss", info.path)
