@@ -160,3 +160,32 @@ def test_a_w_and_b_run_that_cannot_start_stops_before_the_first_step(toy, tmp_pa
     assert_clean_failure(result, "cannot start its W&B run in project 'p' (No API key")
     assert "capsmed train --resume" in result.stderr
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_resume_warns_that_w_and_b_keeps_epochs_of_an_attempt_lost_after_the_state(
+        toy, tmp_path, wandb_dir, monkeypatch, caplog):
+    """A run killed after its last saved state had logged later epochs; the resumed run
+    logs them again, which W&B drops (a step below its current one), keeping the lost
+    attempt's values without a word from capsmed. The server's next step is stood in for
+    (offline runs start at 0)."""
+    from capsmed.train.step import TrainStep
+
+    original = TrainStep.__call__
+    calls = {"n": 0}
+
+    def dying(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 6:  # in epoch 3: only the start's state (default interval)
+            raise KeyboardInterrupt  # as a kill: no state is saved on the way out
+        return original(self, *args)
+
+    monkeypatch.setattr(TrainStep, "__call__", dying)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted):
+        train(_cfg(toy, run, wandb="capsmed-tests", epochs=3), disable_progress=True)
+    monkeypatch.setattr(TrainStep, "__call__", original)
+    assert len(_metrics(run)) == 2
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "starting_step", property(lambda self: 3))
+    with caplog.at_level("WARNING", logger="capsmed.train.handlers.wandb_tracking"):
+        resume(run, disable_progress=True)
+    assert "already holds epochs 1-2, logged by an attempt lost" in caplog.text

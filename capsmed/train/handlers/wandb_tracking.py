@@ -79,6 +79,15 @@ class WandbTracking(LoopHandler):
                                                 "run_id": self.wandb_run.id}, indent=2))
         log.info("W&B: run %s in project '%s'%s", self.wandb_run.id, run.cfg.wandb,
                  " (continued)" if saved else "")
+        # a run killed after its last saved state had logged later epochs: W&B drops a
+        # step below the run's current one, so it keeps that attempt's values there
+        after = getattr(self.wandb_run, "starting_step", 0) or 0
+        if saved and after > loop.progress.epoch:
+            log.warning("W&B: run %s already holds epochs %d-%d, logged by an attempt "
+                        "lost after the last saved state; W&B ignores steps logged again, "
+                        "so it keeps that attempt's values there (%s holds the resumed "
+                        "run's)", self.wandb_run.id, loop.progress.epoch, after - 1,
+                        run.run_dir / METRICS)
 
     def _identity(self) -> dict[str, str]:
         info = self.run.info
