@@ -34,7 +34,7 @@ from capsmed.runs.checkpoint import load_checkpoint
 from capsmed.runs.scores import predict_scores
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.helpers import TINY_CAPSNET, assert_clean_failure, folder_lenet
+from tests.helpers import TINY, TINY_CAPSNET, assert_clean_failure, folder_lenet
 
 runner = CliRunner()
 CPU = torch.device("cpu")
@@ -282,6 +282,27 @@ def test_evaluate_on_another_file_with_the_same_classes(lenet_run, tiny_h5, tmp_
         evaluate_run(lenet_run, data=_other_file(tmp_path / "xy.h5", ["x", "y"], 28))
 
 
+
+def test_a_file_of_another_data_revision_is_said_to_differ(lenet_run, tiny_h5, tmp_path,
+                                                            caplog):
+    """The same source and parameters written by a capsmed whose preprocessing made other
+    images of some raw files: scored with nothing said, and report.json did not name
+    the revision it scored."""
+    import h5py
+
+    older = tmp_path / "older.h5"
+    shutil.copy(tiny_h5, older)
+    with h5py.File(older, "a") as f:
+        f.attrs["data_revision"] = 3
+    current = read_info(tiny_h5).data_revision
+    with caplog.at_level(logging.WARNING):
+        result = evaluate_run(lenet_run, data=older, report_name="older", grids=False)
+    report = json.loads((result.report_dir / "report.json").read_text())
+    assert report["data_revision"] == 3
+    assert report["preprocessing_differs"] == {"data_revision": [current, 3]}
+    assert f"(data_revision: {current} there, 3 here)" in caplog.text
+
+
 def test_report_name_keeps_an_evaluation_on_other_data_apart(lenet_run, tiny_h5, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("report*"))
@@ -357,6 +378,56 @@ def test_another_file_putting_training_patients_in_the_split_is_warned_about(
     (warning,) = [m for m in caplog.messages if "unseen patients" in m]
     assert warning.startswith(f"{other}: 3 of the 3 groups (cases, patients) of its split "
                               f"'train' are in the training split of {tiny_h5}")
+
+
+
+def test_a_remade_run_file_is_not_trusted_for_the_patients_trained_on(tiny_h5, tmp_path,
+                                                                      caplog):
+    """The run's file overwritten since training (re-split, say) and given as --data:
+    its own train split is not what the run trained on, so the overlap cannot be
+    checked; it was scored with nothing said."""
+    import h5py
+
+    data = tmp_path / "data.h5"
+    shutil.copy(tiny_h5, data)
+    run = capsmed.train_run(data, "lenet", epochs=1, batch_size=16, seed=0, device="cpu",
+                            out=str(tmp_path / "run"), model_kwargs=TINY["lenet"])
+    with h5py.File(data, "a") as f:
+        f.attrs["created"] = "2000-01-01T00:00:00+00:00"
+    with caplog.at_level(logging.WARNING):
+        result = evaluate_run(run, data=data, report_name="again", grids=False)
+    note = (f"{data}: whether its split 'test' holds cases (patients) {run} was trained "
+            f"on cannot be checked: the run's file {data} changed since training")
+    assert [m for m in caplog.messages if m.startswith(note)]
+    assert note in (result.report_dir / "report.md").read_text()
+
+
+def test_a_cross_validation_run_counts_only_the_patients_of_its_training_folds(tmp_path,
+                                                                             caplog):
+    """The groups trained on are those of the run's training rows: a CV run's held-out
+    fold (in split 'all' too) was called seen in training."""
+    import h5py
+
+    from capsmed.data.sources.folder.synth import write_class_folders
+
+    write_class_folders(tmp_path / "images", classes=3, images_per_class=10, patients=5,
+                        size=32, seed=0)
+    data = capsmed.preprocess("folder", tmp_path / "images", tmp_path / "cv.h5", size=28,
+                              channels=1, group_pattern=r"^(P\d+)_", workers=1, folds=5)
+    run = capsmed.train_run(data, "lenet", epochs=1, batch_size=16, seed=0, device="cpu",
+                            fold=0, out=str(tmp_path / "run"), model_kwargs=TINY["lenet"])
+    other = tmp_path / "other.h5"  # the same cases, written again
+    shutil.copy(data, other)
+    with h5py.File(other, "a") as f:
+        f.attrs["created"] = "2000-01-01T00:00:00+00:00"
+    groups = load_split(data, "all").groups
+    held_out = set(groups[np.load(run / "test_indices.npy")])
+    with caplog.at_level(logging.WARNING):
+        evaluate_run(run, data=other, split="all", report_name="o", grids=False)
+    (warning,) = [m for m in caplog.messages if "unseen patients" in m]
+    assert warning.startswith(f"{other}: {5 - len(held_out)} of the 5 groups (cases, "
+                              "patients) of its split 'all' are in the training split")
+    assert not [g for g in held_out if g in warning]
 
 
 def _drawn(monkeypatch, module):

@@ -10,10 +10,11 @@ from typing import Any
 from capsmed.data.contract import (
     SECOND_LABEL,
     SplitData,
-    groups_by_split,
     is_two_label,
     read_info,
     read_meta,
+    reading,
+    warn_if_older_revision,
 )
 from capsmed.data.digest import file_digest
 from capsmed.data.schema import refuse_total_row_name
@@ -27,6 +28,7 @@ from capsmed.evaluate.plots import plot_confusion_matrix
 from capsmed.evaluate.run_report import tracked_metrics, write_report
 from capsmed.io import replace_dir, writing
 from capsmed.runs import OpenRun, open_run
+from capsmed.runs.rows import is_run_file, read_rows
 from capsmed.runs.scores import (
     class_probabilities,
     non_finite_rows,
@@ -35,6 +37,7 @@ from capsmed.runs.scores import (
 )
 from capsmed.train.handlers.mlflow_tracking import log_report
 from capsmed.train.run_config import WEIGHTS, read_run_config
+from capsmed.train.run_data import TRAIN_ROWS
 from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,12 @@ def _preprocessing_differences(run: OpenRun, info: Any) -> dict[str, Any]:
                for k in sorted(set(ours.preprocessing) | set(info.preprocessing))
                if k not in split_only
                and ours.preprocessing.get(k) != info.preprocessing.get(k)}
+    # a capsmed of another data revision makes other images of some raw files
+    revision = _trained_revision(run)
+    if revision is None:  # the run's file is gone or changed: at least say if old
+        warn_if_older_revision(info, "scoring")
+    elif revision != info.data_revision:
+        changed = {"data_revision": [revision, info.data_revision], **changed}
     if changed:
         log.warning("%s: made with other preprocessing than %s was trained on (%s); "
                     "these scores are not on images like the run's own", info.path,
@@ -108,22 +117,43 @@ def _preprocessing_differences(run: OpenRun, info: Any) -> dict[str, Any]:
     return {"other_data": True, "preprocessing_differs": changed}
 
 
-def _warn_seen_groups(run: OpenRun, split: str, split_data: SplitData) -> None:
-    """Warn when another file of the same dataset (a re-preprocessed one, say) puts
-    patients the run trained on into the split evaluated: not unseen patients."""
+def _trained_revision(run: OpenRun) -> int | None:
+    """The data revision of the file the run was trained on; None when that file is
+    gone or changed since training."""
+    if not run.trained_on.is_file() or not is_run_file(run.run_dir, run.trained_on):
+        return None
+    return read_info(run.trained_on).data_revision
+
+
+def _seen_groups_note(run: OpenRun, split: str, split_data: SplitData) -> str | None:
+    """A note when another file of the same dataset (a re-preprocessed one, say) puts
+    patients the run trained on into the split evaluated (not unseen patients), or when
+    that cannot be checked: the run's own file is gone or changed since training, so
+    the groups it trained on are unknown."""
     trained_on, info, run_dir = run.trained_on, run.info, run.run_dir
-    if not trained_on.is_file() or run.config is None or info is None:
-        return
+    if run.config is None or info is None:
+        return None
     train_split = (run.config.get("dataset") or {}).get("train_split")
-    if read_info(trained_on).dataset != info.dataset or not train_split:
-        return  # another dataset's group names mean other things
-    seen = sorted(set(split_data.groups) & groups_by_split(trained_on).get(train_split, set()))
-    if seen:
-        log.warning("%s: %d of the %d groups (cases, patients) of its split '%s' are in "
-                    "the training split of %s, which %s was trained on (%s): these are not "
-                    "scores on unseen patients", info.path, len(seen),
-                    len(set(split_data.groups)), split, trained_on, run_dir,
-                    ", ".join(seen[:3]) + (", ..." if len(seen) > 3 else ""))
+    if run.meta.get("dataset") != info.dataset or not train_split:
+        return None  # another dataset's group names mean other things
+    if not trained_on.is_file() or not is_run_file(run_dir, trained_on):
+        state = "is gone" if not trained_on.is_file() else "changed since training"
+        return (f"{info.path}: whether its split '{split}' holds cases (patients) "
+                f"{run_dir} was trained on cannot be checked: the run's file {trained_on} "
+                f"{state}, so these may not be scores on unseen patients")
+    with reading(trained_on) as f:
+        groups = f[train_split]["groups"].asstr()[...]
+    if (run_dir / TRAIN_ROWS).is_file():  # the rows trained on (a fold, a fraction)
+        groups = groups[read_rows(run_dir / TRAIN_ROWS, len(groups),
+                                  f"{trained_on}'s split '{train_split}'")]
+    seen = sorted(set(split_data.groups) & set(groups.tolist()))
+    if not seen:
+        return None
+    return (f"{info.path}: {len(seen)} of the {len(set(split_data.groups))} groups (cases, "
+            f"patients) of its split '{split}' are in the training split of {trained_on}, "
+            f"which {run_dir} was trained on ("
+            + ", ".join(seen[:3]) + (", ..." if len(seen) > 3 else "")
+            + "): these are not scores on unseen patients")
 
 
 def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
@@ -172,8 +202,9 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     if not len(split_data):
         raise CapsmedError(f"{data_path}: split '{split}' has no samples")
     differs: dict[str, Any] = {}
+    seen_note = None
     if data is not None and not run.own_data:
-        _warn_seen_groups(run, split, split_data)
+        seen_note = _seen_groups_note(run, split, split_data)
         differs = _preprocessing_differences(run, info)
 
     scores = predict_scores(model, split_data.images, dev, batch_size)
@@ -194,6 +225,8 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     two_label = _two_label_scores(info, split, split_data, scores)
     if two_label is not None:  # the notes are logged as warnings below
         report.notes.insert(0, two_label["note"])
+    if seen_note is not None:  # in the files too: a report.html is sent on its own
+        report.notes.insert(0, seen_note)
     if run.unfinished:  # in the files too, as a report.html is sent on its own (the
         # notes are logged as warnings below)
         report.notes.insert(0, f"The run's training had not finished ({RESUME_FILE} was "
@@ -206,6 +239,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
     report_dir = run_dir / report_name
     context = {"run_dir": str(run_dir), "arch": meta["arch"], "dataset": info.dataset,
                "data": str(data_path), "data_digest": file_digest(data_path),
+               "data_revision": info.data_revision,
                "split": split, "checkpoint_epoch": meta["epoch"],
                # the weights scored (checked against the file when loaded): a report
                # of other weights at the same epoch is stale (capsmed runs ls)
