@@ -125,3 +125,33 @@ def test_changed_point_labels_are_recomputed_not_reused(tmp_path, monkeypatch):
     wsi.preprocess_wsi([tmp_path], tmp_path / "cut.h5", cfg)
     fresh = wsi.preprocess_wsi([tmp_path], tmp_path / "fresh.h5", cfg)
     _same_file(tmp_path / "cut.h5", fresh)
+
+
+def test_cache_of_another_data_revision_is_not_reused(tmp_path, monkeypatch):
+    """Results of an older capsmed's readers (upgraded between an interrupted run and
+    its rerun) entered a file stamped with the new data revision."""
+    from capsmed.data import schema
+
+    before = ResultCache(tmp_path / "x.h5", {"patch": 100})
+    monkeypatch.setattr(schema, "DATA_REVISION", schema.DATA_REVISION + 1)
+    assert ResultCache(tmp_path / "x.h5", {"patch": 100}).dir != before.dir
+
+
+def test_a_cached_result_cut_short_is_recomputed(tmp_path):
+    """An entry renamed into place before a power cut wrote its blocks (empty or cut)
+    stopped every rerun with a traceback instead of being recomputed."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Result:
+        values: np.ndarray
+        count: int
+
+    cache = ResultCache(tmp_path / "x.h5", {})
+    cache.put("job", Result(np.arange(1000), 3))
+    whole = cache._path("job").read_bytes()
+    for cut in (whole[:len(whole) // 2], whole[:-10], b""):
+        cache._path("job").write_bytes(cut)
+        assert cache.get("job", Result) is None
+    cache._path("job").write_bytes(whole)
+    assert cache.get("job", Result).count == 3

@@ -3,9 +3,11 @@
 A long preprocessing run (whole slides, thousands of images) that is interrupted or
 fails on a late file should not redo the finished files. :class:`ResultCache` keeps
 each finished job's result in ``.<output>.cache-<digest>/`` beside the output, where
-the digest covers every preprocessing parameter and the list of raw files: a rerun of
-the same command reuses them, any other command starts afresh. The folder is removed
-once the dataset file is in place, and after bad input (which needs another command).
+the digest covers every preprocessing parameter, the list of raw files and capsmed's
+:data:`~capsmed.data.schema.DATA_REVISION`: a rerun of the same command by the same
+readers reuses them, any other command (or a capsmed whose readers make other images)
+starts afresh. The folder is removed once the dataset file is in place, and after bad
+input (which needs another command).
 
 Each result is also keyed on the content of what its job read: the job's key (which
 holds whatever the job carries, such as a slide's annotations) and the SHA-256 of
@@ -25,12 +27,14 @@ import hashlib
 import json
 import logging
 import shutil
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from capsmed.data import schema
 from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError
 from capsmed.io import atomic_path
@@ -64,7 +68,10 @@ class ResultCache:
     """
 
     def __init__(self, output: Path, parameters: Any) -> None:
-        text = json.dumps(parameters, sort_keys=True, default=str)
+        # the data revision too: results of an older capsmed's readers (upgraded between
+        # the interrupted run and its rerun) would enter a file stamped with the new one
+        text = json.dumps({"parameters": parameters, "revision": schema.DATA_REVISION},
+                          sort_keys=True, default=str)
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         output = Path(output)
         self.dir = output.parent / f".{output.name}.cache-{digest}"
@@ -87,7 +94,10 @@ class ResultCache:
                 values.update({k: data[k] for k in data.files
                                if k not in (_JSON_KEY, _INPUTS_KEY)})
             result = result_type(**values)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+        # BadZipFile / EOFError: an entry cut short (renamed into place before a power cut
+        # wrote its blocks)
+        except (OSError, ValueError, TypeError, KeyError, EOFError,
+                zipfile.BadZipFile) as exc:
             log.warning("%s: unreadable cached result, recomputing (%s)", path, exc)
             return None
         now = input_digests(inputs)
