@@ -118,6 +118,27 @@ def test_transfer_refuses_inputs_of_another_shape_before_training(tiny_h5, tmp_p
     assert not (out / "A1B").exists()
 
 
+def test_a_class_layer_between_other_classes_is_refused_before_training(tiny_h5, tmp_path):
+    """--layers naming the class layer, A's classes not B's (here the same in another
+    order): AnB scored B's classes with A's class rows; refused before any run trains."""
+    b = tmp_path / "swapped.h5"
+    shutil.copy(tiny_h5, b)
+    with h5py.File(b, "r+") as f:
+        names = json.loads(f.attrs["class_names"])[::-1]
+        f.attrs["class_names"] = json.dumps(names)
+        for split in f.values():
+            split["labels"].attrs["class_names"] = json.dumps(names)
+    out = tmp_path / "t"
+    result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(tiny_h5), "--b",
+                                 str(b), "--arch", "capsnet", "--layers", "conv.0,classes",
+                                 "--out", str(out), *FAST, *TINY_ARGS])
+    assert result.exit_code == 1
+    assert ("layer 'classes' holds its class layer 'classes'" in result.stderr
+            and "(the same classes in another order)" in result.stderr
+            and "leave it out of --layers" in result.stderr), result.output
+    assert not out.exists()
+
+
 def test_a_base_run_must_be_trained_on_its_task(tiny_h5, tmp_path):
     """--base-b is "base B": a network trained on --b; one trained on other data would
     fill the table with another task's numbers."""

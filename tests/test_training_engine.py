@@ -573,6 +573,75 @@ def test_transfer_refuses_sources_whose_layers_are_not_what_it_names(tiny_h5, tm
                         "weights_digest": source_meta["weights_digest"]}
 
 
+def _renamed(data, path, names):
+    """A copy of ``data`` whose classes are called ``names`` (same images and labels)."""
+    import shutil
+
+    import h5py
+
+    shutil.copy(data, path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["class_names"] = json.dumps(names)
+        for split in f.values():
+            split["labels"].attrs["class_names"] = json.dumps(names)
+    return path
+
+
+def test_the_class_layer_is_not_transferred_between_other_classes(tiny_h5, tmp_path):
+    """The class layer copied from a run of other classes (or the same in another order)
+    scored the source's class 0 as this run's class 0, silently; transferring every
+    layer frozen left nothing to train (a traceback from the optimiser)."""
+    fast = {"arch": "lenet", "epochs": 1, "batch_size": 16, "steps_per_epoch": 1,
+            "model_kwargs": TINY_LENET}
+    source = train(TrainConfig(data=str(tiny_h5), **fast, out=str(tmp_path / "A")),
+                   disable_progress=True)
+    names = json.loads((source / "checkpoint.json").read_text())["class_names"]
+    swapped = _renamed(tiny_h5, tmp_path / "swapped.h5", names[::-1])
+    other = _renamed(tiny_h5, tmp_path / "other.h5", ["cat", "dog"])
+    for data, text in ((swapped, r"\(the same classes in another order\)"),
+                       (other, r"this run's are \['cat', 'dog'\], so")):
+        with pytest.raises(CapsmedError, match=r"layer 'classifier' holds its class layer "
+                           rf"'classifier.3'.*{text}.*leave the class layer out of "
+                           "--transfer-layers"):
+            train(TrainConfig(data=str(data), **fast, out=str(tmp_path / "B"),
+                              transfer_from=str(source), transfer_layers=["classifier"],
+                              freeze_transferred=False), disable_progress=True)
+        assert not (tmp_path / "B").exists()
+    # the layers below the class layer transfer; the same classes transfer it too
+    below = train(TrainConfig(data=str(other), **fast, out=str(tmp_path / "below"),
+                              transfer_from=str(source),
+                              transfer_layers=["features", "classifier.1"]),
+                  disable_progress=True)
+    assert (below / "summary.json").is_file()
+    with pytest.raises(CapsmedError, match="frozen, so nothing would be trained"):
+        train(TrainConfig(data=str(tiny_h5), **fast, out=str(tmp_path / "all"),
+                          transfer_from=str(source), transfer_layers=["features", "classifier"]),
+              disable_progress=True)
+    assert not (tmp_path / "all").exists()
+
+
+def test_an_interrupted_transfer_run_resumes_without_its_source(tiny_h5, tmp_path):
+    """Resuming re-read the source run (its rows, its checkpoint), so a source moved
+    away blocked the resume ("not a run directory") though resume.pt holds the copied
+    weights; it now resumes to the same weights as an uninterrupted run."""
+    fast = {"data": str(tiny_h5), "arch": "lenet", "batch_size": 16, "steps_per_epoch": 2,
+            "model_kwargs": TINY_LENET}
+    source = train(TrainConfig(**fast, epochs=1, out=str(tmp_path / "A")),
+                   disable_progress=True)
+    moved = {"epochs": 2, "transfer_from": str(source), "transfer_layers": ["features"]}
+    whole = train(TrainConfig(**fast, **moved, out=str(tmp_path / "whole")),
+                  disable_progress=True)
+    with pytest.raises(TrainingInterrupted):
+        train(TrainConfig(**fast, **moved, out=str(tmp_path / "cut")), disable_progress=True,
+              stop_after_steps=3)
+    source.rename(tmp_path / "elsewhere")
+    cut = resume(tmp_path / "cut", disable_progress=True)
+    assert _same_weights(whole, cut)
+    a = load_file(str(tmp_path / "elsewhere" / "checkpoint.safetensors"))
+    b = load_file(str(cut / "checkpoint.safetensors"))
+    assert all(torch.equal(a[n], b[n]) for n in a if n.startswith("features."))
+
+
 def test_transfer_from_a_run_trained_on_the_test_fold_is_refused(tiny_h5, tmp_path):
     """Fold 1 transferring from a fold-0 run tested on samples its copied layers were
     trained on, silently."""

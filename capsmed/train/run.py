@@ -66,7 +66,12 @@ from capsmed.train.step import (
     prepare_model,
     resolve_precision,
 )
-from capsmed.train.transfer import check_source_rows, transfer_parameters
+from capsmed.train.transfer import (
+    check_source_rows,
+    keep_transferred,
+    recorded_transfer,
+    transfer_parameters,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +164,11 @@ class Run:
         self.data_digest = file_digest(info.path)
         self.rows = select_rows(info, cfg)  # before anything is written
         check_training_classes(info, self.rows)
-        if cfg.transfer_from:  # the copied layers never saw this run's test samples
+        # a resumed transfer run's copied layers are in its resume.pt: its source,
+        # checked when it started, is not read again (it may be gone, or retrained)
+        self.transfer: dict[str, Any] | None = (
+            recorded_transfer(run_dir) if run_dir is not None and cfg.transfer_from else None)
+        if cfg.transfer_from and self.transfer is None:  # its layers never saw our tests
             check_source_rows(Path(cfg.transfer_from), self.data_digest,
                               self.rows.test_split, self.rows.test_rows)
         self.two_labels = self._check_two_labels()
@@ -257,11 +266,12 @@ class Run:
             if run_dir is None:
                 raise
             raise CapsmedError(f"{run_dir / 'config.yaml'}: {exc}") from None
-        self.transfer: dict[str, Any] | None = None  # the source, as config.yaml records
-        if cfg.transfer_from:
-            self.transfer = transfer_parameters(model, Path(cfg.transfer_from),
-                                                cfg.transfer_layers, cfg.freeze_transferred,
-                                                arch=cfg.arch)
+        if cfg.transfer_from and self.transfer is not None:  # resumed: weights to come
+            keep_transferred(model, cfg.transfer_layers, cfg.freeze_transferred)
+        elif cfg.transfer_from:  # the source, as config.yaml records it
+            self.transfer = transfer_parameters(
+                model, Path(cfg.transfer_from), cfg.transfer_layers, cfg.freeze_transferred,
+                arch=cfg.arch, classes=list(info.class_names), model_kwargs=self.model_kwargs)
         return model
 
     def _new_run_dir(self) -> Path:

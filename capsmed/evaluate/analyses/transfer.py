@@ -238,6 +238,27 @@ def _check_layers(model: nn.Module, layers: list[tuple[str, ...]]) -> None:
                                    f"(its layers: {derived})")
 
 
+def _check_class_layer(probe: nn.Module, arch: str, options: dict[str, Any],
+                       layers: list[tuple[str, ...]], cfg: TransferConfig, info_a: Any,
+                       info_b: Any) -> None:
+    """Refuse, before any training, a class layer among the layers when A's classes are
+    not B's (others, or the same in another order): AnB would score B's classes with
+    A's class rows (capsmed train refuses it too, but only once the base runs and the
+    lower AkB runs are trained)."""
+    from capsmed.train.transfer import class_layer, class_layer_refusal
+
+    if list(info_a.class_names) == list(info_b.class_names):
+        return
+    held = class_layer(probe, arch, {"in_channels": info_b.channels,
+                                     "num_classes": info_b.num_classes,
+                                     "input_size": list(info_b.image_size), **options})
+    for prefix in (p for layer in layers for p in layer):
+        if any(n == prefix or n.startswith(prefix + ".") for n in held):
+            raise CapsmedError(class_layer_refusal(
+                cfg.a, prefix, held, info_a.class_names, info_b.class_names,
+                whose=f"{cfg.b}'s") + ": leave it out of --layers")
+
+
 def _accuracy(run_dir: Path, data: Path, batch_size: int, device: str) -> float:
     from capsmed.runs import open_run
 
@@ -298,6 +319,7 @@ def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
         _check_layers(probe, layers)
     if not layers:
         raise CapsmedError(f"'{arch}' has a single layer: nothing to transfer")
+    _check_class_layer(probe, arch, probe_kwargs, layers, cfg, info_a, info_b)
     del probe
     for task, data in (("A", cfg.a), ("B", cfg.b)):
         if task not in bases:
