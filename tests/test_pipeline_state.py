@@ -342,8 +342,10 @@ import os, sys, threading, time
 from pathlib import Path
 from capsmed.pipeline.processes import run_logged
 log = Path(sys.argv[1])
+# 'ready' spelled in two parts: the log's first line, the command itself, must not
+# say it (the runner then exited before the child had started, and none was found)
 child = "import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); " \\
-        "print('ready', flush=True); time.sleep(60)"
+        "print('rea' + 'dy', flush=True); time.sleep(60)"
 threading.Thread(target=run_logged, args=([sys.executable, "-c", child], log),
                  daemon=True).start()
 while "ready" not in (log.read_text() if log.exists() else ""):
@@ -463,6 +465,34 @@ def test_a_folder_a_stage_command_names_outside_out_is_an_input(tmp_path):
     assert execute.stage_done(state, stage)
     (images / "b" / "1.png").unlink()
     (images / "b").rmdir()
+    assert not execute.stage_done(state, stage)
+
+
+def test_a_file_a_stage_command_names_after_an_equals_sign_is_an_input(tmp_path):
+    """--split-file train=FILE (and --opt=FILE): editing the split lists remade nothing,
+    and the study trained and reported on the old splits."""
+    from capsmed.pipeline.stages import Stage
+
+    lists, out = tmp_path / "lists", tmp_path / "out"
+    lists.mkdir()
+    (lists / "train.txt").write_text("P01\nP02\n")
+    (lists / "groups.csv").write_text("a.png,P01\n")
+    output = out / "data" / "images.h5"
+    stage = Stage("images", output, (("preprocess", "folder", str(out / "raw"), "-o",
+                                      str(output), "--split-file",
+                                      f"train={lists / 'train.txt'}",
+                                      f"--groups-csv={lists / 'groups.csv'}"),),
+                  (), (out / "raw",), {}, {})
+    assert execute.command_inputs(stage, out) == [lists / "train.txt", lists / "groups.csv"]
+    state = PipelineState(out)
+    output.parent.mkdir(parents=True)
+    output.write_bytes(b"h5")
+    record = state.records / "stages" / "images.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"commands": execute.command_hash(stage.commands),
+                                  "inputs": execute.inputs_fingerprint(stage, out)}))
+    assert execute.stage_done(state, stage)
+    (lists / "train.txt").write_text("P01\n")
     assert not execute.stage_done(state, stage)
 
 
@@ -651,3 +681,57 @@ def test_weights_copied_in_place_with_their_old_times_are_checked_again(tmp_path
     (records / "verified.jsonl").write_text(json_module.dumps(
         {"run": str(run_dir), "stat": [st.st_size, st.st_mtime_ns, st.st_ino]}) + "\n")
     assert Verified(records).problem(run_dir) is None
+
+
+def test_a_transfer_run_whose_source_was_trained_again_trains_again(tmp_path):
+    """A transfer run's identity names its source by path only: a source trained again
+    in its folder (other weights) left the finished transfer run done and reused, its
+    layers those of the former weights. config.yaml's transfer.weights_digest tells."""
+    from capsmed.data.digest import file_digest
+    from tests.pipeline_stand_ins import write_checkpoint
+
+    source = tmp_path / "source"
+    weights = write_checkpoint(source, b"weights 1")
+
+    def transfer(raw):
+        raw["train"].update(transfer_from=str(source), transfer_layers=["features"])
+
+    pipeline, state = _pipeline(tmp_path, transfer)
+    run = _run(pipeline, pipeline.runs[0].label)
+    config = {"train": {**run.train}, "model_kwargs": {}, "dataset": {},
+              "transfer": {"run": str(source), "epoch": 1,
+                           "weights_digest": file_digest(weights)}}
+    run_dir = _finished(state, run, files={"config.yaml": config})
+    assert state.status(run, run_identity(run)) == "done"
+    write_checkpoint(source, b"weights 2")  # the source trained again, same folder
+    assert state.status(run, run_identity(run)) == "stale"
+    row = next(r for r in _rows(pipeline, state) if r.run is run)
+    assert row.detail == "its transfer source was trained again: trains again"
+    # another task of a multi-task job, deciding before rank 0 set the folder aside,
+    # joins the new training (it returned [], and rank 0's training waited for it)
+    argv = execute.training_argv(state, run, run_identity(run), Placement(), prepare=False)
+    assert argv[-4:-2] == ["--config", str(state.config_path(run_identity(run)))]
+    assert run_dir.is_dir()
+    argv = execute.training_argv(state, run, run_identity(run), Placement())
+    assert argv[-4:-2] == ["--config", str(state.config_path(run_identity(run)))]
+    assert not run_dir.exists() and run_dir.with_name(run_dir.name + ".stale-1").is_dir()
+    # a source that is gone leaves a finished transfer run as it is
+    run_dir = _finished(state, run, files={"config.yaml": config})
+    weights.unlink()
+    (source / "checkpoint.json").unlink()
+    assert state.status(run, run_identity(run)) == "done"
+
+
+def test_a_run_killed_while_it_finished_is_resumed_not_taken_as_trained(tmp_path):
+    """summary.json is written before resume.pt is removed (the trackers' uploads come
+    between): a run killed there was taken as trained, never finished, and evaluated
+    and reported as unfinished ("trained 2 of 2 epochs"), its MLflow run left RUNNING."""
+    pipeline, state = _pipeline(tmp_path)
+    run = _run(pipeline, pipeline.runs[0].label)
+    run_dir = _finished(state, run)
+    assert state.status(run, run_identity(run)) == "done"
+    (run_dir / "resume.pt").write_bytes(b"state")
+    assert state.status(run, run_identity(run)) == "interrupted"
+    argv = execute.training_argv(state, run, run_identity(run), Placement())
+    assert argv[-2:] == ["--resume", str(run_dir)]
+    assert (run_dir / "summary.json").is_file()

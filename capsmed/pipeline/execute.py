@@ -49,12 +49,16 @@ def _stage_record(state: PipelineState, name: str) -> Path:
 def command_inputs(stage: Stage, out: Path) -> list[Path]:
     """Files and folders outside the study's ``out`` that the stage's commands name and
     its ``requires:`` does not cover (``--set images=DIR`` in a pipeline without a
-    ``requires`` of it): read as raw input all the same, so fingerprinted too."""
+    ``requires`` of it): read as raw input all the same, so fingerprinted too. So is a
+    path after ``=`` (``--split-file train=lists/train.txt``, ``--groups-csv=meta/g.csv``):
+    an edited split list would otherwise remake nothing."""
     # what it makes is not what it reads: its output, its scratch and the study's out
     skip = [Path(p).absolute() for p in (*(r.path for r in stage.requires), out,
                                          stage.output, *stage.scratch)]
+    words = (w for command in stage.commands for a in command
+             for w in (a, *([a.split("=", 1)[1]] if "=" in a else [])))
     found: list[Path] = []
-    for arg in dict.fromkeys(a for command in stage.commands for a in command):
+    for arg in dict.fromkeys(words):
         if os.sep not in arg or not os.path.exists(arg):
             continue
         path = Path(arg).absolute()
@@ -160,11 +164,13 @@ def _restore(previous: Path, output: Path) -> None:
 
 
 def file_status(run_dir: Path) -> str:
-    """What a run folder holds: trained, interrupted (resume.pt), started or pending."""
-    if (run_dir / "summary.json").is_file():
-        return "trained"
+    """What a run folder holds: trained, interrupted (resume.pt), started or pending.
+    resume.pt beside summary.json is a run killed while it finished (its trackers, the
+    state's removal): ``--resume`` finishes it without training."""
     if (run_dir / "resume.pt").is_file():
         return "interrupted"
+    if (run_dir / "summary.json").is_file():
+        return "trained"
     return "started" if run_dir.exists() else "pending"
 
 
@@ -177,8 +183,16 @@ def training_argv(state: PipelineState, run: RunSpec, run_id: str, placement: Pl
     status = file_status(run_dir)
     if status == "started" and prepare:  # killed before its folder was whole: start over
         shutil.rmtree(run_dir)
-    if status == "trained" and prepare and state.damaged(run_dir):
-        set_aside(run_dir)  # kept for a look; the run trains again from the start
+    # damaged weights, or a transfer run's layers of its source's former weights: the run
+    # trains again from the start. Every task of a multi-task job decides so (the others
+    # returned [] and never joined the training rank 0 started); rank 0 sets the folder
+    # aside, kept for a look.
+    aside = ("damaged" if status == "trained" and state.damaged(run_dir) else
+             "stale" if status in ("trained", "interrupted")
+             and state.stale_transfer(run, run_dir) else None)
+    if aside is not None:
+        if prepare:
+            set_aside(run_dir, aside)
         status = "pending"
     if status in ("started", "pending"):
         config = state.config_path(run_id)  # every rank writes the same text, atomically
@@ -191,12 +205,12 @@ def training_argv(state: PipelineState, run: RunSpec, run_id: str, placement: Pl
     return capsmed_argv(*args, processes=placement.processes)
 
 
-def set_aside(run_dir: Path) -> Path:
-    """Move a damaged run folder to ``<folder>.damaged-N`` (the first free N)."""
+def set_aside(run_dir: Path, why: str = "damaged") -> Path:
+    """Move a damaged (or stale) run folder to ``<folder>.<why>-N`` (the first free N)."""
     n = 1
-    while run_dir.with_name(f"{run_dir.name}.damaged-{n}").exists():
+    while run_dir.with_name(f"{run_dir.name}.{why}-{n}").exists():
         n += 1
-    aside = run_dir.with_name(f"{run_dir.name}.damaged-{n}")
+    aside = run_dir.with_name(f"{run_dir.name}.{why}-{n}")
     os.replace(run_dir, aside)
     return aside
 

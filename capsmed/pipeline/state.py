@@ -34,8 +34,8 @@ from capsmed.pipeline.processes import orphans_of
 from capsmed.pipeline.spec import RunSpec
 from capsmed.processes import pid_alive
 
-STATES = ("pending", "outdated", "started", "interrupted", "trained", "damaged", "failed",
-          "done")
+STATES = ("pending", "outdated", "started", "interrupted", "trained", "damaged", "stale",
+          "failed", "done")
 
 
 def evaluation_current(run_dir: Path, evaluation: Any) -> bool:
@@ -129,24 +129,48 @@ class PipelineState:
         return self._verified.problem(run_dir)
 
     def status(self, run: RunSpec, run_id: str | None) -> str:
-        """pending / started / interrupted / trained / damaged / failed / done, from the
-        files (damaged: trained, but its weights are not the ones recorded)."""
+        """pending / started / interrupted / trained / damaged / stale / failed / done,
+        from the files (damaged: trained, but its weights are not the ones recorded;
+        stale: a transfer run whose source was trained again since)."""
         if run_id is None:
             return "pending"
         run_dir = self.run_dir(run, run_id)
-        if (run_dir / "summary.json").is_file():
+        if ((run_dir / "summary.json").is_file() or (run_dir / "resume.pt").is_file()) \
+                and self.stale_transfer(run, run_dir):
+            return "stale"
+        if (run_dir / "resume.pt").is_file():  # beside summary.json: killed finishing
+            state = "interrupted"
+        elif (run_dir / "summary.json").is_file():
             if self.damaged(run_dir):
                 return "damaged"
             if all(evaluation_current(run_dir, e) for e in run.evaluations):
                 return "done"
             state = "trained"
-        elif (run_dir / "resume.pt").is_file():
-            state = "interrupted"
         elif run_dir.exists():
             state = "started"
         else:
             state = "pending"
         return "failed" if self.read_record(run_id).get("outcome") == "failed" else state
+
+    def stale_transfer(self, run: RunSpec, run_dir: Path) -> str | None:
+        """Why a transfer run's copied layers are no longer its source's, if so: the
+        source folder (part of the run's identity by its path only) holds other weights
+        than the digest its config.yaml recorded (trained again). A source that is gone
+        or unreadable leaves the run as it is: it holds what it recorded copying."""
+        source = run.train.get("transfer_from")
+        if not source or not run.train.get("transfer_layers"):
+            return None
+        from capsmed.train.transfer import recorded_transfer
+
+        try:
+            recorded = recorded_transfer(run_dir)
+        except CapsmedError:
+            return None
+        now = _weights_digest(Path(str(source)))
+        if recorded is None or now is None or now == recorded["weights_digest"]:
+            return None
+        return (f"{source} was trained again since {run_dir} copied its layers (weights "
+                f"digest {recorded['weights_digest'][:19]}, now {now[:19]})")
 
     # -- one runner per folder -------------------------------------------------------------
     def check_writable(self) -> None:

@@ -24,7 +24,8 @@ ORDER = (FINISHED, RUNNING, QUEUED, FAILED, NOT_SUBMITTED)
 REPETITIONS = ("seed", "fold")  # fields a group is summed over first
 WAITING = {"pending": "", "started": "", "interrupted": "interrupted, resumes",
            "trained": "trained, not evaluated", "outdated": "its data will be made again",
-           "damaged": "its weights are damaged: trains again"}
+           "damaged": "its weights are damaged: trains again",
+           "stale": "its transfer source was trained again: trains again"}
 
 
 @dataclass

@@ -110,6 +110,11 @@ def test_a_finished_run_with_damaged_weights_is_not_done_and_trains_again(tmp_pa
     assert fresh.status(run, run_identity(run)) == "damaged"
     result = invoke(["run", "status", _pipeline(tmp_path), "--list"])
     assert "its weights are damaged: trains again" in result.output
+    # another task of a multi-task job joins the training rank 0 starts again
+    argv = execute.training_argv(fresh, run, run_identity(run), execute.Placement(),
+                                 prepare=False)
+    assert argv[-4:-2] == ["--config", str(fresh.config_path(run_identity(run)))]
+    assert run_dir.is_dir()
     argv = execute.training_argv(fresh, run, run_identity(run), execute.Placement())
     assert argv[-4:-2] == ["--config", str(fresh.config_path(run_identity(run)))]
     assert not run_dir.exists() and run_dir.with_name(run_dir.name + ".damaged-1").is_dir()
