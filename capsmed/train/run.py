@@ -43,6 +43,7 @@ from capsmed.train.protocol import PROTOCOL_REVISION
 from capsmed.train.run_checks import (
     check_cuda_graph,
     check_saved_rows,
+    check_single_image_batches,
     check_training_classes,
 )
 from capsmed.train.run_data import (
@@ -182,6 +183,8 @@ class Run:
         self._load_data()
         self._build_optimisation()
         self._build_step()
+        check_single_image_batches(self.model, self.sampler.batch_sizes(), ctx,
+                                   (info.channels, *info.image_size), device)
         self.environment = self._describe_environment()
         log.debug("environment %s; training rows %d (%s), validation %s; %d steps per "
                   "epoch; options %s", self.environment, len(self.train_data),

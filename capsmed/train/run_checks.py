@@ -55,6 +55,43 @@ def check_cuda_graph(cfg: TrainConfig, device: torch.device, ctx: distributed.Di
         raise CapsmedError(f"--cuda-graph {problem}")
 
 
+def check_single_image_batches(model: torch.nn.Module, batch_sizes: set[int],
+                                ctx: distributed.Distributed, input_shape: tuple[int, ...],
+                                device: torch.device) -> None:
+    """Refuse a run whose batches (or one rank's share of one) can hold a single image
+    when its batch norm cannot train on one at this input size (a 1x1 map): it stopped
+    with a traceback at the end of its first epoch, its folder written, and --resume
+    met the same batch. Probed on one image, before anything is written; the model's
+    buffers and the random generators are left as they were."""
+    shares = {len(range(rank, size, ctx.world)) for size in batch_sizes
+              for rank in range(ctx.world)}  # each process's batch[rank::world]
+    if 1 not in shares or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                                  for m in model.modules()):
+        return
+    buffers = [b.detach().clone() for b in model.buffers()]
+    was_training = model.training
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            model.train()
+            model(torch.zeros(1, *input_shape, device=device))
+    except ValueError as exc:
+        if "Expected more than 1 value per channel" not in str(exc):
+            raise
+        sizes = " and ".join(map(str, sorted(batch_sizes, reverse=True)))
+        over = f", shared by {ctx.world} processes" if ctx.world > 1 else ""
+        raise CapsmedError(
+            f"this run's batches of {sizes} images{over} give a step a single image, and "
+            f"the model's batch norm cannot train on one image at input size "
+            f"{'x'.join(map(str, input_shape[1:]))}; choose a --batch-size that leaves "
+            f"no batch of one") from None
+    finally:
+        with torch.no_grad():
+            for saved, buffer in zip(buffers, model.buffers(), strict=True):
+                buffer.copy_(saved)
+        model.train(was_training)
+
+
 def warn_unused_recon_weight(cfg: TrainConfig, model: torch.nn.Module) -> None:
     """Warn when a reconstruction weight was given (not the domain's default) for a model
     without a reconstruction decoder: nothing uses it, yet config.yaml records it. A

@@ -56,6 +56,16 @@ class BatchSampler:
     def __len__(self) -> int:
         return self.steps
 
+    def batch_sizes(self) -> set[int]:
+        """The sizes of the batches an epoch yields: one pass's last batch holds the
+        rest of the samples; other passes and balanced batches are always whole."""
+        if self.mode == "balanced":
+            return {self.per_class * len(self.classes)}
+        n, b = len(self.labels), self.batch_size
+        if self.one_pass:
+            return {min(n, b), *([n % b] if n > b and n % b else [])}
+        return {b}
+
     def __iter__(self) -> Iterator[torch.Tensor]:
         if self.mode == "balanced":
             for _ in range(self.steps):
