@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from capsmed.cli import app
 from capsmed.data.contract import SplitData, load_split
+from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses.manifold import (
     align_to_grid,
     centre_on_mass,
@@ -96,6 +97,11 @@ def test_multimnist_first_digits_are_moved_back_to_the_centre():
     assert np.array_equal(single_digits(samples), centred)
     plain = SplitData(shifted, np.array([0, 1]), np.array(["a", "b"]))
     assert single_digits(plain) is shifted
+    # first digits stored without their channel axis were moved as rows of pixels
+    flat = SplitData(shifted, np.array([0, 1]), np.array(["a", "b"]),
+                     meta={"image_a": shifted[:, 0], "shift_a": shifts})
+    with pytest.raises(CapsmedError, match=r"meta/image_a must be uint8 \[2, 1, 10, 10\]"):
+        single_digits(flat, "f.h5")
 
 
 def test_centring_puts_the_centre_of_mass_in_the_middle():

@@ -103,10 +103,16 @@ def single_digits(samples: SplitData, origin: str = "the data") -> np.ndarray:
 
     Raises:
         CapsmedError: two-digit images without their first digits stored (``preprocess
-            multimnist --no-store-sources``): each image holds two digits, not one.
+            multimnist --no-store-sources``): each image holds two digits, not one; or
+            first digits of another shape or type than the images.
     """
     meta = samples.meta
     if "image_a" in meta and "shift_a" in meta:
+        sources, shape = meta["image_a"], samples.images.shape
+        if sources.dtype != np.uint8 or sources.shape != shape:  # else moved wrongly
+            raise CapsmedError(f"{origin}: meta/image_a must be uint8 {list(shape)} like "
+                               f"its images (each image's first digit), got "
+                               f"{sources.dtype} {list(sources.shape)}")
         return np.stack([shift_image(im, -int(dy), -int(dx))
                          for im, (dy, dx) in zip(meta["image_a"], meta["shift_a"], strict=True)])
     if SECOND_LABEL in meta:
