@@ -455,17 +455,24 @@ def test_a_folder_a_stage_command_names_outside_out_is_an_input(tmp_path):
                                       ("preprocess", "folder", str(images), "-o",
                                        str(output)))), (), (out / "raw",), {}, {})
     assert execute.command_inputs(stage, out) == [images]  # not out/, not the output
-    state = PipelineState(out)
-    output.parent.mkdir(parents=True)
-    output.write_bytes(b"h5")
-    record = state.records / "stages" / "images.json"
-    record.parent.mkdir(parents=True)
-    record.write_text(json.dumps({"commands": execute.command_hash(stage.commands),
-                                  "inputs": execute.inputs_fingerprint(stage, out)}))
+    state = _stage_made(stage, out)
     assert execute.stage_done(state, stage)
     (images / "b" / "1.png").unlink()
     (images / "b").rmdir()
     assert not execute.stage_done(state, stage)
+
+
+def _stage_made(stage, out):
+    """The folder's state once ``stage`` has made its output (a stand-in) and recorded
+    its commands and inputs."""
+    state = PipelineState(out)
+    stage.output.parent.mkdir(parents=True)
+    stage.output.write_bytes(b"h5")
+    record = state.records / "stages" / f"{stage.name}.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"commands": execute.command_hash(stage.commands),
+                                  "inputs": execute.inputs_fingerprint(stage, out)}))
+    return state
 
 
 def test_a_file_a_stage_command_names_after_an_equals_sign_is_an_input(tmp_path):
@@ -484,13 +491,7 @@ def test_a_file_a_stage_command_names_after_an_equals_sign_is_an_input(tmp_path)
                                       f"--groups-csv={lists / 'groups.csv'}"),),
                   (), (out / "raw",), {}, {})
     assert execute.command_inputs(stage, out) == [lists / "train.txt", lists / "groups.csv"]
-    state = PipelineState(out)
-    output.parent.mkdir(parents=True)
-    output.write_bytes(b"h5")
-    record = state.records / "stages" / "images.json"
-    record.parent.mkdir(parents=True)
-    record.write_text(json.dumps({"commands": execute.command_hash(stage.commands),
-                                  "inputs": execute.inputs_fingerprint(stage, out)}))
+    state = _stage_made(stage, out)
     assert execute.stage_done(state, stage)
     (lists / "train.txt").write_text("P01\n")
     assert not execute.stage_done(state, stage)
