@@ -257,3 +257,28 @@ def test_a_digit_is_placed_on_the_canvas_as_the_set_placed_its_digits(tmp_path, 
     cv2.imwrite(str(tmp_path / "big.png"), cv2.resize(digit, (56, 56)))  # resized first
     images, _ = next(recipe.prepare(tmp_path / "big.png", None).chunks)
     assert images[0, 0, :6].max() == 0 and images[0, 0, 6:34, 6:34].max() > 0
+
+
+def test_another_data_file_is_refused_for_a_run_with_its_own_record(tupac_runs, tiny_h5,
+                                                                    tiny_raw, tmp_path):
+    """--data is for runs without preprocessing.json: for a run with one, another file
+    (another stain normalisation of the same classes, say) was accepted and ignored."""
+    import shutil
+
+    import h5py
+
+    from tests.helpers import assert_clean_failure
+
+    run_dir = tupac_runs["lenet"]
+    other = tmp_path / "other.h5"
+    shutil.copy(tiny_h5, other)
+    with h5py.File(other, "a") as f:
+        f.attrs["note"] = "made otherwise"  # same classes and images: another file
+    inputs = [str(tiny_raw / "mitoses_image_data_part_1")]
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["predict", str(run_dir), *inputs, "-o", str(out),
+                                 "--data", str(other), "--no-heatmaps", "--device", "cpu"])
+    assert_clean_failure(result, "--data is for runs without preprocessing.json", out)
+    result = runner.invoke(app, ["predict", str(run_dir), *inputs, "-o", str(out),
+                                 "--data", str(tiny_h5), "--no-heatmaps", "--device", "cpu"])
+    assert result.exit_code == 0, result.output  # the run's own file: as without --data

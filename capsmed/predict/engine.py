@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from capsmed.data.images import exif_orientation
-from capsmed.data.record import DatasetRecord
+from capsmed.data.record import RECORD, DatasetRecord
 from capsmed.data.replay import make_recipe
 from capsmed.data.replay.windows import Prepared
 from capsmed.device import select_device
@@ -54,6 +54,7 @@ from capsmed.predict.outputs import (
 )
 from capsmed.progress import make_progress, restart_task
 from capsmed.runs import open_run
+from capsmed.runs.rows import is_run_file
 from capsmed.runs.scores import (
     class_probabilities,
     non_finite_rows,
@@ -175,6 +176,12 @@ def predict(run_dir: Path, inputs: list[Path], out_dir: Path,
     run.warn_if_unfinished("predicts with", "predict")  # as evaluate and export warn
     model, meta, device = run.model, run.meta, run.device
     record = run.record()
+    if opts.data is not None and Path(record.origin).name == RECORD \
+            and not is_run_file(run_dir, opts.data):
+        # the run's own record is replayed: another file given here was ignored
+        raise CapsmedError(f"{opts.data}: --data is for runs without {RECORD}; {run_dir} "
+                           f"has one and predicts with the preprocessing it records (not "
+                           f"this file's): drop --data")
     recipe = make_recipe(record, opts.overrides)
     log.debug("run %s (%s, epoch %s) on %s: recipe %s, preprocessing from %s", run_dir,
               meta["arch"], meta["epoch"], device, type(recipe).__name__, record.origin)
