@@ -108,7 +108,7 @@ def test_another_h_max_changes_the_scores(tupac_runs, tiny_raw, tiny_h5, tmp_pat
     assert not np.allclose(_predicted(result), expected)
 
 
-def test_diaretdb1_predict_on_raw_photographs_equals_evaluate(tmp_path):
+def test_diaretdb1_predict_on_raw_photographs_equals_evaluate(tmp_path, caplog):
     raw = tmp_path / "ddb1"
     write_diaretdb1(raw, images=6, size=(320, 256), seed=2, disable_progress=True)
     data = preprocess_diaretdb1(raw, tmp_path / "d.h5", Diaretdb1Config(
@@ -122,6 +122,12 @@ def test_diaretdb1_predict_on_raw_photographs_equals_evaluate(tmp_path):
         centres=tmp_path / "centres.csv", batch_size=32, device="cpu",
         overrides=Overrides(fov_mask=fov), heatmaps=False))
     assert np.array_equal(_predicted(result), expected) and np.ptp(expected[:, 1]) > 0
+    assert "field of view is estimated" not in caplog.text
+    # the estimate moves the soft rim by a pixel, and every patch with it: said once
+    from capsmed.data.replay import make_recipe
+
+    make_recipe(open_run(run_dir, None, CPU, need_data=False).record(), Overrides())
+    assert caplog.text.count("pass --fov-mask to see them as training did") == 1
 
 
 def test_predict_on_a_folder_writes_csv_heatmaps_geojson_and_summary(tupac_runs, tiny_raw,

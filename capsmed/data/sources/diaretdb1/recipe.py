@@ -3,16 +3,21 @@ windows inside the field of view (the official mask, or one estimated per image)
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 
+from capsmed.data.record import DatasetRecord
 from capsmed.data.replay.images import PatchRecipe, recorded
+from capsmed.data.replay.options import Overrides
 from capsmed.data.sources.diaretdb1.layout import read_fundus_mask
 from capsmed.data.sources.diaretdb1.reader import enhance_fundus
 from capsmed.errors import CapsmedError
+
+log = logging.getLogger(__name__)
 
 
 def estimate_fov(rgb: np.ndarray, threshold: int = 20) -> np.ndarray:
@@ -33,6 +38,15 @@ class FundusPatches(PatchRecipe):
     """DIARETDB1: CLAHE green over the field of view, windows inside it."""
 
     accepts = frozenset({"stride", "min_tissue", "fov_mask"})
+
+    def __init__(self, record: DatasetRecord, overrides: Overrides) -> None:
+        super().__init__(record, overrides)
+        if overrides.fov_mask is None:  # training read the set's released mask
+            log.warning("the field of view is estimated per image: at a soft rim it can "
+                        "differ from a released mask by a pixel, which moves the CLAHE box "
+                        "and changes the patches; for photographs that come with a mask "
+                        "(DIARETDB1's fmask.tif) pass --fov-mask to see them as training "
+                        "did")
 
     def channel_and_mask(self, path: Path, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                      float, dict[str, Any]]:
