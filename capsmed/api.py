@@ -92,8 +92,8 @@ def load_run(run_dir: Path | str, device: str = "cpu") -> Any:
     """A trained run, checked and loaded (:class:`capsmed.runs.OpenRun`): its
     ``model``, ``class_names``, ``input_shape``, ``record()`` of the preprocessing, and
     ``predict(images)`` for model-ready uint8 images [N, C, H, W]. An unfinished run
-    (``resume.pt`` there: an intermediate epoch's checkpoint) is loaded with a warning,
-    as ``capsmed predict`` and ``export`` warn."""
+    (``resume.pt`` there, or no ``summary.json``: an intermediate epoch's checkpoint) is
+    loaded with a warning, as ``capsmed predict`` and ``export`` warn."""
     from capsmed.runs import open_run
 
     run = open_run(Path(run_dir), device=device, need_data=False)

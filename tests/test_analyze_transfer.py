@@ -187,6 +187,7 @@ def test_transfer_copies_batch_norm_statistics_with_the_weights(tmp_path):
     norm.running_var.fill_(4.0)
     save_checkpoint(tmp_path, source, {"arch": "em-capsnet", "model_kwargs": kwargs,
                                        "epoch": 1, "data": "x.h5", "class_names": ["a", "b"]})
+    (tmp_path / "summary.json").write_text("{}")  # a finished source run
     target = create_model("em-capsnet", **kwargs)
     transfer_parameters(target, tmp_path, [name], freeze=True, arch="em-capsnet")
     copied = dict(target.named_modules())[name]

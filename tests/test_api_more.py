@@ -84,6 +84,28 @@ def test_load_run_and_predict_array_warn_of_an_unfinished_run(lenet_run, tmp_pat
     assert "has not finished" not in caplog.text
 
 
+def test_load_run_warns_of_a_stopped_run_whose_resume_state_was_deleted(lenet_run, tmp_path,
+                                                                        caplog):
+    """Neither resume.pt (deleted: it is large) nor summary.json: the checkpoint is of
+    the epoch training stopped at, and load_run and predict_array said nothing."""
+    import shutil
+
+    stopped = tmp_path / "stopped"
+    shutil.copytree(lenet_run, stopped)
+    (stopped / "summary.json").unlink()
+    capsmed.load_run(lenet_run)
+    assert "has not finished" not in caplog.text  # a finished run: summary.json there
+    run = capsmed.load_run(stopped)
+    said = " ".join(caplog.text.split())
+    assert f"{stopped}: its training has not finished (no summary.json, and its resumable " \
+           "state was removed), so this loads the epoch 1 checkpoint; it cannot be " \
+           "resumed: train it again, then load it again" in said
+    caplog.clear()
+    capsmed.predict_array(stopped, np.full((40, 40), 200, np.uint8))
+    assert "so this predicts with the epoch 1 checkpoint" in " ".join(caplog.text.split())
+    assert run.unfinished is not None and not run.unfinished.resumable
+
+
 def test_preprocess_refuses_fractions_that_split_files_or_folds_replace(tmp_path):
     """``--train/--val/--test`` with ``--split-file`` or ``--folds``, and a split file
     of an unknown split, are refused by the command line; ``capsmed.preprocess``

@@ -556,6 +556,9 @@ def test_transfer_refuses_sources_whose_layers_are_not_what_it_names(tiny_h5, tm
         train(TrainConfig(**{**fast, "epochs": 2}, arch="lenet", out=str(tmp_path / "unf"),
                           model_kwargs=TINY_LENET), disable_progress=True, stop_after_steps=1)
     refused("lenet", TINY_LENET, tmp_path / "unf", "its training has not finished")
+    (tmp_path / "unf" / "resume.pt").unlink()  # deleted to save disk: still that epoch's
+    refused("lenet", TINY_LENET, tmp_path / "unf", r"not finished \(no summary.json, and "
+            "its resumable state was removed\\).* it cannot be resumed")
     avg = run("avg", "convnet-avg", {"channels": [4, 4], "kernel_size": 9})
     refused("convnet-cr", {"conv_channels": 4, "decoder_hidden": [16, 16]}, avg,
             "a run of architecture 'convnet-avg'")

@@ -57,6 +57,7 @@ def _runs_table(runs: list, root: Path):
                Column("best", priority=1), Column("loss", priority=1), Column("acc"),
                Column("rep")]
     return Table(f"Runs under {root}", columns, rows, notes=[
-        "ep: epochs run (2/10: unfinished; capsmed train --resume continues it); best: "
+        "ep: epochs run (2/10: unfinished; capsmed train --resume continues it while "
+        "its resume.pt is there); best: "
         "kept epoch; loss/acc: validation at the kept epoch; rep: evaluated (stale: the "
         "run trained on after it)"])

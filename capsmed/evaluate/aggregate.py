@@ -32,7 +32,7 @@ from capsmed.train.protocol import (
     protocol_sort_key,
     transfer_source,
 )
-from capsmed.train.run_config import RESUME_FILE
+from capsmed.train.run_config import training_unfinished
 from capsmed.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)
@@ -214,14 +214,18 @@ def load_evaluated_run(run_dir: Path, report_name: str = "report") -> EvaluatedR
 
 
 def _unfinished(run_dir: Path) -> str | None:
-    """``epoch k of N`` while the run's training has not finished (resume.pt there)."""
-    if not (run_dir / RESUME_FILE).is_file():
+    """``trained k of N epochs`` while the run's training has not finished
+    (:func:`~capsmed.train.run_config.training_unfinished`), with the reason when
+    ``capsmed train --resume`` cannot finish it."""
+    late = training_unfinished(run_dir)
+    if late is None:
         return None
+    why = "" if late.resumable else f"; {late.reason}"
     try:
         summary = summarise_run(run_dir)
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
-        return "training not finished"
-    return f"trained {summary.epochs_run} of {summary.epochs_planned} epochs"
+        return "training not finished" + why
+    return f"trained {summary.epochs_run} of {summary.epochs_planned} epochs{why}"
 
 
 def _evaluated_on_own_file(config: dict[str, Any], report: dict[str, Any]) -> bool:
@@ -370,7 +374,8 @@ def group_warnings(groups: Sequence[Group]) -> list[str]:
             notes.append(f"{where}: {len(late)} run(s) had not finished training ("
                          + "; ".join(f"{r.path}: {r.unfinished}" for r in late)
                          + "); their early checkpoints are averaged in and the cells "
-                         "marked †; finish them with capsmed train --resume RUN_DIR, then "
+                         "marked †; finish them with capsmed train --resume RUN_DIR (one "
+                         "whose resumable state was removed: train it again), then "
                          "capsmed evaluate RUN_DIR")
         labels = [r.repetition_label for r in g.runs]
         dupes = sorted({x for x in labels if labels.count(x) > 1})

@@ -67,7 +67,8 @@ def cell_notes(cells: Mapping[str, Sequence[EvaluatedRun]]) -> list[str]:
         notes.append(f"{UNFINISHED}: the cell averages {len(late)} run(s) whose training "
                      "had not finished: " + "; ".join(f"{r.path} ({r.unfinished})"
                                                       for r in late)
-                     + "; finish each with capsmed train --resume RUN_DIR, then capsmed "
+                     + "; finish each with capsmed train --resume RUN_DIR (one whose "
+                     "resumable state was removed: train it again), then capsmed "
                      "evaluate RUN_DIR")
     flat = [r for r in runs if one_class(r)]
     if flat:

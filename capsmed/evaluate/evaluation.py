@@ -38,7 +38,6 @@ from capsmed.runs.scores import (
 from capsmed.train.handlers.mlflow_tracking import log_report
 from capsmed.train.run_config import WEIGHTS, read_run_config
 from capsmed.train.run_data import TRAIN_ROWS
-from capsmed.train.state import RESUME_FILE
 
 log = logging.getLogger(__name__)
 
@@ -227,12 +226,12 @@ def evaluate_run(run_dir: Path, split: str = "test", data: Path | None = None,
         report.notes.insert(0, two_label["note"])
     if seen_note is not None:  # in the files too: a report.html is sent on its own
         report.notes.insert(0, seen_note)
-    if run.unfinished:  # in the files too, as a report.html is sent on its own (the
+    late = run.unfinished
+    if late is not None:  # in the files too, as a report.html is sent on its own (the
         # notes are logged as warnings below)
-        report.notes.insert(0, f"The run's training had not finished ({RESUME_FILE} was "
-                            f"there): this scores its epoch {meta['epoch']} checkpoint, "
-                            "not the final one; after capsmed train --resume "
-                            f"{run_dir}, evaluate again.")
+        report.notes.insert(0, f"The run's training had not finished ({late.reason}): "
+                            f"this scores its epoch {meta['epoch']} checkpoint, not the "
+                            f"final one; {late.then('evaluate')}.")
     title = (f"{meta['arch']} on {info.dataset} / {split} (epoch {meta['epoch']})"
              + (f" - {data_path.name}, not the run's file" if differs else "")
              + (" - first digit of two" if two_label is not None else ""))

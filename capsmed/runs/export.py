@@ -34,7 +34,7 @@ from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, writing
 from capsmed.runs.open import OpenRun, open_run
 from capsmed.runs.scores import class_probabilities, non_finite_rows, refuse_non_finite
-from capsmed.train.run_config import RESUME_FILE, WEIGHTS
+from capsmed.train.run_config import WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ def export_metadata(run: OpenRun) -> dict[str, Any]:
     return {
         "capsmed_version": __version__, "arch": run.arch,
         "model_kwargs": run.meta["model_kwargs"], "checkpoint_epoch": run.epoch,
-        # an interrupted run's checkpoint is of an intermediate epoch (resume.pt is there)
-        "training_finished": not run.unfinished,
+        # an interrupted run's checkpoint is of an intermediate epoch
+        "training_finished": run.unfinished is None,
         "weights_digest": run.meta.get("weights_digest"),
         "class_names": list(run.class_names),
         "input": {"shape": list(run.input_shape), "layout": "NCHW", "dtype": "float32",
@@ -125,11 +125,11 @@ def export_run(run_dir: Path, output: Path | str, fmt: str | None = None,
                            f"--format is {fmt}; name the file for its format (or drop "
                            "--format)")
     run = open_run(run_dir, device="cpu", need_data=False)
-    if run.unfinished:
-        log.warning("%s: its training has not finished (%s is there), so this exports the "
-                    "epoch %d checkpoint (recorded as training_finished: false); after "
-                    "capsmed train --resume %s, export again", run.run_dir, RESUME_FILE,
-                    run.epoch, run.run_dir)
+    late = run.unfinished
+    if late is not None:
+        log.warning("%s: its training has not finished (%s), so this exports the epoch %d "
+                    "checkpoint (recorded as training_finished: false); %s", run.run_dir,
+                    late.reason, run.epoch, late.then("export"))
     module = ScoresModule(run.model).eval()
     metadata = json.dumps(export_metadata(run), default=str)
     example = torch.rand(2, *run.input_shape, generator=torch.Generator().manual_seed(0))

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from capsmed.train.protocol import protocol_label, protocol_settings, transfer_source
-from capsmed.train.run_config import CONFIG, META, METRICS, RESUME_FILE, metric_records
+from capsmed.train.run_config import CONFIG, META, METRICS, metric_records, training_unfinished
 from capsmed.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class RunSummary:
     val_acc: float | None
     evaluated: bool
     report_epoch: int | None = None  # the checkpoint epoch report/report.json scored
-    epochs_planned: int | None = None  # set while the run is unfinished (resume.pt)
+    epochs_planned: int | None = None  # set while the run is unfinished
     # digests of the weights report/report.json scored and of those the run keeps now
     # (None: a report or checkpoint from before capsmed recorded them)
     report_weights: str | None = None
@@ -81,7 +81,7 @@ def summarise_run(run_dir: Path) -> RunSummary:
     train, dataset = config.get("train"), config.get("dataset")
     if not isinstance(train, dict) or not isinstance(dataset, dict):
         raise ValueError("config.yaml has no train and dataset sections")
-    unfinished = (run_dir / RESUME_FILE).is_file()
+    unfinished = training_unfinished(run_dir) is not None
     metrics_path = run_dir / METRICS
     if unfinished and not metrics_path.exists():  # stopped in its first epoch
         metrics = []

@@ -32,8 +32,14 @@ from capsmed.runs.scores import (
     predict_scores,
     refuse_non_finite,
 )
-from capsmed.train.run_config import CONFIG, WEIGHTS, check_dataset_unchanged, read_run_config
-from capsmed.train.state import RESUME_FILE
+from capsmed.train.run_config import (
+    CONFIG,
+    WEIGHTS,
+    Unfinished,
+    check_dataset_unchanged,
+    read_run_config,
+    training_unfinished,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +97,10 @@ class OpenRun:
         return Path(self.meta["data"])
 
     @property
-    def unfinished(self) -> bool:
-        """Training has not finished: the checkpoint is of an intermediate epoch."""
-        return (self.run_dir / RESUME_FILE).is_file()
+    def unfinished(self) -> Unfinished | None:
+        """Why training has not finished (the checkpoint is of an intermediate epoch),
+        None once it has (:func:`~capsmed.train.run_config.training_unfinished`)."""
+        return training_unfinished(self.run_dir)
 
     @property
     def own_data(self) -> bool:
@@ -110,12 +117,12 @@ class OpenRun:
     def warn_if_unfinished(self, doing: str, command: str) -> None:
         """Warn that the run's training has not finished: its checkpoint is of an
         intermediate epoch (``doing``: "analyses", "predicts with"; ``command``: what to
-        run again after ``capsmed train --resume``)."""
-        if self.unfinished:
-            log.warning("%s: its training has not finished (%s is there), so this %s the "
-                        "epoch %s checkpoint; after capsmed train --resume %s, %s again",
-                        self.run_dir, RESUME_FILE, doing, self.meta.get("epoch"),
-                        self.run_dir, command)
+        run again once it has finished)."""
+        late = self.unfinished
+        if late is not None:
+            log.warning("%s: its training has not finished (%s), so this %s the epoch %s "
+                        "checkpoint; %s", self.run_dir, late.reason, doing,
+                        self.meta.get("epoch"), late.then(command))
 
     def predict(self, images: np.ndarray, batch_size: int = 512) -> np.ndarray:
         """Class scores float64 [N, K] of model-ready images: uint8 [N, C, H, W] as the

@@ -11,6 +11,7 @@ one the run was trained on.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,42 @@ def check_dataset_unchanged(config: dict[str, Any], run_dir: Path, data: Path) -
         raise CapsmedError(f"{data}: the dataset file changed since {run_dir} was trained "
                            f"(content digest {_short(saved)}, now {_short(now)}); restore "
                            "it, or train a new run on it")
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """Why a run's training has not finished, in words (``reason``), and whether
+    ``capsmed train --resume`` can finish it (``resumable``: its state is there)."""
+
+    run_dir: Path
+    reason: str
+    resumable: bool
+
+    def then(self, command: str) -> str:
+        """What to do before ``command`` ("evaluate", "predict") again gives the
+        finished run's result."""
+        if self.resumable:
+            return f"after capsmed train --resume {self.run_dir}, {command} again"
+        return f"it cannot be resumed: train it again, then {command} again"
+
+
+def training_unfinished(run_dir: Path) -> Unfinished | None:
+    """Why the run in ``run_dir`` has not finished training; None when it has. The one
+    rule every command asks: a run is finished when ``summary.json`` is there (training
+    writes it at its end, before removing ``resume.pt``) and ``resume.pt`` is not (a run
+    killed between the two: ``--resume`` finishes it). A run stopped at an
+    intermediate epoch whose ``resume.pt`` was then deleted (it is large) has neither:
+    its checkpoint is still of that epoch."""
+    run_dir = Path(run_dir)
+    if (run_dir / RESUME_FILE).is_file():
+        return Unfinished(run_dir, f"{RESUME_FILE} is there", resumable=True)
+    if (run_dir / SUMMARY).is_file():
+        return None
+    if (run_dir / CONFIG).is_file():
+        reason = f"no {SUMMARY}, and its resumable state was removed"
+    else:  # a checkpoint copied on its own: nothing says the training finished
+        reason = f"no {SUMMARY}, which training writes when it finishes"
+    return Unfinished(run_dir, reason, resumable=False)
 
 
 def _short(digest: str) -> str:

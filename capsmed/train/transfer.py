@@ -42,14 +42,15 @@ def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str
 
     from capsmed.data.digest import file_digest
     from capsmed.train.checkpoint import META, WEIGHTS
-    from capsmed.train.run_config import RESUME_FILE
+    from capsmed.train.run_config import training_unfinished
 
     source = Path(source)
     path = source / WEIGHTS
-    if (source / RESUME_FILE).is_file():  # its checkpoint is of an intermediate epoch
-        raise CapsmedError(f"{source}: its training has not finished ({RESUME_FILE} is "
-                           "there), so it would lend the layers of an intermediate epoch; "
-                           f"finish it first: capsmed train --resume {source}")
+    late = training_unfinished(source)
+    if late is not None:  # its checkpoint is of an intermediate epoch
+        raise CapsmedError(f"{source}: its training has not finished ({late.reason}), so "
+                           "it would lend the layers of an intermediate epoch; "
+                           f"{late.then('transfer')}")
     if not path.is_file() or not (source / META).is_file():
         raise CapsmedError(f"{path}: no checkpoint to transfer from")
     meta = _source_meta(source / META)

@@ -154,7 +154,7 @@ def test_the_report_files_of_an_unfinished_run_say_so(toy_h5, tmp_path, caplog):
     cut = _interrupted_after_epoch_1(toy_h5, tmp_path / "cut", seed=1)
     with caplog.at_level(logging.WARNING, logger="capsmed"):
         evaluate_run(cut, device="cpu", grids=False)
-    said = "The run's training had not finished (resume.pt was there): this scores its " \
+    said = "The run's training had not finished (resume.pt is there): this scores its " \
            "epoch 1 checkpoint, not the final one"
     assert said in " ".join(caplog.text.split())
     report = json.loads((cut / "report" / "report.json").read_text())
@@ -162,3 +162,40 @@ def test_the_report_files_of_an_unfinished_run_say_so(toy_h5, tmp_path, caplog):
     for name in ("report.md", "report.html"):  # (HTML escapes the apostrophe)
         text = " ".join((cut / "report" / name).read_text().split())
         assert said.split("): ")[1] in text and "training had not finished" in text, name
+
+
+def test_a_stopped_run_whose_resume_state_was_deleted_is_still_unfinished(
+        toy_h5, toy_run, tmp_path, caplog):
+    """resume.pt is large, and users delete it: the folder then held an intermediate
+    epoch's checkpoint and no summary.json, and evaluate, report and runs ls took it for
+    a finished run (no note, no †, no 1/3)."""
+    from capsmed.cli import app
+    from capsmed.evaluate.aggregate_report import report_runs
+
+    runs = tmp_path / "runs"
+    shutil.copytree(toy_run, runs / "done")
+    cut = _interrupted_after_epoch_1(toy_h5, runs / "cut", seed=1)
+    for name in ("resume.pt", "resume-checkpoint.safetensors", "resume-checkpoint.json"):
+        (cut / name).unlink()  # to save disk
+    assert not (cut / "summary.json").exists()
+    with caplog.at_level(logging.WARNING, logger="capsmed"):
+        for run in (runs / "done", cut):
+            evaluate_run(run, device="cpu", grids=False)
+    why = "no summary.json, and its resumable state was removed"
+    notes = {r: json.loads((r / "report" / "report.json").read_text())["notes"]
+             for r in (runs / "done", cut)}
+    assert not any("had not finished" in n for n in notes[runs / "done"])
+    assert notes[cut][0].startswith(f"The run's training had not finished ({why}): this "
+                                    "scores its epoch 1 checkpoint, not the final one; it "
+                                    "cannot be resumed")
+    report_runs([runs], tmp_path / "rep")
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert {r["path"]: r["unfinished"] for r in summary["runs"]} == {
+        str(runs / "done"): None, str(cut): f"trained 1 of 3 epochs; {why}"}
+    (row,) = [line for line in (tmp_path / "rep" / "table_macro_f1.md").read_text()
+              .splitlines() if line.startswith("| toy ")]
+    assert row.rstrip(" |").endswith(UNFINISHED)
+    listed = runner.invoke(app, ["runs", "ls", str(runs), "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert {r["run"]: (r["epochs_run"], r["epochs_planned"])
+            for r in json.loads(listed.stdout)} == {"done": (1, None), "cut": (1, 3)}

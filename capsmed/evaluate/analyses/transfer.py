@@ -140,12 +140,13 @@ def _check_trained_on(run_dir: Path, data: Path, what: str) -> None:
 def _check_finished(run_dir: Path, what: str) -> None:
     """Refuse a base run whose training has not finished: its checkpoint is of an
     intermediate epoch, and the layers it lends would change when it is resumed."""
-    from capsmed.train.run_config import RESUME_FILE
+    from capsmed.train.run_config import training_unfinished
 
-    if (Path(run_dir) / RESUME_FILE).is_file():
-        raise CapsmedError(f"{run_dir}: its training has not finished ({RESUME_FILE} is "
-                           f"there), so {what} would lend the layers of an intermediate "
-                           f"epoch; finish it first: capsmed train --resume {run_dir}")
+    late = training_unfinished(Path(run_dir))
+    if late is not None:
+        raise CapsmedError(f"{run_dir}: its training has not finished ({late.reason}), so "
+                           f"{what} would lend the layers of an intermediate epoch; "
+                           f"{late.then('analyze transfer')}")
 
 
 def _check_same_source(run_dir: Path, source: Path, prefixes: list[str]) -> None:
