@@ -115,6 +115,10 @@ def test_protocol_defaults_for_missing_keys():
                                  "balanced batches, balanced class weights, per-class "
                                  "limit 25, 5-fold CV")
     assert protocol_label(protocol_settings({"fold": 0})) == "CV"  # folds (k) not recorded
+    # --fold 1 and --fold 1 --folds 5 on a 5-fold file: one protocol (config.yaml's
+    # dataset.folds), not a "CV" and a "5-fold CV" group each holding some folds
+    assert protocol_settings({"fold": 1}, None, 5) == protocol_settings({"fold": 0, "folds": 5})
+    assert protocol_label(protocol_settings({"fold": 1}, None, 5)) == "5-fold CV"
 
 
 def test_means_and_sample_stds(runs_root, caplog):
@@ -528,8 +532,10 @@ def test_runs_ls_and_report_share_one_protocol_label():
     from capsmed.runs.index import _protocol
 
     train = {"per_class_limit": 25, "augment": True, "fold": 2, "folds": 5}
-    assert _protocol(train) == protocol_label(protocol_settings(train)) + ", fold 2"
-    assert "per-class limit 25" in _protocol(train) and "augment default" in _protocol(train)
+    assert _protocol(train, {}) == protocol_label(protocol_settings(train)) + ", fold 2"
+    assert "per-class limit 25" in _protocol(train, {})
+    assert "augment default" in _protocol(train, {})
+    assert _protocol({"fold": 2}, {"folds": 5}) == "5-fold CV, fold 2"
     moved = protocol_settings({"transfer_from": "runs/a", "transfer_layers": ["conv"]})
     assert protocol_label(moved) == "transferred conv (frozen)"
     assert protocol_settings({"freeze_transferred": False}) == protocol_settings({})

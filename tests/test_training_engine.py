@@ -199,6 +199,9 @@ def test_cross_validation_fold_trains_on_the_others_and_evaluates_the_held_out_f
     test_rows = np.load(run / "test_indices.npy")
     assert set(train_rows) == set(np.flatnonzero(folds != 1))
     assert set(test_rows) == set(np.flatnonzero(folds == 1))
+    # the file's number of folds is recorded: a run without --folds is the same protocol
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["dataset"]["folds"] == 3
     result = CliRunner().invoke(app, ["-q", "evaluate", str(run)])
     assert result.exit_code == 0, result.output
     report = json.loads((run / "report" / "report.json").read_text())

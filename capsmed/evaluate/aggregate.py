@@ -190,7 +190,8 @@ def load_evaluated_run(run_dir: Path, report_name: str = "report") -> EvaluatedR
         dataset = f"{trained_on}->{Path(str(report['data'])).stem}"
     if report.get("split", "test") != "test":  # never average them with test scores
         dataset = f"{dataset} ({report['split']})"
-    settings = protocol_settings(train, transfer_source(train))
+    settings = protocol_settings(train, transfer_source(train),
+                                 (config.get("dataset") or {}).get("folds"))
     other = {k: v for k, v in train.items()
              if k not in REPETITION_KEYS and k not in PROTOCOL_DEFAULTS}
     # the standardisation statistics follow the training subset; they are not a choice

@@ -61,9 +61,11 @@ class RunSummary:
         return None
 
 
-def _protocol(train: dict) -> str:
-    """The run's protocol (:mod:`capsmed.train.protocol`) and, for CV, its fold."""
-    label = protocol_label(protocol_settings(train, transfer_source(train)))
+def _protocol(train: dict, dataset: dict | None = None) -> str:
+    """The run's protocol (:mod:`capsmed.train.protocol`) and, for CV, its fold
+    (``dataset``: config.yaml's section, which holds the file's number of folds)."""
+    label = protocol_label(protocol_settings(train, transfer_source(train),
+                                             (dataset or {}).get("folds")))
     return label + (f", fold {train['fold']}" if train.get("fold") is not None else "")
 
 
@@ -98,7 +100,7 @@ def summarise_run(run_dir: Path) -> RunSummary:
             report = _object(report_path, report_path.read_text(encoding="utf-8"), "json")
     at_best = next((m for m in metrics if m["epoch"] == best), {})
     return RunSummary(path=run_dir, arch=str(train.get("arch")),
-                      dataset=str(dataset.get("name")), protocol=_protocol(train),
+                      dataset=str(dataset.get("name")), protocol=_protocol(train, dataset),
                       epochs_run=len(metrics), best_epoch=best,
                       val_loss=at_best.get("val_loss"), val_acc=at_best.get("val_acc"),
                       evaluated=report_path.is_file(),

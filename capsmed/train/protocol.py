@@ -95,11 +95,16 @@ def transfer_source(train: dict[str, Any]) -> str | None:
     return f"{arch} on {dataset}" if arch and dataset else Path(str(source)).name
 
 
-def protocol_settings(train: dict[str, Any], source: str | None = None) -> dict[str, Any]:
+def protocol_settings(train: dict[str, Any], source: str | None = None,
+                      file_folds: int | None = None) -> dict[str, Any]:
     """The protocol of a run's ``train`` options, normalised so equal protocols compare
     equal (missing keys defaulted, a fraction of 1 is the whole split, ...); ``source``
-    is what transferred layers came from (:func:`transfer_source`)."""
+    is what transferred layers came from (:func:`transfer_source`); ``file_folds`` the
+    number of folds of the file a cross-validation run was trained on (config.yaml's
+    ``dataset.folds``): ``--fold 1`` and ``--fold 1 --folds 5`` are one protocol."""
     s = {key: train.get(key, default) for key, default in PROTOCOL_DEFAULTS.items()}
+    if train.get("fold") is not None and s["folds"] is None and file_folds is not None:
+        s["folds"] = int(file_folds)
     if s["fraction"] is not None and float(s["fraction"]) == 1.0:
         s["fraction"] = None  # the whole split, whichever way it was written
     s["imbalance"] = {k: float(v) for k, v in sorted((s["imbalance"] or {}).items())}

@@ -407,7 +407,9 @@ class Run:
                          "digest": self.data_digest,
                          "train_split": self.rows.train_split,
                          "val_split": self.rows.val_split,
-                         "test_split": self.rows.test_split},
+                         "test_split": self.rows.test_split,
+                         **({"folds": info.folds[self.rows.train_split]}
+                            if cfg.fold is not None else {})},
              **({"transfer": self.transfer} if self.transfer else {})}, sort_keys=False))
 
     def checkpoint_meta(self, epoch: int, val_loss: float | None) -> dict[str, Any]:
