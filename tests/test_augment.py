@@ -105,3 +105,20 @@ def test_train_with_augmentation_through_the_cli(tiny_h5, tmp_path):
     assert result.exit_code == 0, result.stderr
     config = yaml.safe_load((run / "config.yaml").read_text())["train"]
     assert config["augment"] is True and config["augment_recipe"] == "paper000-medical"
+
+
+@pytest.mark.parametrize("size", [(41, 41), (25, 41)])
+def test_translation_stays_within_its_share_of_each_axis_when_rotated_too(size):
+    """The shift was added after the rotation, so it was rotated with the image: with
+    rotation=45, translation=0.1 a 41 px image's centre moved up to 5.8 px along an
+    axis instead of 4.1 (paper 000 s3.3 translates by +-30 px along each axis)."""
+    h, w = size
+    x = torch.zeros(4000, 1, h, w)
+    x[:, :, h // 2, w // 2] = 1.0  # one bright pixel at the centre: rotation keeps it
+    out = augment_batch(x, get_recipe("rotation=45,translation=0.1"), _gen())
+    ys, xs = torch.meshgrid(torch.arange(h) - h // 2, torch.arange(w) - w // 2,
+                            indexing="ij")
+    mass = out[:, 0].sum(dim=(1, 2))
+    for coords, side in ((xs, w), (ys, h)):
+        shift = ((out[:, 0] * coords).sum(dim=(1, 2)) / mass).abs()
+        assert shift.max() <= 0.1 * side + 0.15 and shift.max() > 0.9 * 0.1 * side

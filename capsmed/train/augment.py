@@ -42,10 +42,13 @@ class AugmentSpec:
     hed: float = 0.0
 
 
-# The papers' recipes. Paper 000's +-30 px translations of medical patches happen at
-# source resolution, when patches are cut (``capsmed preprocess --jitter``): shifting
-# the 28x28 patches again would push mitoses out of their patches (we looked), so the
-# on-device medical recipe adds only paper 000's rotations and flips.
+# The papers' recipes. Paper 000's +-30 px translations of TUPAC16 patches happen at
+# source resolution, when patches are cut (``capsmed preprocess tupac16 --jitter``):
+# shifting the 28x28 patches again would push mitoses out of their patches (we looked),
+# so the on-device medical recipe adds only paper 000's rotations and flips. DIARETDB1
+# patches are not translated when cut (one lesion-centred patch per lesion by default):
+# its +-30 px of 200 are a spec, 'rotation=10,translation=0.15,hflip,vflip'
+# (pipelines/jimenez2018.yaml).
 RECIPES = {
     "paper000-medical": AugmentSpec(rotation=10, hflip=True, vflip=True),
     "paper000-mnist": AugmentSpec(rotation=10),
@@ -168,13 +171,17 @@ def draw_transforms(spec: AugmentSpec, shape: torch.Size | tuple[int, ...],
     shift = uniform(2) * 2 * spec.translation  # affine_grid spans [-1, 1]: side = 2
     cos, sin = torch.cos(angle), torch.sin(angle)
     sx, sy = flip(spec.hflip), flip(spec.vflip)
-    # theta maps output coordinates to input ones: rotation * diag(flips), then shift.
-    # affine_grid's coordinates are x / (W/2) and y / (H/2), so a rotation in pixels is
-    # D^-1 R D there (D = diag(W, H) / 2): on a non-square image R alone would shear.
+    # theta maps output coordinates to input ones: input = A (output + shift), with
+    # A = rotation * diag(flips). affine_grid's coordinates are x / (W/2) and y / (H/2),
+    # so a rotation in pixels is D^-1 R D there (D = diag(W, H) / 2): on a non-square
+    # image R alone would shear. The shift goes inside A: the content then moves by
+    # -shift, at most the asked share along each image axis (paper 000 s3.3: "a
+    # translation of +-30 pixels"); added after A (input = A output + shift) it was
+    # rotated too, up to sqrt(2) times the share along an axis at 45 degrees.
     h_over_w = shape[2] / shape[3]
-    theta = torch.stack([torch.stack([cos * sx, -sin * sy * h_over_w, shift[:, 0]], dim=1),
-                         torch.stack([sin * sx / h_over_w, cos * sy, shift[:, 1]], dim=1)],
-                        dim=1)
+    a = torch.stack([torch.stack([cos * sx, -sin * sy * h_over_w], dim=1),
+                     torch.stack([sin * sx / h_over_w, cos * sy], dim=1)], dim=1)
+    theta = torch.cat([a, a @ shift.unsqueeze(2)], dim=2)
     if not spec.hed:
         return Transforms(theta)
     # drawn after the geometry, so recipes without colour draw as before

@@ -52,7 +52,9 @@ SESSION_OPTIONS = frozenset({"out", "device", "data_loading", "loader_workers",
 #     batch (uneven shares were averaged evenly; an empty one stopped the run as NaN),
 #     a partial epoch's resumed sums are every rank's, and BatchNorm models validate
 #     with rank 0's statistics (those of the checkpoint it writes).
-PROTOCOL_REVISION = 4
+#   5 (2026-11-28): an augmentation's translation is no longer rotated with the image
+#     (rotation=45,translation=0.1 moved content up to 0.14 of the side along an axis).
+PROTOCOL_REVISION = 5
 
 PROTOCOL_FIELDS = ("fraction", "imbalance", "augment", "augment_recipe", "sampler",
                    "class_weights", "folds", "per_class_limit", "transfer_layers",
