@@ -169,3 +169,25 @@ def test_resume_from_the_start_drops_the_crashed_attempts_checkpoint(
         resume(run, disable_progress=True, stop_after_steps=1)
     assert not (run / "checkpoint.json").exists()
     assert not (run / "checkpoint.safetensors").exists()
+
+
+def test_augmentation_draws_of_another_device_type_are_refused_in_words():
+    """A run augmented on a GPU and resumed on a CPU (or back) stopped with "does not
+    fit this run's model and options (Expected a CPUGeneratorImplState...)", which did
+    not name the cause: a generator's state does not move between device types."""
+    from capsmed.errors import CapsmedError
+    from capsmed.train.state import restore_rng
+
+    cpu = torch.Generator().manual_seed(0)
+    base = {"torch_rng": torch.get_rng_state(), "cuda_rng": []}
+    recorded = {**base, "augment": cpu.get_state(), "augment_device": "cuda"}
+    with pytest.raises(CapsmedError, match="draws were made on cuda: resume it on such a "
+                                           r"device \(this run's is cpu\)"):
+        restore_rng(recorded, torch.Generator())
+    # a state of an older capsmed, without its device type: a CUDA generator's 16 bytes
+    older = {**base, "augment": torch.zeros(16, dtype=torch.uint8)}
+    with pytest.raises(CapsmedError, match="made on another kind of device"):
+        restore_rng(older, torch.Generator())
+    same = torch.Generator()
+    restore_rng({**base, "augment": cpu.get_state(), "augment_device": "cpu"}, same)
+    assert torch.equal(same.get_state(), cpu.get_state())

@@ -214,6 +214,8 @@ def _restore(run: Run, state: dict[str, Any] | None) -> Progress:
         run.sampler.generator.set_state(state["sampler"])
         restore_rng(state, run.settings.augment_rng)
         progress = Progress(**state["progress"])
+    except CapsmedError as exc:
+        raise CapsmedError(f"{run.run_dir / RESUME_FILE}: {exc}") from None
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise CapsmedError(f"{run.run_dir / RESUME_FILE}: does not fit this run's model "
                            f"and options ({first_line(exc)})") from None

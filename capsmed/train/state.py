@@ -63,6 +63,8 @@ def save_state(run_dir: Path, *, model: torch.nn.Module, optimizer: torch.optim.
         "scaler": scaler.state_dict(),
         "sampler": sampler_state.clone(),
         "augment": augment_rng.get_state() if augment_rng is not None else None,
+        # a generator's state is of its device type (CPU and CUDA states differ)
+        "augment_device": augment_rng.device.type if augment_rng is not None else None,
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "progress": asdict(progress),
@@ -158,4 +160,13 @@ def restore_rng(state: dict[str, Any], augment_rng: torch.Generator | None) -> N
     if state["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     if augment_rng is not None and state["augment"] is not None:
-        augment_rng.set_state(state["augment"])
+        saved, here = state.get("augment_device"), augment_rng.device.type
+        try:
+            if saved not in (None, here):
+                raise ValueError(saved)
+            augment_rng.set_state(state["augment"])
+        except (RuntimeError, ValueError):  # "Expected a CPUGeneratorImplState", ...
+            raise CapsmedError(
+                f"its augmentation draws were made on {saved or 'another kind of device'}: "
+                f"resume it on such a device (this run's is {here}); a random "
+                "generator's state does not move between CPU and GPU") from None
