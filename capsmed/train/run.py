@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from capsmed import __version__
-from capsmed.data.contract import DatasetInfo, is_two_label
+from capsmed.data.contract import DatasetInfo
 from capsmed.data.digest import file_digest
 from capsmed.data.record import write_record
 from capsmed.device import device_name, seed_everything
@@ -45,6 +45,7 @@ from capsmed.train.run_checks import (
     check_saved_rows,
     check_single_image_batches,
     check_training_classes,
+    check_two_labels,
 )
 from capsmed.train.run_data import (
     TEST_ROWS,
@@ -172,7 +173,7 @@ class Run:
         if cfg.transfer_from and self.transfer is None:  # its layers never saw our tests
             check_source_rows(Path(cfg.transfer_from), self.data_digest,
                               self.rows.test_split, self.rows.test_rows)
-        self.two_labels = self._check_two_labels()
+        self.two_labels = check_two_labels(info, cfg, self.rows, ctx)
         self.model_kwargs = (model_kwargs if model_kwargs is not None
                              else self._new_model_kwargs())
         self.model = self._build_model(run_dir)
@@ -209,26 +210,6 @@ class Run:
             raise CapsmedError(f"{run_dir / 'config.yaml'}: the run's options ask for it: "
                                f"{exc}") from None
         return precision
-
-    def _check_two_labels(self) -> bool:
-        """Whether targets are two labels (MultiMNIST); refuses what those cannot do."""
-        if not is_two_label(self.info.path, self.rows.train_split):
-            return False
-        clash = [name for name, on in (("--class-weights", self.cfg.class_weights),
-                                       ("--augment", self.cfg.augment),
-                                       ("--cuda-graph", self.cfg.cuda_graph),
-                                       ("torchrun", self.ctx.enabled),
-                                       # these count the first object's class only:
-                                       # a class stays as the second object
-                                       ("--imbalance", self.cfg.imbalance),
-                                       ("--per-class-limit",
-                                        self.cfg.per_class_limit is not None)) if on]
-        if clash:
-            raise CapsmedError(f"{self.info.path}: two-label training (MultiMNIST) does "
-                               f"not support {', '.join(clash)}")
-        log.info("two-label set: both classes are targets, each object is "
-                 "reconstructed from its own capsule (Sabour et al.)")
-        return True
 
     def _new_model_kwargs(self) -> dict[str, Any]:
         """A new run's model arguments: the data's shape and classes, the statistics of

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from capsmed.data.contract import DatasetInfo, read_labels
+from capsmed.data.contract import DatasetInfo, is_two_label, read_labels
 from capsmed.errors import CapsmedError
 from capsmed.train import distributed
 from capsmed.train.config import TrainConfig
@@ -39,6 +39,28 @@ def check_training_classes(info: DatasetInfo, rows: RunRows) -> None:
         log.warning("%s: the training rows hold no sample of %s: the model cannot learn to "
                     "predict %s", info.path, ", ".join(missing),
                     "it" if len(missing) == 1 else "them")
+
+
+def check_two_labels(info: DatasetInfo, cfg: TrainConfig, rows: RunRows,
+                     ctx: distributed.Distributed) -> bool:
+    """Whether targets are two labels (MultiMNIST); refuses what those cannot do."""
+    if not is_two_label(info.path, rows.train_split):
+        return False
+    clash = [name for name, on in (("--class-weights", cfg.class_weights),
+                                   ("--augment", cfg.augment),
+                                   ("--cuda-graph", cfg.cuda_graph),
+                                   ("torchrun", ctx.enabled),
+                                   # these count the first object's class only: a
+                                   # class stays as the second object
+                                   ("--imbalance", cfg.imbalance),
+                                   ("--per-class-limit", cfg.per_class_limit is not None))
+             if on]
+    if clash:
+        raise CapsmedError(f"{info.path}: two-label training (MultiMNIST) does not "
+                           f"support {', '.join(clash)}")
+    log.info("two-label set: both classes are targets, each object is reconstructed "
+             "from its own capsule (Sabour et al.)")
+    return True
 
 
 def check_cuda_graph(cfg: TrainConfig, device: torch.device, ctx: distributed.Distributed,
