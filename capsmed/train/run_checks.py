@@ -1,6 +1,7 @@
 """What a run refuses or warns about at start, before anything is written: training
-rows lacking classes, a device mode the device cannot run, a resumed run whose
-options no longer select the rows it trained on."""
+rows lacking classes, a device mode the device cannot run, what two-label data cannot
+do, a batch of one image under batch norm, a resumed run whose options no longer
+select the rows it trained on."""
 
 from __future__ import annotations
 
