@@ -30,7 +30,7 @@ class _Task:
 def _slurm(tmp_path, monkeypatch, squeue="", sacct=""):
     from capsmed.pipeline.executors import slurm
 
-    answers = {"squeue": squeue, "sacct": sacct}
+    answers = {"squeue": squeue, "sacct": sacct, "scontrol": "", "scancel": ""}
     monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(
         argv, 0, answers[argv[0]], ""))
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/usr/bin/" + name)
@@ -185,3 +185,81 @@ def test_slurm_option_false_on_the_command_line_removes_a_flag():
     base = check_resources({"sbatch": {"exclusive": True}}, "resources", "p.yaml")
     merged = merge(base, check_resources(cli, "--slurm-option", "command line"))
     assert build(merged, "resources", "p.yaml").sbatch == (("mail-type", "END"),)
+
+
+class _Sbatch:
+    """A stand-in submitit whose sbatch refuses arrays past MaxArraySize (as Slurm's
+    'Invalid job array specification') and, with ``refuse``, the Nth submission."""
+
+    submitted: list[int] = []
+    refuse: int | None = None
+
+    def __init__(self, folder, max_num_timeout):
+        self.handles = []
+
+    def update_parameters(self, **params):
+        pass
+
+    @contextlib.contextmanager
+    def batch(self):
+        yield
+        from submitit.core.utils import FailedJobError
+
+        if len(self.handles) > 5 or len(_Sbatch.submitted) == _Sbatch.refuse:
+            raise FailedJobError("sbatch: error: Batch job submission failed: Invalid "
+                                 "job array specification")
+        job = 10 + len(_Sbatch.submitted)
+        _Sbatch.submitted.append(len(self.handles))
+        for n, handle in enumerate(self.handles):
+            handle.job_id = f"{job}_{n}" if len(self.handles) > 1 else str(job)
+
+    def submit(self, function):
+        self.handles.append(SimpleNamespace(job_id=None))
+        return self.handles[-1]
+
+
+def _sbatch_executor(tmp_path, monkeypatch, refuse=None):
+    from capsmed.pipeline.executors import slurm
+
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        text = "MaxArraySize            = 5\n" if argv[0] == "scontrol" else ""
+        return subprocess.CompletedProcess(argv, 0, text, "")
+
+    monkeypatch.setattr(slurm.subprocess, "run", run)
+    monkeypatch.setattr(submitit, "SlurmExecutor", _Sbatch)
+    monkeypatch.setattr(_Sbatch, "submitted", [])
+    monkeypatch.setattr(_Sbatch, "refuse", refuse)
+    executor = executor_class("slurm")(ExecutorSettings(tmp_path, "study"))
+    executor.notes.mkdir(parents=True)
+    return executor, calls
+
+
+def test_a_group_larger_than_max_array_size_goes_out_as_several_arrays(tmp_path, monkeypatch):
+    """1100 runs of one shape were one job array past the cluster's MaxArraySize
+    (1001): sbatch refused it after the data stage's job was submitted."""
+    executor, _ = _sbatch_executor(tmp_path, monkeypatch)
+    items = [WorkItem(f"run:r{n}", f"r{n}", _Task(), Resources()) for n in range(12)]
+    jobs = executor.submit(items, {})
+    assert _Sbatch.submitted == [5, 5, 2]
+    assert [j.key for j in jobs] == [i.key for i in items]
+    assert len({j.job_id for j in jobs}) == 12
+    assert [j.job_id for j in jobs][4:6] == ["10_4", "11_0"]
+
+
+def test_a_refused_submission_cancels_the_jobs_submitted_before_it(tmp_path, monkeypatch):
+    """sbatch refusing the second group (a cluster limit, a bad partition) raised a
+    traceback after the first group's jobs were queued; no ledger named them, so a
+    rerun submitted their work again beside them (two jobs making one file)."""
+    from capsmed.errors import CapsmedError
+
+    executor, calls = _sbatch_executor(tmp_path, monkeypatch, refuse=1)
+    items = [WorkItem("stage:a", "data stage 'a'", _Task(), Resources()),
+             *(WorkItem(f"run:r{n}", f"r{n}", _Task(), Resources(cpus=2), ("stage:a",))
+               for n in range(3))]
+    with pytest.raises(CapsmedError, match=r"sbatch refused 3 job\(s\) \(r0, \.\.\.\): "
+                       r"sbatch: error: .*Invalid job array.*cancelled the 1 job"):
+        executor.submit(items, {})
+    assert ["scancel", "10"] in calls

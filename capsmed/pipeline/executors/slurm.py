@@ -193,6 +193,7 @@ class SlurmExecutor:
         self.folder = settings.records / "slurm"
         self.notes = self.folder / "notes"
         self.refresh_seconds = float(settings.options.get("poll_s", 10))
+        self._array_size: int | None = None  # the cluster's MaxArraySize, once asked
 
     def gpus_available(self) -> int | None:
         return None
@@ -218,13 +219,46 @@ class SlurmExecutor:
         return int(lead) if lead is not None else default_signal_lead(time_min)
 
     def submit(self, items: Sequence[WorkItem], placed: Mapping[str, Job]) -> list[Job]:
-        known, jobs = dict(placed), []
-        for group in _groups(items):
-            submitted = self._submit_group(group, known)
-            for item, job in zip(group, submitted, strict=True):
-                known[item.key] = job
-                jobs.append(job)
+        """All of ``items`` or none: a group sbatch refuses (a cluster limit, a bad
+        partition) cancels the jobs this call submitted before it, which no ledger
+        would name (a rerun would submit their work twice)."""
+        known, jobs, chunk = dict(placed), [], list(items)
+        try:
+            for group in _groups(items):
+                for chunk in _chunks(group, self._max_array_size()):
+                    submitted = self._submit_group(chunk, known)
+                    for item, job in zip(chunk, submitted, strict=True):
+                        known[item.key] = job
+                        jobs.append(job)
+        except BaseException as exc:
+            self.cancel(jobs)
+            from submitit.core.utils import FailedJobError
+
+            if isinstance(exc, FailedJobError):
+                lines = str(exc).strip().splitlines() or ["no message"]
+                raise CapsmedError(
+                    f"sbatch refused {len(chunk)} job(s) ({chunk[0].label}"
+                    f"{', ...' if len(chunk) > 1 else ''}): "
+                    f"{lines[-1]}" + (f"; cancelled the {len(jobs)} job(s) submitted "
+                                      "before them" if jobs else "")) from exc
+            raise
         return jobs
+
+    def _max_array_size(self) -> int:
+        """The cluster's MaxArraySize (a job array's indices are below it): a group
+        of more runs goes out as several arrays (Slurm's default: 1001)."""
+        if self._array_size is None:
+            self._array_size = 1001
+            try:
+                proc = subprocess.run(["scontrol", "show", "config"], capture_output=True,
+                                      text=True, timeout=60)
+                for line in proc.stdout.splitlines():
+                    name, _, value = line.partition("=")
+                    if name.strip() == "MaxArraySize" and value.strip().isdigit():
+                        self._array_size = max(1, int(value.strip()))
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        return self._array_size
 
     def _submit_group(self, group: list[WorkItem], known: Mapping[str, Job]) -> list[Job]:
         import submitit
@@ -338,6 +372,10 @@ def _groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
         else:
             groups.append([item])
     return groups
+
+
+def _chunks(group: list[WorkItem], size: int) -> list[list[WorkItem]]:
+    return [group[i:i + size] for i in range(0, len(group), size)]
 
 
 def _squeue() -> dict[str, tuple[str, str]]:
