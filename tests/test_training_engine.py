@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 
 import numpy as np
 import pytest
@@ -471,6 +472,38 @@ def test_streaming_batches_leave_the_global_random_state_alone(tiny_h5):
     before = torch.get_rng_state()
     batches = list(split.batches([torch.arange(4), torch.arange(4, 8)]))
     assert len(batches) == 2 and torch.equal(before, torch.get_rng_state())
+
+
+def test_sigterm_to_the_process_group_stops_a_streaming_run_resumably(
+        tiny_h5, tmp_path, monkeypatch):
+    """Slurm's preemption and ``kill -TERM -PGID`` signal the reader processes too: a
+    reader that died of it failed the run with a DataLoader error, its state unsaved
+    since the start, instead of stopping it as SIGTERM to the trainer alone does."""
+    import multiprocessing
+
+    options = {"epochs": 2, "data_loading": "stream", "loader_workers": 1}
+    whole = train(_cfg(tiny_h5, tmp_path / "whole", **options), disable_progress=True)
+    calls = {"n": 0}
+    original = TrainStep.__call__
+
+    def terminating(self, x, y, *share):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the whole group: the readers, then this process
+            readers = multiprocessing.active_children()
+            assert readers
+            # sent by another process: torch lets a reader end quietly on its parent's
+            subprocess.run(["kill", "-TERM", *(str(r.pid) for r in readers)], check=True)
+            for reader in readers:
+                reader.join(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, x, y, *share)
+
+    monkeypatch.setattr(TrainStep, "__call__", terminating)
+    with pytest.raises(TrainingInterrupted, match="SIGTERM"):
+        train(_cfg(tiny_h5, tmp_path / "cut", **options), disable_progress=True)
+    monkeypatch.setattr(TrainStep, "__call__", original)
+    resumed = resume(tmp_path / "cut", disable_progress=True)
+    assert _metrics(resumed) == _metrics(whole) and _same_weights(resumed, whole)
 
 
 def test_cli_resume_refuses_other_options(tmp_path):

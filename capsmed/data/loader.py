@@ -14,6 +14,7 @@ device, so the training loop does not know which one it has.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,7 +148,7 @@ class StreamingSplit:
             self.dataset, sampler=list(index_batches), batch_size=None,
             num_workers=self.workers, pin_memory=self.device.type == "cuda",
             persistent_workers=False, prefetch_factor=4 if self.workers else None,
-            generator=torch.Generator())
+            generator=torch.Generator(), worker_init_fn=_reader_ignores_sigterm)
         batches = iter(loader)
         while True:
             try:
@@ -158,6 +159,15 @@ class StreamingSplit:
                 raise CapsmedError(_worker_message(str(exc))) from None
             yield (images.to(self.device, non_blocking=True).float().div_(255.0),
                    labels.to(self.device, non_blocking=True))
+
+
+def _reader_ignores_sigterm(_worker_id: int) -> None:
+    """Leave SIGTERM to the training process, which saves its state and stops (then the
+    DataLoader ends its readers). Sent to the whole process group (Slurm preemption,
+    ``kill -TERM -PGID``) it reached the readers too, whose torch handler ends them on
+    any sender's SIGTERM but the parent's: the run failed with a DataLoader worker
+    error instead, its progress since the last saved state lost."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _worker_message(text: str) -> str:
