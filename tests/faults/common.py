@@ -19,9 +19,12 @@ def invoke(args: Sequence[str]) -> Any:
 
 
 def lenet_args(data: Path, out: Path, *extra: str, arch: str = "lenet") -> list[str]:
-    """``capsmed train`` arguments of a tiny one-epoch run (lenet at reduced widths)."""
-    tiny = ["--model-arg", "widths=[3,4]", "--model-arg", "hidden=[8]"] \
-        if arch == "lenet" else []
+    """``capsmed train`` arguments of a tiny one-epoch run (lenet at reduced widths; a
+    width ``extra`` gives is given once, as a repeated key is refused)."""
+    given = {str(v).partition("=")[0] for k, v in zip(extra, extra[1:], strict=False)
+             if k == "--model-arg"}
+    tiny = [a for key, value in (("widths", "[3,4]"), ("hidden", "[8]")) if key not in given
+            for a in ("--model-arg", f"{key}={value}")] if arch == "lenet" else []
     return ["train", "--data", data, "--arch", arch, "--epochs", "1", "--batch-size", "16",
             *tiny, "--out", out, *extra]
 
