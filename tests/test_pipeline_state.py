@@ -25,7 +25,7 @@ from capsmed.pipeline.identity import run_identity
 from capsmed.pipeline.items import work_items
 from capsmed.pipeline.spec import load_pipeline
 from capsmed.pipeline.state import PipelineState
-from capsmed.pipeline.status import run_rows
+from capsmed.pipeline.status import jobs_now, run_rows
 from capsmed.pipeline.work import Placement
 from tests.pipeline_stand_ins import finish_run
 
@@ -57,7 +57,7 @@ def _run(pipeline, label):
 
 
 def _rows(pipeline, state, poll=None):
-    return run_rows(state, runner.plan(pipeline, pipeline.runs, state), poll)
+    return run_rows(state, runner.plan(pipeline, pipeline.runs, state), jobs_now(state, poll))
 
 
 def test_runs_on_data_to_be_remade_are_outdated_not_done(tmp_path):

@@ -263,3 +263,66 @@ def test_a_refused_submission_cancels_the_jobs_submitted_before_it(tmp_path, mon
                        r"sbatch: error: .*Invalid job array.*cancelled the 1 job"):
         executor.submit(items, {})
     assert ["scancel", "10"] in calls
+
+
+def test_array_tasks_cancelled_while_pending_get_their_arrays_record(tmp_path, monkeypatch):
+    """Tasks of an array cancelled before they started read 'left Slurm's queue
+    without an accounting record': sacct keeps them as one line of their array,
+    ``13_[2-4,7%2]``, which ``sacct -j 13_2`` does not return (only ``-j 13``)."""
+    from capsmed.pipeline.executors import slurm
+    from capsmed.pipeline.work import Job
+
+    records = {"13": "13_0|COMPLETED|0:0\n13_1|CANCELLED by 1000|0:15\n"
+                     "13_[2-4,7%2]|CANCELLED by 1000|0:0\n", "9": "9|TIMEOUT|0:0\n"}
+
+    def run(argv, **kw):  # sacct as Slurm 22.05 answers it: by the ids -j names
+        asked = argv[argv.index("-j") + 1].split(",") if argv[0] == "sacct" else []
+        return subprocess.CompletedProcess(argv, 0, "".join(records.get(a, "") for a in asked),
+                                           "")
+
+    executor = _slurm(tmp_path, monkeypatch)
+    monkeypatch.setattr(slurm.subprocess, "run", run)
+    ids = ["13_0", "13_1", "13_3", "13_7", "9"]
+    states = executor.poll([Job(f"run:{n}", "slurm", n) for n in ids])
+    assert {n: (s.state, s.reason) for n, s in states.items()} == {
+        "13_0": ("finished", None), "13_1": ("failed", "Slurm: cancelled by uid 1000"),
+        "13_3": ("failed", "Slurm: cancelled by uid 1000"),
+        "13_7": ("failed", "Slurm: cancelled by uid 1000"),
+        "9": ("failed", "Slurm: time limit reached")}
+
+
+@pytest.mark.parametrize("squeue, sacct, line", [
+    ("", "13|CANCELLED by 1000|0:0\n", "failed: Slurm: cancelled by uid 1000"),
+    ("", "13|FAILED|2:0\n", "failed: Slurm: exit code 2"),
+    ("13|PENDING|Priority\n", "", "queued, job 13, Priority"),
+    ("13|RUNNING|None\n", "", "running, job 13"),
+])
+def test_status_asks_slurm_about_a_data_stages_job(tmp_path, monkeypatch, squeue, sacct, line):
+    """``capsmed run status`` showed a data stage whose job was cancelled or failed as
+    'data stage X: job 13', as if it were queued: it read the ledger only, while the
+    run rows beside it asked Slurm."""
+    import json
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    from capsmed.pipeline.overview import study_overview
+    from capsmed.pipeline.runner import RunOptions
+    from capsmed.pipeline.spec import load_pipeline
+
+    smoke = Path(__file__).resolve().parents[1] / "pipelines" / "smoke.yaml"
+    raw = yaml.safe_load(smoke.read_text())
+    raw["variables"]["out"] = str(tmp_path / "out")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
+    pipeline = load_pipeline(tmp_path / "p.yaml")
+    ledger = pipeline.out / ".capsmed-run" / "ledger.jsonl"
+    ledger.parent.mkdir(parents=True)
+    ledger.write_text(json.dumps({"key": "stage:tupac16", "label": "data stage tupac16",
+                                  "kind": "stage", "executor": "slurm", "job": "13",
+                                  "submitted": time.time()}) + "\n")
+    _slurm(tmp_path, monkeypatch, squeue=squeue, sacct=sacct)
+    view = study_overview(pipeline, RunOptions(executor="slurm"), dry_run=False)
+    assert view.stages == [f"data stage tupac16: {line}"]
+    dry = study_overview(pipeline, RunOptions(executor="slurm"), dry_run=True)
+    assert dry.stages == ["data stage tupac16: job 13"]  # a dry run asks no scheduler

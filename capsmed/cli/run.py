@@ -47,8 +47,9 @@ def run(
                                 "requeued at a time limit or on preemption is not a "
                                 "failure)."),
     executor: str = typer.Option(None, help="local or slurm [the pipeline's, else local]."),
-    jobs: int = typer.Option(None, help="Jobs at once [local: one per GPU, 1 on a CPU; "
-                             "slurm: 256 per job array]."),
+    jobs: int = typer.Option(None, help="Jobs at once [local: one per GPU, 1 on a CPU]. "
+                             "slurm: tasks at once of each job array, not in all "
+                             "(several arrays run side by side) [256]."),
     gpus: str = typer.Option(None, help="GPUs of this machine for the local executor, "
                              "e.g. 0,1; '' for none (CPUs) [all visible]."),
     runs_per_gpu: int = typer.Option(None, "--runs-per-gpu", min=1, help="Local "

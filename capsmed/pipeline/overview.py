@@ -27,6 +27,7 @@ from capsmed.pipeline.status import (
     counts,
     group_fields,
     grouped,
+    jobs_now,
     run_rows,
     stage_lines,
 )
@@ -53,11 +54,11 @@ def study_overview(pipeline: Pipeline, options: RunOptions, dry_run: bool) -> Ov
     runs = select_runs(pipeline, options.only, options.exclude)
     executor = executor_for(pipeline, options)
     planned = plan(pipeline, runs, state)
-    rows = run_rows(state, planned, None if dry_run else poller(executor))
+    jobs = jobs_now(state, None if dry_run else poller(executor))  # one poll for both
+    rows = run_rows(state, planned, jobs)
     fields = group_fields(runs)
     groups = grouped(rows, fields)
-    stages = stage_lines(pipeline, state, needed_stages(pipeline, runs),
-                         lambda s: stage_done(state, s))
+    stages = stage_lines(needed_stages(pipeline, runs), jobs, lambda s: stage_done(state, s))
     view = Overview(pipeline, runs, rows, fields, groups, stages,
                     foreign_run_dirs(pipeline, state))
     if dry_run:

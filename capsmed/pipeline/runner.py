@@ -37,7 +37,7 @@ from capsmed.pipeline.preflight import (
 )
 from capsmed.pipeline.spec import Pipeline, RunSpec, Stage
 from capsmed.pipeline.state import PipelineState
-from capsmed.pipeline.status import run_rows
+from capsmed.pipeline.status import jobs_now, run_rows
 from capsmed.pipeline.work import WorkItem
 from capsmed.pipeline.workers import close_workers
 
@@ -364,7 +364,7 @@ def wait_pipeline(pipeline: Pipeline, options: RunOptions, patience: float = 5.0
                            True)
         failures = follow(pipeline, state, executor, items, options, board,
                           submit=False) or {}
-        for row in run_rows(state, plan(pipeline, runs, state), None):
+        for row in run_rows(state, plan(pipeline, runs, state), jobs_now(state, None)):
             if row.status != "finished":
                 failures.setdefault(row.label, f"{row.status}" + (
                     f": {row.detail}" if row.detail else "") + f" (capsmed run "

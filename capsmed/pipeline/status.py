@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capsmed.pipeline.ledger import Entry, Ledger, job_states
-from capsmed.pipeline.spec import Pipeline, RunSpec
+from capsmed.pipeline.spec import RunSpec
 from capsmed.pipeline.state import PipelineState
 from capsmed.pipeline.work import FAILED, QUEUED, RUNNING, Job, JobState
 
@@ -44,21 +44,35 @@ Plan = Sequence[tuple[RunSpec, str | None, str]]
 Poll = Callable[[str, Sequence[Job]], dict[str, JobState]]
 
 
-def run_rows(state: PipelineState, planned: Plan, poll: Poll | None) -> list[RunRow]:
-    """One row per planned run (``runner.plan``); ``poll`` asks executors about the
-    ledger's open jobs (None: the ledger's own record only, as a dry run reads it)."""
+@dataclass(frozen=True)
+class JobsNow:
+    """The ledger's latest job of each work item (key -> entry) and where its open
+    ones stand now (key -> state), from one poll of each executor."""
+
+    entries: dict[str, Entry]
+    states: dict[str, JobState]
+
+
+def jobs_now(state: PipelineState, poll: Poll | None) -> JobsNow:
+    """``poll`` asks executors about the ledger's open jobs (None: the ledger's own
+    record only, as a dry run reads it)."""
     entries = Ledger(state.records).entries()
     open_jobs = {k: e.job for k, e in entries.items() if e.ended is None}
     states = job_states(open_jobs, poll) if open_jobs and poll is not None else {}
+    return JobsNow(entries, states)
+
+
+def run_rows(state: PipelineState, planned: Plan, jobs: JobsNow) -> list[RunRow]:
+    """One row per planned run (``runner.plan``)."""
     started = RunStarts(state)
     rows = []
     for run, run_id, status in planned:
         key = f"run:{run.label}"
-        entry = entries.get(key)
+        entry = jobs.entries.get(key)
         if entry is not None and not started.ran(entry, run_id):
             entry = None  # the label's latest job ran another identity (other options)
         rows.append(_row(state, run, run_id, status, entry,
-                         states.get(key) if entry is not None else None))
+                         jobs.states.get(key) if entry is not None else None))
     return rows
 
 
@@ -138,19 +152,24 @@ def grouped(rows: Sequence[RunRow], fields: Sequence[str]) -> dict[str, list[Run
     return out
 
 
-def stage_lines(pipeline: Pipeline, state: PipelineState, stages: Sequence[Any],
-                done: Callable[[Any], bool]) -> list[str]:
-    """One line per data stage and analysis job the ledger knows, for status."""
-    entries = Ledger(state.records).entries()
+def stage_lines(stages: Sequence[Any], jobs: JobsNow, done: Callable[[Any], bool]
+                ) -> list[str]:
+    """One line per data stage, for status: made, its job as the executor sees it now
+    (as the run rows read theirs), failed with the reason, or to make."""
     lines = []
     for stage in stages:
-        entry = entries.get(f"stage:{stage.name}")
+        key = f"stage:{stage.name}"
+        entry, now = jobs.entries.get(key), jobs.states.get(key)
+        job = entry.job.job_id if entry is not None else ""
+        ended = now or (entry.ended if entry is not None else None)
         if done(stage):
             what = "made"
-        elif entry is not None and entry.ended is None:
-            what = f"job {entry.job.job_id}"
-        elif entry is not None and entry.ended is not None and entry.ended.state == FAILED:
-            what = f"failed: {entry.ended.reason}"
+        elif now is not None and now.live:
+            what = f"{now.state}, job {job}" + (f", {now.reason}" if now.reason else "")
+        elif entry is not None and ended is None:
+            what = f"job {job}"  # not asked (a dry run), or no answer
+        elif ended is not None and ended.state == FAILED:
+            what = f"failed: {ended.reason or f'job {job} failed'}"
         else:
             what = "to make"
         lines.append(f"data stage {stage.name}: {what}")

@@ -22,7 +22,8 @@ from capsmed.pipeline.work import Job, JobState, WorkItem
 class ExecutorSettings:
     """The arguments of every executor.
 
-    ``jobs``: at most this many jobs at once (None: the executor's default).
+    ``jobs``: at most this many jobs at once (None: the executor's default); Slurm's
+    applies to each job array apart (its ``%N``), so several arrays run more.
     ``devices``: the GPUs of this machine the user gave (``--gpus``), None for all
     that are visible; only an executor that runs jobs here reads it.
     ``options``: the pipeline's ``executor.<name>`` section (checked against OPTIONS).
