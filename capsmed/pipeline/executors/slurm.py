@@ -24,7 +24,6 @@ code). One ``squeue`` (and one ``sacct`` for the jobs that left the queue) answe
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.execute import INTERRUPTED_REASON
 from capsmed.pipeline.executors.base import ExecutorSettings
+from capsmed.pipeline.executors.slurm_queue import sacct, squeue
 from capsmed.pipeline.resources import Resources
 from capsmed.pipeline.work import FAILED, FINISHED, QUEUED, RUNNING, Job, JobState, WorkItem
 
@@ -307,7 +307,7 @@ class SlurmExecutor:
     def poll(self, jobs: Sequence[Job]) -> dict[str, JobState]:
         if not jobs:
             return {}
-        queue = _squeue()
+        queue = squeue()
         out, gone = {}, []
         for job in jobs:
             if job.job_id in queue:
@@ -316,7 +316,7 @@ class SlurmExecutor:
                                            None if reason in ("None", "") else reason)
             else:
                 gone.append(job.job_id)
-        accounted = _sacct(gone) if gone else {}
+        accounted = sacct(gone) if gone else {}
         for job_id in gone:
             out[job_id] = self._ended(job_id, accounted.get(job_id))
         return out
@@ -376,61 +376,3 @@ def _groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
 
 def _chunks(group: list[WorkItem], size: int) -> list[list[WorkItem]]:
     return [group[i:i + size] for i in range(0, len(group), size)]
-
-
-def _squeue() -> dict[str, tuple[str, str]]:
-    """This user's jobs Slurm holds: id (array tasks expanded) -> (state, reason)."""
-    proc = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T|%r"],
-                          capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        raise CapsmedError(f"squeue failed: {proc.stderr.strip()[:200]}")
-    return _id_pairs(proc.stdout)
-
-
-def _sacct(job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """id -> (State, ExitCode) of ended jobs; {} where sacct cannot answer (no
-    accounting on this cluster).
-
-    Array tasks that never started (cancelled while pending) share one record of
-    their array, ``13_[2-4,7%2]``, which ``sacct -j 13_2`` does not find (Slurm
-    22.05): the arrays are asked for whole and their ranges expanded."""
-    if shutil.which("sacct") is None:
-        return {}
-    arrays = dict.fromkeys(job_id.split("_")[0] for job_id in job_ids)
-    proc = subprocess.run(["sacct", "-n", "-P", "-X", "-j", ",".join(arrays), "-o",
-                           "JobID,State,ExitCode"], capture_output=True, text=True,
-                          timeout=120)
-    if proc.returncode != 0:
-        return {}
-    found = _id_pairs(proc.stdout)
-    ranges = {task: answer for job_id, answer in found.items() if "[" in job_id
-              for task in _array_tasks(job_id)}
-    return {**ranges, **{k: v for k, v in found.items() if "[" not in k}}  # own record wins
-
-
-def _array_tasks(job_id: str) -> list[str]:
-    """``13_[0-2,5,9-13:2%2]`` -> 13_0, 13_1, 13_2, 13_5, 13_9, 13_11, 13_13 (the
-    ``%`` throttle dropped); any other id is itself."""
-    array, _, tasks = job_id.partition("_[")
-    if not tasks.endswith("]"):
-        return [job_id]
-    out = []
-    for part in tasks[:-1].split("%")[0].split(","):
-        span, _, step = part.partition(":")
-        first, _, last = span.partition("-")
-        try:
-            numbers = range(int(first), int(last or first) + 1, int(step or 1))
-        except ValueError:
-            return [job_id]  # not a range this reads: left as Slurm wrote it
-        out.extend(f"{array}_{n}" for n in numbers)
-    return out
-
-
-def _id_pairs(text: str) -> dict[str, tuple[str, str]]:
-    """``id|a|b`` lines (squeue's and sacct's parsable output) -> id -> (a, b)."""
-    out = {}
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3:
-            out[parts[0]] = (parts[1], parts[2])
-    return out
