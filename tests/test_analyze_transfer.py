@@ -261,3 +261,23 @@ def test_model_args_the_given_base_runs_lack_are_refused(tiny_h5, tmp_path):
     checked = runner.invoke(app, [*args, "--layers", "nope", *TINY_ARGS,
                                   "--model-arg", "routing_iters=3"])
     assert checked.exit_code == 1 and "layer 'nope' matches no parameter" in checked.stderr
+
+
+def test_a_run_killed_while_it_finished_is_resumed_not_reused(tiny_h5, tmp_path,
+                                                              monkeypatch):
+    """resume.pt beside summary.json is a run killed between the two (one rule for a
+    finished run): it was reused as finished, its resume.pt left, so the transfer runs
+    after it refused it as unfinished."""
+    from capsmed.evaluate.analyses.transfer import train_or_reuse
+    from capsmed.train.handlers.resumable_state import ResumableState
+    from capsmed.train.run_config import training_unfinished
+
+    cfg = TrainConfig(data=str(tiny_h5), arch="capsnet", epochs=1, batch_size=8,
+                      steps_per_epoch=1, out=str(tmp_path / "base-A"),
+                      model_kwargs=TINY_CAPSNET)
+    with monkeypatch.context() as m:  # killed before removing its resume.pt
+        m.setattr(ResumableState, "on_end", lambda self, loop: None)
+        run = train_or_reuse(cfg, True)
+    assert (run / "summary.json").is_file() and (run / "resume.pt").is_file()
+    assert train_or_reuse(cfg, True) == run
+    assert training_unfinished(run) is None and not (run / "resume.pt").exists()

@@ -188,11 +188,12 @@ def train_or_reuse(cfg: Any, disable_progress: bool | None) -> Path:
         _check_trained_on(out, Path(cfg.data), "its data")
         if cfg.transfer_from and cfg.freeze_transferred:
             _check_same_source(out, Path(cfg.transfer_from), list(cfg.transfer_layers))
+        # resume.pt beside summary.json: killed while it finished (--resume ends it)
+        if (out / "resume.pt").is_file():
+            return resume(out, disable_progress=disable_progress)
         if (out / "summary.json").is_file():
             log.info("reusing the finished run %s", out)
             return out
-        if (out / "resume.pt").is_file():
-            return resume(out, disable_progress=disable_progress)
     return train(cfg, disable_progress=disable_progress)
 
 
