@@ -127,7 +127,8 @@ def test_diaretdb1_predict_on_raw_photographs_equals_evaluate(tmp_path, caplog):
     from capsmed.data.replay import make_recipe
 
     make_recipe(open_run(run_dir, None, CPU, need_data=False).record(), Overrides())
-    assert caplog.text.count("pass --fov-mask to see them as training did") == 1
+    said = "pass --fov-mask (fov_mask= in Python) to see them as training did"
+    assert caplog.text.count(said) == 1
 
 
 def test_predict_on_a_folder_writes_csv_heatmaps_geojson_and_summary(tupac_runs, tiny_raw,

@@ -45,8 +45,8 @@ class FundusPatches(PatchRecipe):
             log.warning("the field of view is estimated per image: at a soft rim it can "
                         "differ from a released mask by a pixel, which moves the CLAHE box "
                         "and changes the patches; for photographs that come with a mask "
-                        "(DIARETDB1's fmask.tif) pass --fov-mask to see them as training "
-                        "did")
+                        "(DIARETDB1's fmask.tif) pass --fov-mask (fov_mask= in Python) to "
+                        "see them as training did")
 
     def channel_and_mask(self, path: Path, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                      float, dict[str, Any]]:
