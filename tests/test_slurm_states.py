@@ -187,18 +187,12 @@ def test_slurm_option_false_on_the_command_line_removes_a_flag():
     assert build(merged, "resources", "p.yaml").sbatch == (("mail-type", "END"),)
 
 
-class _Sbatch:
+class _Sbatch(_Submitit):
     """A stand-in submitit whose sbatch refuses arrays past MaxArraySize (as Slurm's
     'Invalid job array specification') and, with ``refuse``, the Nth submission."""
 
     submitted: list[int] = []
     refuse: int | None = None
-
-    def __init__(self, folder, max_num_timeout):
-        self.handles = []
-
-    def update_parameters(self, **params):
-        pass
 
     @contextlib.contextmanager
     def batch(self):
@@ -212,10 +206,6 @@ class _Sbatch:
         _Sbatch.submitted.append(len(self.handles))
         for n, handle in enumerate(self.handles):
             handle.job_id = f"{job}_{n}" if len(self.handles) > 1 else str(job)
-
-    def submit(self, function):
-        self.handles.append(SimpleNamespace(job_id=None))
-        return self.handles[-1]
 
 
 def _sbatch_executor(tmp_path, monkeypatch, refuse=None):
