@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import cv2
 import numpy as np
 import pytest
@@ -409,6 +411,14 @@ def _classes_differ_in_case(root):
     return root, "'A' and 'a' differ only in case"
 
 
+def _classes_differ_in_unicode_form(root):  # NFC and NFD: two classes shown alike
+    _write(root / unicodedata.normalize("NFC", "Patient \u00c4") / "P7_x.png",
+           np.zeros((8, 8), np.uint8))
+    _write(root / unicodedata.normalize("NFD", "Patient \u00c4") / "P8_x.png",
+           np.zeros((8, 8), np.uint8))
+    return root, "differ only in case or Unicode form"
+
+
 def _class_named_total(root):  # report.csv's total row: two rows of that name
     _write(root / "Total" / "P7_x.png", np.zeros((8, 8), np.uint8))
     return root / "Total", "has the name of the reports' total row"
@@ -436,7 +446,8 @@ def _unread_format(root):  # a WebP is neither read nor may it vanish unsaid
 
 @pytest.mark.parametrize("break_it", [_corrupt_png, _corrupt_tiff, _empty_class,
                                       _no_class_folders, _size_mismatch, _same_stem,
-                                      _classes_differ_in_case, _unread_format,
+                                      _classes_differ_in_case,
+                                      _classes_differ_in_unicode_form, _unread_format,
                                       _class_named_total, _tiff_stack, _cmyk_tiff])
 def test_bad_raw_data(tmp_path, break_it):
     root = tmp_path / "root"
@@ -474,6 +485,29 @@ def test_bad_groups_csv(tmp_path, rows, names, message):
                                  str(out), "--groups-csv", str(tmp_path / "groups.csv")])
     assert_clean_failure(result, names, out)
     assert message in result.stderr
+
+
+NFC_NAME, NFD_NAME = (unicodedata.normalize(f, "M\u00fcller") for f in ("NFC", "NFD"))
+
+
+@pytest.mark.parametrize("how", ["pattern", "csv"])
+def test_groups_differing_only_in_unicode_form_are_refused(tmp_path, how):
+    """One patient's files named in NFC (made on Linux) and NFD (copied from macOS) were
+    two groups: the patient could sit in train and test while 'no group leak' held."""
+    root = tmp_path / "root"
+    for name, patient in (("a", NFC_NAME), ("b", NFD_NAME), ("a", "Zoe"), ("b", "Zoe")):
+        _write(root / name / f"{patient}_x.png", np.zeros((8, 8), np.uint8))
+    options = ["--group-pattern", r"^(.+)_x"]
+    if how == "csv":
+        (tmp_path / "groups.csv").write_text("".join(
+            f"{p.relative_to(root).as_posix()},{p.name.split('_')[0]}\n"
+            for p in sorted(root.rglob("*.png"))), encoding="utf-8")
+        options = ["--groups-csv", str(tmp_path / "groups.csv")]
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "folder", str(root), "-o", str(out),
+                                 "--workers", "1", *options])
+    assert_clean_failure(result, "'M\\xfcller' and 'Mu\\u0308ller' differ only in "
+                         "Unicode form", out)
 
 
 def test_file_not_matching_group_pattern(tmp_path):

@@ -17,6 +17,7 @@ import csv
 import logging
 import os
 import re
+import unicodedata
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
@@ -84,9 +85,13 @@ def discover(root: Path, classes: tuple[str, ...] | None = None
         refuse_total_row_name([name], root / name)
     folded: dict[str, str] = {}
     for name in names:  # Benign/ and benign/ are one class to a reader, two to a model
-        if folded.setdefault(name.casefold(), name) != name:
-            raise CapsmedError(f"{root}: class folders {folded[name.casefold()]!r} and "
-                               f"{name!r} differ only in case; merge them or rename one")
+        # NFC and NFD spellings of one name (a folder copied from macOS beside one typed
+        # on Linux) look the same in every report and column: one class shown twice.
+        key = unicodedata.normalize("NFC", name).casefold()
+        if folded.setdefault(key, name) != name:
+            raise CapsmedError(f"{root}: class folders {folded[key]!r} and {name!r} differ "
+                               "only in case or Unicode form (NFC/NFD); merge them or "
+                               "rename one")
     if classes and set(present) - set(names):
         log.info("class folders left out: %s", ", ".join(sorted(set(present) - set(names))))
     files: list[ImageFile] = []
@@ -203,10 +208,25 @@ def read_groups_csv(path: Path, root: Path, files: list[ImageFile]) -> list[str]
     return [groups[f.rel] for f in files]
 
 
+def refuse_unicode_twins(groups: list[str], where: Path | str) -> list[str]:
+    """``groups`` unless two of them differ only in Unicode form (NFC/NFD): file names
+    copied from macOS beside ones made on Linux would make one patient two groups, free
+    to land in two splits."""
+    seen: dict[str, str] = {}
+    for group in groups:
+        first = seen.setdefault(unicodedata.normalize("NFC", group), group)
+        if first != group:
+            raise CapsmedError(f"{where}: groups {ascii(first)} and {ascii(group)} differ "
+                               "only in Unicode form (NFC/NFD), one patient counted as "
+                               "two; write them in one form")
+    return groups
+
+
 def assign_groups(root: Path, files: list[ImageFile], cfg: FolderConfig) -> list[str]:
     """Group (patient) of every file: regex on the name, CSV, or the file itself."""
     if cfg.groups_csv:
-        return read_groups_csv(Path(cfg.groups_csv), root, files)
+        return refuse_unicode_twins(read_groups_csv(Path(cfg.groups_csv), root, files),
+                                    cfg.groups_csv)
     if not cfg.group_pattern:
         log.warning("no group pattern or groups CSV: every image is its own group, so "
                     "splits are by image, not by patient")
@@ -225,7 +245,7 @@ def assign_groups(root: Path, files: list[ImageFile], cfg: FolderConfig) -> list
             raise CapsmedError(f"{f.path}: file name does not match the group pattern "
                                f"{cfg.group_pattern!r}")
         groups.append(match.group(1))
-    return groups
+    return refuse_unicode_twins(groups, root)
 
 
 def assign_splits(root: Path, labels: np.ndarray, groups: list[str], cfg: FolderConfig
