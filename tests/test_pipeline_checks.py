@@ -105,6 +105,14 @@ REFUSED = {  # id: (change to the smoke pipeline, text of the one-line error)
                                 "evaluate: agreement must be true or false, got 'no'"),
     "executor-key": (lambda r: r.update({"executor": {"kind": "local", "jbos": 2}}),
                      "executor: unknown key(s) jbos"),
+    # its log and record were named after it: written under logs/../ and outside the
+    # study's records folder
+    "dataset-name-with-slash": (
+        lambda r: (r.update({"datasets": {"../tupac16": r["datasets"]["tupac16"]}}),
+                   r["grid"][0].update({"dataset": ["../tupac16"]})),
+        "datasets.../tupac16: the name '../tupac16' holds a path separator"),
+    "analysis-name-with-slash": (lambda r: r["analyses"][0].update({"name": "routing/0"}),
+                                 "the name 'routing/0' holds a path separator"),
     "requires-key": (lambda r: next(iter(r["datasets"].values())).update(
         {"requires": [{"path": "x", "mak": "capsmed synth ..."}]}),
         ".requires: each entry is {path: ..., make: ...}"),

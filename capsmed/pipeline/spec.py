@@ -38,7 +38,7 @@ from capsmed.pipeline.checks import (
 )
 from capsmed.pipeline.executors import check_executor_section
 from capsmed.pipeline.placeholders import fail, interpolate
-from capsmed.pipeline.stages import Stage, read_stages
+from capsmed.pipeline.stages import Stage, check_file_name, read_stages
 from capsmed.pipeline.study_claims import read_claims
 from capsmed.pipeline.yamlfile import read_pipeline_yaml
 from capsmed.train.config import TrainConfig
@@ -287,6 +287,7 @@ def _analyses(raw: dict[str, Any], names: dict[str, Any], runs: list[RunSpec],
                 "name", "command"} <= set(spec):
             raise fail(path, f"analyses[{i}]: needs name and command (output optional)")
         where = f"analyses.{spec['name']}"
+        check_file_name(spec["name"], where, path)
         output = (Path(str(interpolate(spec["output"], names, where, path)))
                   if spec.get("output") else None)
         local = {**names, "output": str(output)}

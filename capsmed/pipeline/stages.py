@@ -37,9 +37,19 @@ class Stage:
     expect: dict[str, Any] = field(default_factory=dict)  # sizes before it is made
 
 
+def check_file_name(name: Any, where: str, path: Path) -> None:
+    """Refuse a stage or analysis name that is not one file name: its log and record
+    (``logs/data-NAME.log``, ``.capsmed-run/stages/NAME.json``) would be written in
+    another folder, ``..`` taking them out of the study's."""
+    if any(c in str(name) for c in "/\\\0"):
+        raise fail(path, f"{where}: the name {str(name)!r} holds a path separator; its "
+                   "log and record files are named after it: use another character")
+
+
 def read_stages(raw: dict[str, Any], names: dict[str, Any], path: Path) -> dict[str, Stage]:
     stages: dict[str, Stage] = {}
     for name, spec in (raw.get("datasets") or {}).items():
+        check_file_name(name, f"datasets.{name}", path)
         if not isinstance(spec, dict) or "output" not in spec:
             raise fail(path, f"datasets.{name}: needs at least 'output' (the .h5 it makes)")
         bad = sorted(set(spec) - STAGE_KEYS)
