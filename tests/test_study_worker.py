@@ -5,6 +5,7 @@ dies costs only its command."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -78,6 +79,22 @@ def test_a_failing_command_gives_its_code_and_error_and_the_worker_goes_on(tmp_p
         assert worker.commands == 2
     finally:
         workers.close_workers()
+
+
+def test_the_logged_command_line_keeps_paths_with_spaces_whole(tmp_path):
+    """The log's ``$ ...`` line is the command to rerun: a run folder "-r ü, 2" was
+    logged unquoted, three arguments (and one an option) when pasted into a shell."""
+    from capsmed.pipeline.processes import run_logged
+
+    log, args = tmp_path / "w.log", ["train", "--help", "--out", str(tmp_path / "-r ü, 2")]
+    try:
+        assert workers.run_in_worker(args, log) == 0
+    finally:
+        workers.close_workers()
+    assert run_logged(["true", "a b", "-c 'd'"], log) == 0
+    lines = [line[2:] for line in log.read_text().splitlines() if line.startswith("$ ")]
+    assert shlex.split(lines[0])[-4:] == args and shlex.split(lines[1]) == ["true", "a b",
+                                                                            "-c 'd'"]
 
 
 def test_a_worker_killed_mid_command_fails_that_command_only(tmp_path):

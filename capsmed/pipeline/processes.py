@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def run_logged(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = N
     """Run ``argv`` with stdout and stderr appended to ``log``; returns the exit code."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a", encoding="utf-8") as fh:
-        fh.write(f"\n$ {' '.join(argv)}\n")
+        fh.write(f"\n$ {shlex.join(argv)}\n")  # a path with a space stays one argument
         fh.flush()
         proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
                                 env=child_env(env),

@@ -23,6 +23,7 @@ import json
 import os
 import queue
 import select
+import shlex
 import subprocess
 import sys
 import threading
@@ -80,7 +81,7 @@ class Worker:
         """Run ``capsmed ARGS`` in the worker, its output appended to ``log``."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a", encoding="utf-8") as fh:
-            fh.write(f"\n$ {' '.join(processes.capsmed_argv(*args))}\n")
+            fh.write(f"\n$ {shlex.join(processes.capsmed_argv(*args))}\n")
         self.commands += 1
         request = json.dumps({"args": list(args), "log": str(log)}) + "\n"
         processes.track(self.proc)  # Ctrl-C, SIGTERM and Slurm's signals reach it
