@@ -5,6 +5,8 @@ Exit codes (README "Errors and exit codes"): a :class:`CapsmedError` exits 1, an
 code for SIGINT; both print one ``error: <message>`` line.
 """
 
+import shlex
+
 
 class CapsmedError(Exception):
     """A problem with the user's input or environment, reported as one line.
@@ -28,3 +30,10 @@ def first_line(exc: BaseException) -> str:
     reason (torch's and h5py's run to several lines; ``KeyError`` quotes its text)."""
     text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def shell_quoted(path: object) -> str:
+    """``path`` as one word of a command a message suggests pasting into a shell
+    ("evaluate it with: capsmed evaluate RUN"): quoted when it holds a space or another
+    character the shell reads, left as it is otherwise."""
+    return shlex.quote(str(path))

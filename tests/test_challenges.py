@@ -180,3 +180,15 @@ def test_full_disk_fails_at_start(tiny_h5, tmp_path, monkeypatch):
     with pytest.raises(CapsmedError, match="MiB free, a run of this model needs about"):
         _run(tiny_h5, tmp_path, "full-disk")
     assert not (tmp_path / "full-disk").exists()  # refused before anything was written
+
+
+def test_imbalance_finds_a_class_typed_in_another_unicode_form():
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "lésion")  # as a folder copied from macOS names it
+    idx = select_training_indices(LABELS, ["healthy", nfd],
+                                  DataChallenge(imbalance={"lésion": 20}), 0)
+    assert np.bincount(LABELS[idx]).tolist() == [600, 80]
+    with pytest.raises(CapsmedError, match="twice"):  # NFC and NFD: one class twice
+        select_training_indices(LABELS, ["healthy", nfd],
+                                DataChallenge(imbalance={"lésion": 20, nfd: 50}), 0)

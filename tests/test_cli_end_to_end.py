@@ -319,3 +319,23 @@ def test_demo_refuses_settings_it_cannot_finish_with_before_writing(tmp_path, ar
     assert_clean_failure(runner.invoke(app, ["demo", "--workdir", str(work), *args]),
                          message)
     assert not work.exists()
+
+
+def test_suggested_commands_quote_a_path_with_a_space(tmp_path):
+    # "inspect it with: capsmed data info PATH" pasted with PATH raw split it in two
+    raw, data, run = tmp_path / "raw", tmp_path / "my data" / "d.h5", tmp_path / "my runs" / "r 1"
+    _ok(["synth", "folder", str(raw), "--classes", "2", "--images-per-class", "4",
+         "--patients", "2", "--size", "16"])
+    data.parent.mkdir()
+    out = runner.invoke(app, ["preprocess", "folder", str(raw), "-o", str(data), "--size", "12",
+                              "--workers", "1", "--train", "0.5", "--val", "0.25",
+                              "--test", "0.25"])
+    assert out.exit_code == 0, out.output
+    said = " ".join(out.output.split())  # wrapped at 80 columns, but never in a quoted path
+    assert f"capsmed data info '{data}' (or: capsmed data preview '{data}'" in said
+    assert out.output.count(f"'{data}'") == 2
+    out = runner.invoke(app, ["train", "--data", str(data), "--arch", "lenet", "--epochs", "1",
+                              "--batch-size", "4", "--out", str(run)])
+    assert out.exit_code == 0, out.output
+    assert f"evaluate it with: capsmed evaluate '{run}'" in " ".join(out.output.split())
+    assert f"'{run}'" in out.output

@@ -527,3 +527,11 @@ def test_config_errors():
         FolderConfig(fractions={"train": 0.8, "test": 0.1})
     with pytest.raises(CapsmedError, match="exclude each other"):
         FolderConfig(folds=3, split_files={"train": "t.txt"})
+
+
+def test_classes_option_finds_a_folder_named_in_another_unicode_form(tmp_path):
+    nfd = unicodedata.normalize("NFD", "lésion")  # as a folder copied from macOS names it
+    for name in (nfd, "sain"):
+        _write(tmp_path / name / "x.png", np.zeros((8, 8), np.uint8))
+    names, files = discover(tmp_path, ("lésion",))  # typed in NFC
+    assert names == [nfd] and [f.rel for f in files] == [f"{nfd}/x.png"]  # kept as stored

@@ -20,13 +20,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def echo_wrapped(text: str) -> None:
     """``text`` wrapped at the terminal's width (80 columns in a log), paths unbroken:
-    a list of the files written reads as lines, not one 300-column line."""
+    a list of the files written reads as lines, not one 300-column line. A quoted path
+    (:func:`capsmed.errors.shell_quoted`) is not broken at its spaces either, so that a
+    command suggested in ``text`` pastes whole."""
+    import re
     import shutil
     import textwrap
 
+    keep = "\ue000"  # a private-use character: stands in for a quoted space meanwhile
+    text = re.sub(r"'[^']*'", lambda m: m.group().replace(" ", keep), text)
     width = shutil.get_terminal_size((80, 24)).columns
     typer.echo(textwrap.fill(text, width=max(40, width), subsequent_indent="  ",
-                             break_long_words=False, break_on_hyphens=False))
+                             break_long_words=False,
+                             break_on_hyphens=False).replace(keep, " "))
 
 
 def handles_errors(command: F | None = None, *, sigterm: bool = True) -> Any:

@@ -16,7 +16,7 @@ import typer
 from capsmed.cli.common import echo_wrapped, handles_errors, parse_key_values
 from capsmed.cli.config_options import Extra, config_options, with_options
 from capsmed.data.challenges import parse_imbalance
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 from capsmed.train.config import TrainConfig
 
 # What the command line says of a field beyond the dataclass.
@@ -70,7 +70,8 @@ def train(
             raise CapsmedError("--resume continues a run with its own options (its "
                                "config.yaml); give no other training options")
         run_dir = resume_training(resume)
-        echo_wrapped(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")
+        echo_wrapped(f"run saved to {run_dir}; evaluate it with: capsmed evaluate "
+                     f"{shell_quoted(run_dir)}")
         return
     merged = {**base, **given}
     arguments = parse_key_values(model_arg, "--model-arg")
@@ -81,4 +82,5 @@ def train(
     merged["model_kwargs"] = {**base.get("model_kwargs", {}), **arguments,
                               **({"branches": branches} if branches is not None else {})}
     run_dir = run_training(TrainConfig.from_dict(merged, origin="capsmed train"))
-    echo_wrapped(f"run saved to {run_dir}; evaluate it with: capsmed evaluate {run_dir}")
+    echo_wrapped(f"run saved to {run_dir}; evaluate it with: capsmed evaluate "
+                 f"{shell_quoted(run_dir)}")

@@ -99,11 +99,18 @@ def select_training_indices(labels: np.ndarray, class_names: Sequence[str],
         index = limit_per_class(labels, challenge.per_class_limit, seed)
     rng = np.random.default_rng([seed, 2018])  # its own stream: training seeds differ
     if challenge.imbalance:
-        unknown = sorted(set(challenge.imbalance) - set(class_names))
+        from capsmed.data.schema import class_index  # h5py: not when the CLI starts
+
+        found = {n: class_index(class_names, n) for n in challenge.imbalance}
+        unknown = sorted(n for n, i in found.items() if i is None)
         if unknown:
             raise CapsmedError(f"--imbalance: unknown class(es) {', '.join(unknown)} "
                                f"(the dataset has: {', '.join(class_names)})")
-        keep = {class_names.index(n): p / 100.0 for n, p in challenge.imbalance.items()}
+        twice = [n for n, i in found.items() if list(found.values()).count(i) > 1]
+        if twice:  # the same name in NFC and in NFD: which percentage would be meant?
+            raise CapsmedError(f"--imbalance names class '{class_names[found[twice[0]]]}' "
+                               f"twice (as {', '.join(map(repr, twice))})")
+        keep = {found[n]: p / 100.0 for n, p in challenge.imbalance.items()}
         index = index[_keep_per_class(labels[index], keep, rng)]
     if challenge.fraction is not None and challenge.fraction < 1.0:
         keep = {int(c): challenge.fraction for c in np.unique(labels[index])}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,20 @@ def refuse_total_row_name(names: Any, where: Path | str) -> None:
                                "row ('total' in report.csv), so a report could not tell the "
                                "two apart; rename the class (its folder) and preprocess "
                                "again")
+
+
+def class_index(names: Sequence[str], wanted: str) -> int | None:
+    """Where the class a user named (``--class``, ``--imbalance``, ``--classes``) is in
+    ``names``; None when it is not there. A name typed in one Unicode form matches one
+    stored in the other (NFC as typed on Linux, NFD in a folder copied from macOS): they
+    look the same, so refusing one with a list that seems to hold it would baffle. An
+    exact match comes first; two stored names of one NFC form match neither."""
+    if wanted in names:
+        return list(names).index(wanted)
+    key = unicodedata.normalize("NFC", wanted)
+    hits = [i for i, name in enumerate(names) if unicodedata.normalize("NFC", name) == key]
+    return hits[0] if len(hits) == 1 else None
+
 
 # What the readers and the preprocessing make of the same raw files and options. Bumped
 # by any change after which the same command writes different images or labels, so that

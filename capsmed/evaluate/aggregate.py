@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 from capsmed.runs.index import find_runs, is_hidden_below, summarise_run
 from capsmed.train.protocol import (
     PROTOCOL_DEFAULTS,
@@ -174,7 +174,8 @@ def load_evaluated_run(run_dir: Path, report_name: str = "report") -> EvaluatedR
     missing = [k for k in REQUIRED_KEYS if k not in report]
     if missing:
         raise CapsmedError(f"{report_path}: not a capsmed evaluate report (missing "
-                           f"{', '.join(missing)}); re-run capsmed evaluate {run_dir}")
+                           f"{', '.join(missing)}); re-run capsmed evaluate "
+                           f"{shell_quoted(run_dir)}")
     train = config.get("train") or {}
     class_names = tuple(report["class_names"])
     confusion = np.asarray(report["confusion_matrix"], dtype=np.int64)
@@ -269,7 +270,7 @@ def collect_runs(paths: Sequence[Path]) -> Collection:
         if summary.stale_reason is not None:
             raise CapsmedError(summary.stale_reason)
         if not summary.evaluated:
-            reason = f"not evaluated yet; run: capsmed evaluate {summary.path}"
+            reason = f"not evaluated yet; run: capsmed evaluate {shell_quoted(summary.path)}"
             log.warning("%s: skipped, %s", summary.path, reason)
             skipped.append(SkippedRun(summary.path, reason))
             continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 from capsmed.pipeline.display import RunBoard
 from capsmed.pipeline.drive import Driver
 from capsmed.pipeline.execute import current_identity, stage_done
@@ -112,8 +112,9 @@ def follow(pipeline: Pipeline, state: PipelineState, executor: Executor,
             board.note(f"re-attached to {len(mine)} job(s) submitted earlier")
         if options.detach and submit:
             board.note(f"submitted {len(new)} job(s) to {executor.name}; see where they "
-                       f"stand with: capsmed run status {pipeline.path}; wait for them "
-                       f"and write the report with: capsmed run wait {pipeline.path}")
+                       f"stand with: capsmed run status {shell_quoted(pipeline.path)}; wait "
+                       "for them and write the report with: capsmed run wait "
+                       f"{shell_quoted(pipeline.path)}")
             return None
         failures = driver.wait()
     return {driver.tracked[k].item.label: why for k, why in failures.items()}

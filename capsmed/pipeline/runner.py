@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from capsmed.bundled import bundled_pipelines
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 from capsmed.pipeline.checks import parse_selection
 from capsmed.pipeline.display import RunBoard
 from capsmed.pipeline.execute import current_identity, remade_outputs, stage_done
@@ -339,8 +339,8 @@ def start_in_background(argv: Sequence[str], pipeline: Pipeline, timeout: float 
                                f"started ({lines[-1] if lines else 'no output'})")
         time.sleep(0.2)
     return (f"runner started in the background (pid {proc.pid}); its output: {log_path}\n"
-            f"where it stands: capsmed run status {pipeline.path}\n"
-            f"wait for it: capsmed run wait {pipeline.path}")
+            f"where it stands: capsmed run status {shell_quoted(pipeline.path)}\n"
+            f"wait for it: capsmed run wait {shell_quoted(pipeline.path)}")
 
 
 def wait_pipeline(pipeline: Pipeline, options: RunOptions, patience: float = 5.0) -> int:

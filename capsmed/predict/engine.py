@@ -25,6 +25,7 @@ from capsmed.data.images import exif_orientation
 from capsmed.data.record import RECORD, DatasetRecord
 from capsmed.data.replay import make_recipe
 from capsmed.data.replay.windows import Prepared
+from capsmed.data.schema import class_index
 from capsmed.device import select_device
 from capsmed.errors import CapsmedError
 from capsmed.io import (
@@ -138,10 +139,11 @@ def _class_index(record: DatasetRecord, name: str | None) -> int:
     names = list(record.class_names)
     if name is None:
         return 1 if len(names) > 1 else 0
-    if name not in names:
+    index = class_index(names, name)
+    if index is None:
         raise CapsmedError(f"--class '{name}' is not a class of this run (classes: "
                            f"{', '.join(names)})")
-    return names.index(name)
+    return index
 
 
 def _check_options(options: PredictOptions) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from capsmed.errors import shell_quoted
 from capsmed.train.protocol import protocol_label, protocol_settings, transfer_source
 from capsmed.train.run_config import CONFIG, META, METRICS, metric_records, training_unfinished
 from capsmed.yamlfile import load_yaml
@@ -48,7 +49,7 @@ class RunSummary:
     def stale_reason(self) -> str | None:
         """Why the report is stale (``capsmed report``'s refusal), None when current."""
         report = self.path / "report" / "report.json"
-        fix = f"; run: capsmed evaluate {self.path}"
+        fix = f"; run: capsmed evaluate {shell_quoted(self.path)}"
         if self.report_epoch is not None and self.report_epoch != self.best_epoch:
             return (f"{report}: scored the epoch {self.report_epoch} checkpoint, but the "
                     f"run now keeps epoch {self.best_epoch} (it trained on after the "

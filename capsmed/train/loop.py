@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import torch
 
 from capsmed.data.loader import sequential_batches
-from capsmed.errors import CapsmedError, Interrupted, first_line
+from capsmed.errors import CapsmedError, Interrupted, first_line, shell_quoted
 from capsmed.io import WriteError
 from capsmed.train.handlers import LoopHandler, build_handlers
 from capsmed.train.run import Run
@@ -81,11 +81,11 @@ def run_loop(run: Run, state: dict[str, Any] | None, stop_after_steps: int | Non
             return TrainingLoop(run, state, stop_after_steps).train()
     except KeyboardInterrupt:  # the second Ctrl-C: no save, the last saved state stays
         raise TrainingInterrupted(f"{run.run_dir}: interrupted at once; {saved} "
-                                  f"{run.run_dir}") from None
+                                  f"{shell_quoted(run.run_dir)}") from None
     except WriteError as exc:  # a full disk: every file is written atomically, so the
         # last saved state and checkpoint are whole
         raise WriteError(exc.path, exc.reason, f"once there is room, {saved} "
-                         f"{run.run_dir}") from None
+                         f"{shell_quoted(run.run_dir)}") from None
 
 
 class TrainingLoop:
@@ -191,7 +191,7 @@ class TrainingLoop:
         self._emit("on_stop")
         run_dir = self.run.run_dir
         raise TrainingInterrupted(f"{run_dir}: stopped ({self.stop_reason}) {where}; "
-                                  f"continue with: capsmed train --resume {run_dir}")
+                                  f"continue with: capsmed train --resume {shell_quoted(run_dir)}")
 
     def _check_finite(self) -> None:
         run, p = self.run, self.progress

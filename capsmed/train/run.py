@@ -30,7 +30,7 @@ from capsmed.data.contract import DatasetInfo
 from capsmed.data.digest import file_digest
 from capsmed.data.record import write_record
 from capsmed.device import device_name, seed_everything
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 from capsmed.io import atomic_dir, atomic_path, write_text_atomic, writing
 from capsmed.models import count_parameters
 from capsmed.train import distributed
@@ -113,7 +113,7 @@ def _check_new_run_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise CapsmedError(f"{path}: is a file, not a run directory; choose another --out")
     if path.exists() and any(path.iterdir()):
-        hint = (f", or continue it with capsmed train --resume {path}"
+        hint = (f", or continue it with capsmed train --resume {shell_quoted(path)}"
                 if (path / "resume.pt").is_file() else "")
         raise CapsmedError(f"{path}: run directory already exists and is not empty; "
                            f"choose another --out or remove it{hint}")

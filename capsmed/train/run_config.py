@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from capsmed.data.digest import file_digest
-from capsmed.errors import CapsmedError, first_line
+from capsmed.errors import CapsmedError, first_line, shell_quoted
 from capsmed.yamlfile import read_yaml
 
 CONFIG = "config.yaml"
@@ -84,7 +84,7 @@ class Unfinished:
         """What to do before ``command`` ("evaluate", "predict") again gives the
         finished run's result."""
         if self.resumable:
-            return f"after capsmed train --resume {self.run_dir}, {command} again"
+            return f"after capsmed train --resume {shell_quoted(self.run_dir)}, {command} again"
         return f"it cannot be resumed: train it again, then {command} again"
 
 

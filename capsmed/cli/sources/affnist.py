@@ -11,7 +11,7 @@ from capsmed.cli.options import OUTPUT, option, overwrite_option, synth_seed_opt
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.mnist.config import AffnistConfig
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 
 
 @synth_app.command("affnist")
@@ -49,4 +49,4 @@ def preprocess_affnist(
 
     out = run(path, output, AffnistConfig(**only_set(split=split, max_images=max_images)),
               overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {out}")
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(out)}")

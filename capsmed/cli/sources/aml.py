@@ -19,6 +19,7 @@ from capsmed.cli.options import (
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.aml.config import AmlConfig
+from capsmed.errors import shell_quoted
 
 
 @synth_app.command("aml")
@@ -65,4 +66,4 @@ def preprocess_aml(
                                   workers=workers))
     path = preprocess_aml(raw_dir, output, config, annotations=annotations,
                           overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(path)}")

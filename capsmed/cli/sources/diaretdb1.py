@@ -22,7 +22,7 @@ from capsmed.cli.options import (
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.diaretdb1.config import Diaretdb1Config
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 
 
 def _pair(text: str | None, option: str) -> tuple[int, int] | None:
@@ -102,4 +102,4 @@ def preprocess_diaretdb1(
         val_fraction=val_fraction, seed=seed, workers=workers,
         split_files=parse_split_files(split_file), allow_group_leak=allow_group_leak))
     path = preprocess_diaretdb1(raw_dir, output, config, overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(path)}")

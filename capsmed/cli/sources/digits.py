@@ -16,6 +16,7 @@ from capsmed.cli.options import (
 )
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.data.sources.digits.config import DigitsConfig
+from capsmed.errors import shell_quoted
 
 
 @preprocess_app.command("digits")
@@ -39,4 +40,4 @@ def preprocess_digits(
                                      fractions=split_fractions(DigitsConfig, train, val,
                                                                test)))
     path = run(None, output, config, overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {path}")  # "wrote" is logged
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(path)}")  # "wrote" is logged

@@ -25,7 +25,7 @@ from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.stain_options import stain_norm_option, stain_target_option
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.folder.config import FolderConfig
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 
 
 @synth_app.command("folder")
@@ -100,5 +100,5 @@ def preprocess_folder(
         fractions=fractions, split_files=files, folds=folds, seed=seed, name=name,
         domain=domain, workers=workers, allow_group_leak=allow_group_leak))
     path = preprocess_folder(root, output, config, overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {path} (or: capsmed data preview "
-                 f"{path} -o preview.png)")
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(path)} (or: capsmed data "
+                 f"preview {shell_quoted(path)} -o preview.png)")

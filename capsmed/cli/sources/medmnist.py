@@ -13,6 +13,7 @@ from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.medmnist.config import MedmnistConfig
 from capsmed.data.sources.medmnist.sets import SETS, SINGLE_LABEL, SIZES
+from capsmed.errors import shell_quoted
 
 _SIZES = ", ".join(map(str, SIZES))
 
@@ -32,7 +33,7 @@ def fetch_medmnist(
     from capsmed.data.sources.medmnist.reader import remote
 
     paths = fetch_dataset(remote(set_name, size), out_dir, mirror=mirror, timeout=timeout)
-    echo_wrapped(f"{paths[0]} verified; next: capsmed preprocess medmnist {paths[0]} "
+    echo_wrapped(f"{paths[0]} verified; next: capsmed preprocess medmnist {shell_quoted(paths[0])} "
                  f"-o {set_name}.h5")
 
 
@@ -81,4 +82,4 @@ def preprocess_medmnist(
     config = MedmnistConfig(**only_set(set_name=set_name,
                                        ordinal_as_classes=ordinal_as_classes, domain=domain))
     path = run(npz_file, output, config, overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {path}")  # "wrote" is logged
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(path)}")  # "wrote" is logged

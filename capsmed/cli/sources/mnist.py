@@ -12,6 +12,7 @@ from capsmed.cli.options import OUTPUT, option, overwrite_option, seed_option, s
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.mnist.config import MnistConfig
+from capsmed.errors import shell_quoted
 
 _TITLES = {"mnist": "MNIST handwritten digits", "fashion-mnist": "Fashion-MNIST clothing"}
 
@@ -35,7 +36,7 @@ def _register(dataset: str) -> None:
 
         paths = fetch_dataset(REMOTE[dataset], out_dir, mirror=mirror, timeout=timeout)
         echo_wrapped(f"{len(paths)} files verified in {out_dir}; next: capsmed preprocess "
-                     f"{dataset} {out_dir} -o {dataset}.h5")
+                     f"{dataset} {shell_quoted(out_dir)} -o {dataset}.h5")
 
     @synth_app.command(dataset, help=f"Synthetic {title} in the official IDX files "
                        "(train-*/t10k-* images and labels), for trying the pipeline offline.")
@@ -73,7 +74,7 @@ def _register(dataset: str) -> None:
         config = MnistConfig(dataset=dataset,
                              **only_set(val=val, placement=placement, seed=seed))
         path = preprocess_mnist(raw_dir, output, config, overwrite=overwrite)
-        echo_wrapped(f"inspect it with: capsmed data info {path}")
+        echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(path)}")
 
 
 for _name in _TITLES:

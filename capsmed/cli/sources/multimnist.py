@@ -10,6 +10,7 @@ from capsmed.cli.common import echo_wrapped, handles_errors, only_set
 from capsmed.cli.options import OUTPUT, flag, option, overwrite_option, seed_option
 from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.data.sources.mnist.config import MultiMnistConfig
+from capsmed.errors import shell_quoted
 
 
 @preprocess_app.command("multimnist")
@@ -37,4 +38,4 @@ def preprocess_multimnist(
     config = MultiMnistConfig(**only_set(pairs=pairs, eval_pairs=eval_pairs, shift=shift,
                                          val=val, store_sources=store_sources, seed=seed))
     out = run(mnist_dir, output, config, overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {out}")
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(out)}")

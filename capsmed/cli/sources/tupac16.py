@@ -24,6 +24,7 @@ from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.stain_options import stain_norm_option, stain_target_option
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.tupac16.config import Tupac16Config
+from capsmed.errors import shell_quoted
 
 
 @synth_app.command("tupac16")
@@ -91,4 +92,4 @@ def preprocess_tupac16(
         allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
     path = preprocess_tupac16(raw_dir, output, config, overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(path)}")

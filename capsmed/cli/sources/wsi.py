@@ -25,6 +25,7 @@ from capsmed.cli.preprocess import app as preprocess_app
 from capsmed.cli.stain_options import stain_norm_option, stain_target_option
 from capsmed.cli.synth import app as synth_app
 from capsmed.data.sources.wsi.config import WsiConfig
+from capsmed.errors import shell_quoted
 
 
 @synth_app.command("wsi")
@@ -125,4 +126,4 @@ def preprocess_wsi(
         allow_group_leak=allow_group_leak,
         allow_no_annotations=allow_no_annotations))
     path = run(slides, output, config, overwrite=overwrite)
-    echo_wrapped(f"inspect it with: capsmed data info {path}")
+    echo_wrapped(f"inspect it with: capsmed data info {shell_quoted(path)}")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from capsmed import __version__
-from capsmed.errors import CapsmedError, first_line
+from capsmed.errors import CapsmedError, first_line, shell_quoted
 from capsmed.io import write_text_atomic
 from capsmed.train.handlers.base import LoopHandler, LoopState
 from capsmed.train.handlers.run_params import run_params
@@ -167,7 +167,7 @@ class MLflowTracking(LoopHandler):
         except Exception as exc:
             raise CapsmedError(f"{run.run_dir}: cannot start its MLflow run at {uri} "
                                f"({first_line(exc)}); continue with: capsmed train "
-                               f"--resume {run.run_dir}") from None
+                               f"--resume {shell_quoted(run.run_dir)}") from None
 
     def _create_run(self, uri: str) -> None:
         run = self.run

@@ -20,7 +20,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from capsmed import __version__
-from capsmed.errors import CapsmedError, first_line
+from capsmed.errors import CapsmedError, first_line, shell_quoted
 from capsmed.io import write_text_atomic
 from capsmed.train.handlers.base import LoopHandler, LoopState
 from capsmed.train.handlers.run_params import run_params
@@ -73,7 +73,7 @@ class WandbTracking(LoopHandler):
         except Exception as exc:  # W&B raises its own kinds, and OSError's
             raise CapsmedError(f"{run.run_dir}: cannot start its W&B run in project "
                                f"'{run.cfg.wandb}' ({first_line(exc)}); continue with: "
-                               f"capsmed train --resume {run.run_dir}") from None
+                               f"capsmed train --resume {shell_quoted(run.run_dir)}") from None
         if not saved:
             write_text_atomic(path, json.dumps({"project": run.cfg.wandb,
                                                 "run_id": self.wandb_run.id}, indent=2))

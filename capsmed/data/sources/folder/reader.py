@@ -37,7 +37,7 @@ from capsmed.data.images import (
 from capsmed.data.normalise import StainNormaliser, build_normaliser
 from capsmed.data.output import claims_output
 from capsmed.data.pool import default_workers, map_in_workers
-from capsmed.data.schema import refuse_total_row_name
+from capsmed.data.schema import class_index, refuse_total_row_name
 from capsmed.data.sources.folder import SOURCE
 from capsmed.data.sources.folder.config import FolderConfig
 from capsmed.data.splits import assign_splits as assign_group_splits
@@ -74,7 +74,9 @@ def discover(root: Path, classes: tuple[str, ...] | None = None
     present = [p.name for p in entries if p.is_dir()]
     if not present:
         raise CapsmedError(f"{root}: no class folders (expected ROOT/<class>/<images>)")
-    names = list(classes) if classes else present
+    # a name typed in NFC finds its folder spelled in NFD (macOS), and keeps that spelling
+    names = ([present[i] if (i := class_index(present, c)) is not None else c for c in classes]
+             if classes else present)
     for name in names:
         if not (root / name).is_dir():
             raise CapsmedError(f"{root / name}: class folder not found (found: "

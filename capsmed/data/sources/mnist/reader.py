@@ -31,7 +31,7 @@ from capsmed.data.output import claims_output
 from capsmed.data.sources import get_source
 from capsmed.data.sources.mnist.config import MnistConfig
 from capsmed.data.sources.mnist.idx import read_idx_images, read_idx_labels
-from capsmed.errors import CapsmedError
+from capsmed.errors import CapsmedError, shell_quoted
 from capsmed.progress import track
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def find_idx_files(raw_dir: Path, dataset: str = "mnist") -> dict[str, tuple[Pat
     raw_dir = Path(raw_dir)
     if not raw_dir.is_dir():
         raise CapsmedError(f"{raw_dir}: no such folder (expected the {dataset} IDX files; "
-                           f"`capsmed fetch {dataset} {raw_dir}` downloads them)")
+                           f"`capsmed fetch {dataset} {shell_quoted(raw_dir)}` downloads them)")
     # torchvision's root holds MNIST/raw and FashionMNIST/raw side by side: only this
     # dataset's own folder is looked in (the files have the same names in both)
     folders = [raw_dir, raw_dir / "raw", raw_dir / TORCHVISION_FOLDER.get(dataset, "MNIST") / "raw"]
@@ -130,7 +130,7 @@ def find_idx_files(raw_dir: Path, dataset: str = "mnist") -> dict[str, tuple[Pat
             missing = [f"{n}[.gz]" for pair in IDX_FILES.values() for n in pair
                        if n not in found]
     raise CapsmedError(f"{raw_dir}: missing {', '.join(missing)} (the four {dataset} IDX "
-                       f"files; `capsmed fetch {dataset} {raw_dir}` downloads them)")
+                       f"files; `capsmed fetch {dataset} {shell_quoted(raw_dir)}` downloads them)")
 
 
 def read_idx_pair(images_path: Path, labels_path: Path,
