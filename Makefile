@@ -30,7 +30,7 @@ demo: $(STAMP) ## Synthetic TUPAC16: preprocess, train, report
 test: $(STAMP) ## Run the test suite (CPU, a few minutes)
 	$(PY) -m pytest
 
-test-fast: $(STAMP) ## The suite without the slow end-to-end tests (~5 min on 2 cores)
+test-fast: $(STAMP) ## The suite without the slow end-to-end tests (~6 min on 2 cores)
 	$(PY) -m pytest -m "not slow"
 
 # Whole studies (pipelines/*.yaml) through capsmed run; rerunning skips finished runs.
