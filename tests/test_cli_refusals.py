@@ -299,3 +299,50 @@ def test_folder_preprocess_refuses_an_animation(tmp_path):
                                  "-o", str(out), "--size", "16", "--workers", "1",
                                  "--group-pattern", PATIENT])
     assert_clean_failure(result, f"{first}: an animation of 3 frames", out)
+
+
+def _lenet_cli(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["-q", "train", "--data", str(data), "--arch", "lenet", "--epochs", "1",
+            "--batch-size", "16", "--steps-per-epoch", "1", "--model-arg", "widths=[3,4]",
+            "--model-arg", "hidden=[8]", "--out", str(out), *extra]
+
+
+def test_train_refuses_a_class_layer_between_other_classes_and_all_layers_frozen(
+        tiny_h5, tmp_path):
+    from tests.test_training_engine import _renamed
+
+    source = tmp_path / "A"
+    assert runner.invoke(app, _lenet_cli(tiny_h5, source)).exit_code == 0
+    swapped = _renamed(tiny_h5, tmp_path / "swapped.h5", ["mitosis", "non-mitosis"])
+    out = tmp_path / "B"
+    result = runner.invoke(app, _lenet_cli(swapped, out, "--transfer-from", str(source),
+                                           "--transfer-layers", "classifier"))
+    assert_clean_failure(result, f"{source}: layer 'classifier' holds its class layer", out)
+    assert "(the same classes in another order)" in result.stderr
+    result = runner.invoke(app, _lenet_cli(tiny_h5, out, "--transfer-from", str(source),
+                                           "--transfer-layers", "features,classifier"))
+    assert_clean_failure(result, "frozen, so nothing would be trained", out)
+
+
+def test_train_refuses_a_two_label_file_whose_val_split_has_one_label(tmp_path):
+    from tests.test_training_engine import _two_label_variant
+
+    path = _two_label_variant(tmp_path / "two.h5", val_label2=False)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["-q", "train", "--data", str(path), "--arch", "lenet",
+                                 "--epochs", "1", "--batch-size", "6", "--model-arg",
+                                 "widths=[3,4]", "--model-arg", "hidden=[8]", "--out",
+                                 str(out)])
+    assert_clean_failure(result, f"{path}: 'train' holds two labels per image", out)
+
+
+def test_train_refuses_one_class_given_twice_in_two_unicode_forms(tiny_h5, tmp_path):
+    from tests.test_training_engine import _renamed
+
+    nfd = "le\u0301sion"
+    data = _renamed(tiny_h5, tmp_path / "accents.h5", ["normal", nfd])
+    out = tmp_path / "run"
+    result = runner.invoke(app, _lenet_cli(data, out, "--imbalance",
+                                           f"l\u00e9sion=20,{nfd}=50"))
+    assert_clean_failure(result, "--imbalance names class", out)
+    assert "twice" in result.stderr
