@@ -119,3 +119,13 @@ def test_a_translucent_photograph_is_refused_by_patch_runs_not_scored_as_tissue(
                                f"{record.dataset} images have no alpha"):
                 recipe.prepare(tmp_path / name, None)
     assert np.array_equal(read_rgb(tmp_path / "opaque.png"), read_rgb(tmp_path / "plain.png"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (Overrides(level=-1), "--level must be >= 0"), (Overrides(mpp=0.0), "--mpp must be"),
+    (Overrides(mpp=-0.5), "--mpp must be"), (Overrides(mpp=float("nan")), "--mpp must be")])
+def test_a_negative_level_or_non_positive_mpp_is_refused(overrides, message):
+    """--level -1 indexed the pyramid from its end and OpenSlide read it as blank white
+    windows, scored without a word; --mpp 0 divided by zero."""
+    with pytest.raises(CapsmedError, match=message):
+        make_recipe(TUPAC16, overrides)

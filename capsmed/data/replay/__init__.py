@@ -17,6 +17,7 @@ centres are (x, y) in the input's level-0 pixels.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Protocol
 
@@ -59,6 +60,13 @@ def check_overrides(overrides: Overrides) -> None:
         raise CapsmedError(f"--stride must be >= 1, got {overrides.stride}")
     if overrides.min_tissue is not None and not 0.0 <= overrides.min_tissue <= 1.0:
         raise CapsmedError(f"--min-tissue must be within [0, 1], got {overrides.min_tissue}")
+    # a negative level indexes the pyramid from its end in Python, and OpenSlide reads
+    # nothing (white) at it: windows of blank padding, scored without a word
+    if overrides.level is not None and overrides.level < 0:
+        raise CapsmedError(f"--level must be >= 0 (0 is full resolution), got "
+                           f"{overrides.level}")
+    if overrides.mpp is not None and not 0 < overrides.mpp < math.inf:
+        raise CapsmedError(f"--mpp must be a number > 0, got {overrides.mpp}")
 
 
 def make_recipe(record: DatasetRecord, overrides: Overrides) -> Recipe:
