@@ -382,6 +382,22 @@ def test_two_labels_refuse_class_counts_of_the_first_object_only(tmp_path, optio
     assert not out.exists()
 
 
+def test_two_labels_of_one_class_are_refused(tmp_path):
+    """label2 equal to the label (MultiMNIST never pairs a class with itself) trained
+    one target, and top-2 accuracy counted the image right whatever its other class."""
+    import h5py
+
+    path = _two_label_file(tmp_path / "two.h5", 12, {"train": 12, "val": 6})
+    with h5py.File(path, "r+") as f:
+        f["train/meta/label2"][3] = f["train/labels"][3]
+    out = tmp_path / "run"
+    with pytest.raises(CapsmedError, match="split 'train' has 1 image\\(s\\) whose two labels "
+                       "\\(labels, meta/label2\\) are the same class"):
+        train(TrainConfig(data=str(path), arch="lenet", epochs=1, batch_size=6, out=str(out),
+                          model_kwargs=TINY_LENET), disable_progress=True)
+    assert not out.exists()
+
+
 def _two_label_variant(path, val_label2: bool = True, source_shape=None):
     """A 3-class two-label file of 12x12 images: 'val' without meta/label2, or
     meta/image_a and image_b of ``source_shape`` per sample."""

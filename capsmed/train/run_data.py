@@ -23,7 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from capsmed.data.challenges import cv_partition, select_training_indices
+from capsmed.data.challenges import (
+    cv_partition,
+    select_training_indices,
+    warn_classes_under_limit,
+)
 from capsmed.data.contract import (
     SECOND_LABEL,
     DatasetInfo,
@@ -85,6 +89,8 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
             hint = (" (it has cross-validation folds: pass --fold K)" if info.folds else "")
             raise CapsmedError(f"{info.path}: has no 'train' split{hint}")
         labels, _ = read_labels(info.path, "train")
+        if cfg.per_class_limit is not None:
+            warn_classes_under_limit(labels, info.class_names, cfg.per_class_limit)
         rows = select_training_indices(labels, info.class_names, challenge, cfg.seed)
         _check_not_empty(info, "'train'", len(labels), rows)
         full = len(labels) if cfg.per_class_limit is None else int(np.minimum(
@@ -106,6 +112,8 @@ def select_rows(info: DatasetInfo, cfg: TrainConfig) -> RunRows:
                                              cfg.seed)
     except CapsmedError as exc:  # the fold is out of the file's range: name the file
         raise CapsmedError(f"{info.path}: {exc}") from None
+    if cfg.per_class_limit is not None:  # the limit is drawn from every fold's samples
+        warn_classes_under_limit(labels, info.class_names, cfg.per_class_limit)
     rest = dataclasses.replace(challenge, per_class_limit=None)  # already applied
     chosen = select_training_indices(labels[train_rows], info.class_names, rest, cfg.seed)
     _check_not_empty(info, f"'{CV_SPLIT}' without fold {cfg.fold}", len(train_rows), chosen)
@@ -175,6 +183,11 @@ def _two_label_loader(info: DatasetInfo, split: str, rows: np.ndarray | None,
             second.min() < 0 or second.max() >= info.num_classes)):
         raise CapsmedError(f"{info.path}: '{split}/meta/{SECOND_LABEL}' must hold labels "
                            f"within 0..{info.num_classes - 1}, like '{split}/labels'")
+    same = int((second == labels).sum())
+    if same:  # one target, not two; top-2 counted it right whatever the other class was
+        raise CapsmedError(f"{info.path}: split '{split}' has {same} image(s) whose two "
+                           f"labels (labels, meta/{SECOND_LABEL}) are the same class; "
+                           "two-label training needs two different classes")
     sources = None
     if {"image_a", "image_b"} <= set(names):
         shape = (len(labels), info.channels, *info.image_size)
