@@ -192,3 +192,29 @@ def test_imbalance_finds_a_class_typed_in_another_unicode_form():
     with pytest.raises(CapsmedError, match="twice"):  # NFC and NFD: one class twice
         select_training_indices(LABELS, ["healthy", nfd],
                                 DataChallenge(imbalance={"lésion": 20, nfd: 50}), 0)
+
+
+def test_a_per_class_limit_above_a_class_size_is_reported(tiny_h5, caplog):
+    """At most X per class keeps all of a smaller class: the run has fewer than the X
+    asked for, and with no class above X the limit keeps every sample. Neither was said."""
+    from capsmed.data.contract import read_info
+    from capsmed.train.run_data import select_rows
+
+    info = read_info(tiny_h5)
+    counts = np.bincount(load_split(tiny_h5, "train").labels, minlength=2)
+    assert counts.min() < counts.max()  # a limit between the two class sizes
+    limit = int(counts.min()) + 1
+    cfg = TrainConfig(data=str(tiny_h5), arch="lenet", per_class_limit=limit)
+    with caplog.at_level("WARNING", logger="capsmed.data.challenges"):
+        rows = select_rows(info, cfg)
+    small = info.class_names[int(counts.argmin())]
+    assert len(rows.train_rows) == counts.min() + limit
+    assert f"--per-class-limit {limit}: 1 class(es) have fewer samples and keep all of " \
+           f"them: {small} ({counts.min()})" in caplog.text
+    assert "keeps every sample" not in caplog.text
+    caplog.clear()
+    above = int(counts.max()) + 1
+    with caplog.at_level("WARNING", logger="capsmed.data.challenges"):
+        select_rows(info, TrainConfig(data=str(tiny_h5), arch="lenet", per_class_limit=above))
+    assert "2 class(es) have fewer samples" in caplog.text
+    assert "no class has more, so the limit keeps every sample" in caplog.text

@@ -17,12 +17,15 @@ trains on every fold but one and tests on that one (:func:`cv_partition`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from capsmed.errors import CapsmedError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,22 @@ def limit_per_class(labels: np.ndarray, limit: int, seed: int) -> np.ndarray:
     chosen = [members if len(members) <= limit else rng.choice(members, limit, replace=False)
               for members in (np.flatnonzero(labels == c) for c in np.unique(labels))]
     return np.sort(np.concatenate(chosen)) if chosen else np.empty(0, dtype=np.int64)
+
+
+def warn_classes_under_limit(labels: np.ndarray, class_names: Sequence[str], limit: int
+                             ) -> list[str]:
+    """Warn, naming them, about the classes with fewer than ``limit`` samples: "at most
+    X per class" keeps all of theirs, so the run has fewer than X of them (and with no
+    class above X the limit keeps every sample). Returns ``["name (count)", ...]``."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(class_names))
+    short = [f"{name} ({n})" for name, n in zip(class_names, counts.tolist(), strict=True)
+             if 0 < n < limit]
+    if short:
+        inert = ("; no class has more, so the limit keeps every sample"
+                 if not (counts > limit).any() else "")
+        log.warning("--per-class-limit %d: %d class(es) have fewer samples and keep all of "
+                    "them: %s%s", limit, len(short), ", ".join(short), inert)
+    return short
 
 
 def limit_per_class_over_folds(labels: np.ndarray, folds: np.ndarray, limit: int,
