@@ -98,3 +98,17 @@ def test_a_handler_that_fails_still_closes_the_others(tiny_h5, tmp_path, monkeyp
     with pytest.raises(RuntimeError, match="tracker down"):
         train(_cfg(tiny_h5, tmp_path / "run"), disable_progress=True)
     assert signal.getsignal(signal.SIGTERM) == before  # StopOnSignal closed
+
+
+def test_patience_running_out_at_the_last_epoch_is_no_early_stop(tiny_h5, tmp_path):
+    """A run that trains every planned epoch did not stop early, even when the last one
+    is the patience-th without a better validation loss."""
+    options = {"epochs": 12, "patience": 1, "lr": 0.05, "seed": 1, "steps_per_epoch": None}
+    stopped = train(_cfg(tiny_h5, tmp_path / "stopped", **options), disable_progress=True)
+    summary = json.loads((stopped / "summary.json").read_text())
+    assert summary["stopped_early"] and summary["epochs_run"] < 12
+    last = summary["epochs_run"]  # patience ran out after this epoch
+    planned = train(_cfg(tiny_h5, tmp_path / "planned", **{**options, "epochs": last}),
+                    disable_progress=True)
+    assert json.loads((planned / "summary.json").read_text()) == {
+        **summary, "stopped_early": False}
