@@ -154,6 +154,27 @@ def test_resume_puts_back_the_checkpoint_of_the_states_kept_epoch(
     assert json.loads((run / "checkpoint.json").read_text())["epoch"] == best
 
 
+def test_resume_puts_back_the_kept_weights_under_metadata_of_the_kept_epoch(
+        tiny_h5, tmp_path, monkeypatch):
+    """A crash between save_checkpoint's two renames leaves a later epoch's weights
+    under the kept epoch's metadata: the kept pair is put back all the same."""
+    from capsmed.train.loop import TrainingInterrupted
+
+    run = tmp_path / "run"
+    revive = _killed_at(monkeypatch, 5)  # in epoch 2: the state of epoch 1's end is last
+    with pytest.raises(Killed):
+        train(_caps(tiny_h5, run, state_every_minutes=0), disable_progress=True)
+    revive()
+    kept = _weights(run)
+    (run / "checkpoint.safetensors").unlink()  # renamed over: the metadata not yet
+    save_file({k: v + 1 for k, v in kept.items()}, str(run / "checkpoint.safetensors"))
+    with pytest.raises(TrainingInterrupted):
+        resume(run, disable_progress=True, stop_after_steps=1)
+    assert json.loads((run / "checkpoint.json").read_text())["epoch"] == 1
+    restored = _weights(run)
+    assert all(torch.equal(kept[k], restored[k]) for k in kept)
+
+
 def test_resume_from_the_start_drops_the_crashed_attempts_checkpoint(
         tiny_h5, tmp_path, monkeypatch):
     from capsmed.train.loop import TrainingInterrupted

@@ -73,17 +73,20 @@ def restore_for_resume(run_dir: Path, best_epoch: int) -> None:
             (run_dir / name).unlink(missing_ok=True)
             (run_dir / kept).unlink(missing_ok=True)
         return
-    if _epoch(run_dir / META) == best_epoch:
+    if _epoch(run_dir / KEPT_META) == best_epoch:  # the pair kept with the state
+        # put back even when the metadata already names that epoch: a crash between
+        # save_checkpoint's two renames leaves a later epoch's weights beside it
+        if not all(_same_file(run_dir / name, run_dir / kept) for name, kept in PAIRS):
+            for name, kept in PAIRS:  # the metadata last: until it is in place, the
+                # pair fails its weights digest on loading and the next --resume
+                # restores it again
+                _link(run_dir / kept, run_dir / name)
         return
-    if _epoch(run_dir / KEPT_META) != best_epoch:
+    if _epoch(run_dir / META) != best_epoch:
         log.warning("%s: the checkpoint is of epoch %s, not of epoch %d that the resumed "
                     "state kept, which was not found beside it; it stays unless the "
                     "rest of the run keeps a better epoch", run_dir / META,
                     _epoch(run_dir / META), best_epoch)
-        return
-    for name, kept in PAIRS:  # the metadata last: until it is in place, the pair fails
-        # its weights digest on loading and the next --resume restores it again
-        _link(run_dir / kept, run_dir / name)
 
 
 def _link(source: Path, target: Path) -> None:
@@ -96,6 +99,14 @@ def _link(source: Path, target: Path) -> None:
             os.link(source, tmp)
         except OSError:  # no hard links here (some network and FAT file systems)
             shutil.copyfile(source, tmp)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file (hard links of it)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is missing
+        return False
 
 
 def drop_kept(run_dir: Path) -> None:
