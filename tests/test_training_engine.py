@@ -713,3 +713,32 @@ def test_transfer_from_a_run_trained_on_the_test_fold_is_refused(tiny_h5, tmp_pa
                                   transfer_from=str(source), transfer_layers=["features"]),
                       disable_progress=True)
     assert (same_fold / "summary.json").is_file()
+
+
+def test_weights_made_nan_by_the_last_update_are_not_kept(tiny_h5, tmp_path, monkeypatch):
+    """A finite loss whose gradient is not finite turns the weights NaN with no NaN loss
+    to see: a fold run (no validation) kept them as its checkpoint and finished."""
+    path, _, _ = _folds_file(tiny_h5, tmp_path / "cv.h5")
+    original, calls = TrainStep.__call__, {"n": 0}
+
+    def inf_gradient_at_the_last_step(self, x, y, *share):
+        calls["n"] += 1
+        if calls["n"] == 6:  # the last step of epoch 2
+            hook = next(self.model.parameters()).register_hook(
+                lambda g: torch.full_like(g, float("inf")))
+            try:
+                return original(self, x, y, *share)
+            finally:
+                hook.remove()
+        return original(self, x, y, *share)
+
+    monkeypatch.setattr(TrainStep, "__call__", inf_gradient_at_the_last_step)
+    run = tmp_path / "f0"
+    with pytest.raises(CapsmedError, match="weights became NaN/inf in the last step of "
+                                           "epoch 2.*checkpoint of epoch 1 "):
+        train(TrainConfig(data=str(path), arch="lenet", epochs=2, batch_size=16, fold=0,
+                          folds=3, steps_per_epoch=3, out=str(run), model_kwargs=TINY_LENET),
+              disable_progress=True)
+    assert not (run / "summary.json").exists()
+    weights = load_file(str(run / "checkpoint.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())

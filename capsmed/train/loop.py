@@ -232,6 +232,17 @@ def _kept(p: Progress) -> str:
     return f"the checkpoint of epoch {p.best_epoch} (selection loss {p.best:.4g}) is kept"
 
 
+def _check_finite_weights(run: Run, p: Progress) -> None:
+    """Refuse weights that the epoch's last update made NaN/inf from a finite loss (a
+    non-finite gradient): the next step's loss would say so, but after the run's last
+    step nothing would, and without validation they would be kept as the checkpoint."""
+    params = [q.detach() for q in run.model.parameters()]
+    if params and not bool(torch.stack([torch.isfinite(q).all() for q in params]).all()):
+        raise CapsmedError(f"{run.run_dir}: the weights became NaN/inf in the last step of "
+                           f"epoch {p.epoch} (a non-finite gradient); {_kept(p)} (try a "
+                           "lower --lr or --precision fp32)")
+
+
 def _finish_epoch(run: Run, p: Progress, started: float) -> dict[str, Any]:
     """Epoch statistics, validation and the choice of the epoch to keep (``best``);
     returns the epoch's record."""
@@ -239,6 +250,7 @@ def _finish_epoch(run: Run, p: Progress, started: float) -> dict[str, Any]:
     seen = torch.tensor([float(p.seen)], device=run.device, dtype=torch.float64)
     totals = ctx.sum(torch.cat([run.tally.sums, seen])).tolist()  # waits: time after
     train_seconds = p.epoch_seconds + time.perf_counter() - started
+    _check_finite_weights(run, p)
     lr = run.optimizer.param_groups[0]["lr"]
     run.schedule.step()
     train_loss = totals[0] / max(1.0, totals[2])
