@@ -20,6 +20,7 @@ from sklearn.metrics import f1_score
 from typer.testing import CliRunner
 
 from capsmed.cli import app
+from capsmed.errors import CapsmedError
 from capsmed.evaluate.aggregate import collect_runs, group_runs, group_warnings
 from capsmed.evaluate.aggregate_report import ReportConfig, report_runs
 from capsmed.evaluate.metrics import classification_report
@@ -147,6 +148,18 @@ def test_means_and_sample_stds(runs_root, caplog):
     # duplicates of a folder and a run inside it count once
     again = collect_runs([runs_root / "full", runs_root / "full" / "lenet-s1"])
     assert len(again.runs) == 7
+
+
+def test_the_data_revision_evaluate_records_is_not_a_metric(real_run, tmp_path):
+    """report.json's data_revision (an int beside the scores) was averaged as a metric:
+    a 'data_revision' column of the groups table, accepted by --metric and tested."""
+    from capsmed.evaluate.aggregate import load_evaluated_run
+
+    report = json.loads((real_run / "report" / "report.json").read_text())
+    assert isinstance(report["data_revision"], int)  # the real evaluate writes it
+    assert "data_revision" not in load_evaluated_run(real_run).metrics
+    with pytest.raises(CapsmedError, match="--metric data_revision: not in the reports"):
+        report_runs([real_run], tmp_path / "rep", ReportConfig(metric="data_revision"))
 
 
 def test_pooled_precision_sensitivity_hand_example(runs_root):

@@ -38,10 +38,12 @@ from capsmed.yamlfile import load_yaml
 log = logging.getLogger(__name__)
 
 # Keys of report.json that describe the evaluation rather than measure it.
+# (data_revision is a number, but of the file's preprocessing, not a score: averaged
+# it would be a "metric" of the tables, --metric and the paired tests)
 CONTEXT_KEYS = frozenset({"run_dir", "arch", "dataset", "data", "split", "checkpoint_epoch",
                           "samples", "class_names", "per_class", "total",
                           "confusion_matrix", "notes", "predictions_digest",
-                          "weights_digest"})
+                          "weights_digest", "data_digest", "data_revision"})
 COUNT_KEYS = frozenset({"support", "samples"})
 REVISION = "protocol_revision"  # config.yaml environment key: see PROTOCOL_REVISION
 REQUIRED_KEYS = ("class_names", "per_class", "total", "accuracy", "balanced_accuracy",

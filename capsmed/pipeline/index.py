@@ -25,7 +25,9 @@ import numpy as np
 from capsmed.evaluate.aggregate import EvaluatedRun, load_evaluated_run
 from capsmed.train.run_config import CONFIG, META
 
-VERSION = 1
+# 2: data_revision and data_digest are context, not metrics (entries of 1 held them
+# as metrics)
+VERSION = 2
 
 
 def _signature(run_dir: Path, evaluation: str) -> list[int] | None:
