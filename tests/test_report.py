@@ -180,6 +180,27 @@ def test_pooled_precision_sensitivity_hand_example(runs_root):
     assert mean["sensitivity"].mean == pytest.approx((5 / 6 + 3 / 3) / 2)
 
 
+def test_a_mean_over_fewer_runs_than_the_group_has_shows_its_n(real_run, tmp_path):
+    """A class absent from one fold's test set has no sensitivity (nor AUC) there: the
+    mean tables averaged the other folds and said nothing, beside 'n = 2 runs'."""
+    root = tmp_path / "runs"
+    make_run(real_run, root / "f0", "lenet", 0, [[3, 1], [1, 3]], fold=0, folds=2)
+    make_run(real_run, root / "f1", "lenet", 0, [[5, 0], [0, 0]], fold=1, folds=2)
+    path = root / "f0" / "report" / "report.json"  # scored: an AUC where both classes are
+    path.write_text(json.dumps({**json.loads(path.read_text()), "auc": 0.8}))
+    report_runs([root], tmp_path / "rep", ReportConfig())
+    mean_md = (tmp_path / "rep" / "per_class_mean.md").read_text()
+    mitosis = next(line for line in mean_md.splitlines() if line.startswith("| mitosis"))
+    assert mitosis.count("(n=1)") == 2  # 3/4 in fold 0; undefined in fold 1
+    non = next(line for line in mean_md.splitlines() if line.startswith("| non-mitosis"))
+    assert "(n=" not in non
+    csv = (tmp_path / "rep" / "per_class_mean.csv").read_text().splitlines()
+    header, row = csv[0].split(","), next(r for r in csv if ",mitosis," in r).split(",")
+    assert row[header.index("sensitivity_n")] == "1" and row[header.index("runs")] == "2"
+    groups_md = (tmp_path / "rep" / "groups.md").read_text()
+    assert "0.800 (n=1)" in groups_md
+
+
 def test_paired_tests_against_scipy(runs_root, tmp_path, caplog):
     result = report_runs([runs_root], tmp_path / "rep", ReportConfig(metric="accuracy"))
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())

@@ -108,6 +108,11 @@ def metric_table(groups: Sequence[Group], metric: str, digits: int = 3,
         csv_columns=csv_columns, csv_rows=csv_rows, label=f"metric-{metric}")
 
 
+def _fewer(stat: Stat | None, group: Group) -> bool:
+    """Whether ``stat`` is over fewer runs than ``group`` has (undefined in the others)."""
+    return stat is not None and stat.n != len(group.runs)
+
+
 def _repetitions(group: Group) -> str:
     return ", ".join(r.repetition_label for r in group.runs)
 
@@ -191,7 +196,9 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
         else:
             results = [mean_per_class(g.runs) for g in members]
             notes.append(f"Mean {PLUS_MINUS} sample std of each run's per-class values "
-                         "over the runs of each architecture")
+                         "over the runs of each architecture; (n=k): over the k runs where "
+                         "the value is defined (the class is in their test set, or for "
+                         "precision predicted there)")
             supports = [[r["support"][n] for n in names] for r in results]
         notes.append("Total: unweighted mean over classes where defined (paper 001)")
         images, image_notes = _images_column(members, supports)
@@ -215,17 +222,21 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
                                      len(g.runs), len(unfinished(g.runs))])
                 else:
                     pre, sen = values.get("precision"), values.get("sensitivity")
-                    row += [format_stat(s, digits, missing=UNDEFINED) for s in (pre, sen)]
+                    # a class absent from a run's test set has no sensitivity there: its
+                    # mean is over fewer runs than the architecture has, and says so
+                    row += [format_stat(s, digits, show_n=_fewer(s, g), missing=UNDEFINED)
+                            for s in (pre, sen)]
                     csv_rows.append([dataset, protocol, g.arch, name, n_images,
                                      *(v for s in (pre, sen) for v in
-                                       ((s.mean, s.std) if s else (None, None))),
+                                       ((s.mean, s.std, s.n) if s else (None, None, 0))),
                                      len(g.runs), len(unfinished(g.runs))])
             rows.append(row)
         csv_columns = (["dataset", "protocol", "arch", "class", "support_total", "precision",
                         "sensitivity", "runs", "unfinished_runs"] if mode == "pooled" else
                        ["dataset", "protocol", "arch", "class", "support_total",
-                        "precision_mean", "precision_std", "sensitivity_mean",
-                        "sensitivity_std", "runs", "unfinished_runs"])
+                        "precision_mean", "precision_std", "precision_n",
+                        "sensitivity_mean", "sensitivity_std", "sensitivity_n", "runs",
+                        "unfinished_runs"])
         how = "pooled over runs" if mode == "pooled" else f"mean {PLUS_MINUS} std over runs"
         tables.append(Table(
             title=f"{dataset} / {protocol}: precision and sensitivity per class, {how} "
@@ -285,7 +296,8 @@ def groups_table(groups: Sequence[Group], digits: int = 3) -> Table:
     for g in groups:
         stats = {m: g.stat(m) for m in metrics}
         rows.append([g.dataset, g.protocol, mark(g.arch, g.runs), str(len(g.runs)),
-                     *(format_stat(stats[m], digits) for m in metrics)])
+                     *(format_stat(stats[m], digits, show_n=_fewer(stats[m], g))
+                       for m in metrics)])
         late = len(unfinished(g.runs))
         csv_rows += [[g.dataset, g.protocol, g.arch, "", m, s.mean, s.std, s.n, late]
                      for m, s in stats.items() if s is not None]
@@ -294,7 +306,8 @@ def groups_table(groups: Sequence[Group], digits: int = 3) -> Table:
                      for name, values in per_class.items() for m, s in values.items()
                      if s is not None]
     return Table(
-        title=f"Every group: mean {PLUS_MINUS} sample std over its runs",
+        title=f"Every group: mean {PLUS_MINUS} sample std over its runs ((n=k): over the k "
+              "runs where the metric is defined)",
         columns=[text_column("Dataset"), text_column("Protocol"), text_column("Arch"),
                  Column("n"), *(Column(metric_title(m)) for m in metrics)],
         rows=rows, notes=cell_notes({f"{g.dataset}, {g.protocol} / {g.arch}": g.runs
