@@ -233,8 +233,30 @@ def test_paired_p_value_edge_cases():
     assert paired_p_value([0.9], [0.8])[1] is None
     assert paired_p_value([0.9, 0.8], [0.9, 0.8])[1] is None  # no difference at all
     a, b = [0.91, 0.93, 0.95, 0.90, 0.97, 0.94, 0.92], [0.88, 0.90, 0.93, 0.89, 0.93, 0.9, 0.91]
-    assert paired_p_value(a, b, "wilcoxon")[1] == pytest.approx(stats.wilcoxon(a, b).pvalue)
+    exact = stats.wilcoxon([3, 3, 2, 1, 4, 4, 1]).pvalue  # the differences in hundredths
+    assert paired_p_value(a, b, "wilcoxon")[1] == pytest.approx(exact)
     assert paired_p_value(a, b, "wilcoxon")[1] < 0.05 and paired_p_value(a, b, "wilcoxon")[2] == ""
+
+
+def test_equal_differences_are_ranked_as_ties_not_by_rounding_noise():
+    # accuracies on 20 images: 0.7 - 0.5 and 0.7 - 0.9 came out as 0.19999999999999996
+    # and -0.20000000000000007, ranked apart: p 0.047 (significant) for an exact 0.0625
+    a = [0.65, 0.75, 1.0, 0.95, 0.8, 0.9, 0.75, 0.95, 0.8, 0.65]
+    b = [0.5, 0.75, 0.9, 0.55, 0.7, 0.8, 0.85, 0.5, 0.65, 0.75]
+    in_twentieths = np.round(np.multiply(a, 20)) - np.round(np.multiply(b, 20))
+    _, p, _ = paired_p_value(a, b, "wilcoxon")
+    assert p == pytest.approx(stats.wilcoxon(in_twentieths).pvalue) and p > 0.05
+    _, p, _ = paired_p_value(a, b, "ttest")
+    assert p == pytest.approx(stats.ttest_rel(a, b).pvalue)  # real differences: as scipy
+
+
+def test_scores_equal_but_for_their_last_bit_are_not_a_difference():
+    # mean(0.1, 0.5) and mean(0.2, 0.4) are both 0.3 but differ by 5.6e-17: the t-test
+    # of that noise gave p = 0.004, "significant"
+    a, b = [np.mean([0.1, 0.5])] * 5 + [0.5], [np.mean([0.2, 0.4])] * 5 + [0.5]
+    for test in ("ttest", "wilcoxon"):
+        statistic, p, note = paired_p_value(a, b, test)
+        assert (statistic, p) == (None, None) and "same in every pair" in note
 
 
 def test_equal_differences_up_to_rounding_are_a_degenerate_t_test():
