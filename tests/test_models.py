@@ -165,6 +165,36 @@ def test_standardize_uses_given_statistics_and_defaults_to_identity():
         create_model("lenet", in_channels=3, input_mean=[0.5], input_std=[0.2])
 
 
+@pytest.mark.parametrize("given", [{"input_mean": [0.9]}, {"input_std": [0.1]}])
+def test_input_mean_or_std_alone_is_refused_not_dropped(given):
+    # --model-arg input_mean=[0.9] with --no-standardize built an unstandardised model
+    # while config.yaml and checkpoint.json recorded the mean
+    from capsmed.train.model_options import build_model
+
+    with pytest.raises(CapsmedError, match="input_mean and input_std go together"):
+        build_model("lenet", {"in_channels": 1, "num_classes": 2, "input_size": [28, 28],
+                              **given}, (1, 28, 28))
+
+
+def test_infinite_standardisation_is_refused():
+    # input_std=[.inf] scaled every pixel to 0: a model trained on blank images
+    with pytest.raises(ValueError, match="must be finite"):
+        create_model("lenet", input_mean=[0.5], input_std=[float("inf")])
+
+
+@pytest.mark.parametrize("name", ["lenet", "capsnet", "convnet-avg"])
+def test_standardized_model_refuses_other_channels_and_integer_pixels(name):
+    # a 1-channel batch broadcast against the 3-channel mean, and uint8 0-255 pixels,
+    # used to be classified without a word
+    model = create_model(name, in_channels=3, num_classes=2, input_mean=[0.5, 0.4, 0.3],
+                         input_std=[0.2, 0.2, 0.2]).eval()
+    assert model(torch.rand(2, 3, 28, 28)).scores.shape == (2, 2)
+    with pytest.raises(CapsmedError, match=r"float images \[N, 3, H, W\].*\[2, 1, 28, 28\]"):
+        model(torch.rand(2, 1, 28, 28))
+    with pytest.raises(CapsmedError, match="uint8"):
+        model(torch.randint(0, 256, (2, 3, 28, 28), dtype=torch.uint8))
+
+
 def _tiny_capsnet(**switches):
     torch.manual_seed(0)
     return create_model("capsnet", num_classes=3, **{**TINY_CAPSNET, **switches})

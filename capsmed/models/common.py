@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from capsmed.errors import CapsmedError
 
 # The losses a model can declare as its ``loss_kind``; capsmed.train.losses implements them.
 LOSS_KINDS = ("margin", "ce", "spread")
@@ -70,12 +73,17 @@ class Standardize(nn.Module):
     def __init__(self, channels: int, mean: Sequence[float] | None,
                  std: Sequence[float] | None) -> None:
         super().__init__()
+        if (mean is None) != (std is None):  # one alone would be dropped without a word
+            raise ValueError("input_mean and input_std go together: give both or neither")
         self.enabled = mean is not None and std is not None
         mean = list(mean) if mean is not None else [0.0] * channels
         std = list(std) if std is not None else [1.0] * channels
         # checked on plain values, so models can also be built on the meta device
         if len(mean) != channels or len(std) != channels or min(std) <= 0:
             raise ValueError(f"input_mean/input_std need {channels} values (std > 0)")
+        # an infinite std scales every pixel to 0: a model that sees nothing, trained
+        if not all(math.isfinite(v) for v in (*mean, *std)):
+            raise ValueError(f"input_mean/input_std must be finite, got {mean} and {std}")
         m = torch.tensor(mean, dtype=torch.float32)
         s = torch.tensor(std, dtype=torch.float32)
         # Non-persistent: the values live in the model's arguments, not its weights.
@@ -83,6 +91,14 @@ class Standardize(nn.Module):
         self.register_buffer("std", s.view(1, -1, 1, 1), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Checked here, every model's first layer: with statistics, a 1-channel batch
+        # would broadcast against a 3-channel mean into an RGB-shaped tensor, and
+        # uint8 pixels (0-255) would come out as floats, both then classified silently.
+        channels = self.mean.shape[1]
+        if x.dim() != 4 or x.shape[1] != channels or not x.is_floating_point():
+            raise CapsmedError(f"the model takes float images [N, {channels}, H, W] in "
+                               f"[0, 1], got {str(x.dtype).removeprefix('torch.')} "
+                               f"{list(x.shape)}")
         return (x - self.mean) / self.std if self.enabled else x
 
 
