@@ -152,3 +152,21 @@ def test_an_image_in_a_format_predict_skips_is_refused_not_left_out(tmp_path, na
         gather_inputs([tmp_path / "d"], slides=False)
     if name == "s.svs":  # a run that reads slides takes it
         assert len(gather_inputs([tmp_path / "d"], slides=True)) == 2
+
+
+def test_the_table_names_no_top_class_when_no_window_was_scored(tmp_path):
+    """Slides without tissue give no windows: the 'all inputs' row listed the first
+    class as the most predicted one, though no window was predicted at all."""
+    from capsmed.predict.engine import Prediction
+    from capsmed.predict.outputs import InputResult
+    from capsmed.predict.report import summary_table
+
+    empty = np.empty(0, np.int64)
+    results = [InputResult(str(tmp_path / f"{i}.svs"), (64, 64), empty, empty, 8.0,
+                           np.empty((0, 2))) for i in range(2)]
+    done = Prediction(tmp_path, results, [], "mitosis", 0.5, {"normal": 0, "mitosis": 0},
+                      per_input=[{"input": r.name, "windows": 0, "positives": 0}
+                                 for r in results])
+    rows = summary_table(done).rows
+    assert [row[3] for row in rows] == ["-", "-", "-"]
+    assert rows[-1][:2] == ["all inputs", "0"]

@@ -227,3 +227,21 @@ def test_heatmap_accepts_scores_outside_unit_range(tmp_path):
     path = tmp_path / "logits.png"
     write_heatmap(path, result, CLASSES, 1)
     assert png_size(path)[0] > 0
+
+
+def test_a_suffixed_score_column_is_never_another_classs_name(tmp_path):
+    """``a b`` and ``a_b`` both sanitise to ``score_a_b``; the second must not take
+    ``score_a_b_2``, the column the class ``a_b_2`` is named by (it would hold a_b's
+    scores under a_b_2's name, and a_b_2's under a suffix)."""
+    names = ["a b", "a_b", "a_b_2"]
+    scores = np.array([[0.1, 0.2, 0.7]])
+    result = InputResult("x.png", (8, 8), np.array([4]), np.array([4]), 8.0, scores,
+                         windowed=False)
+    path = tmp_path / "predictions.csv"
+    write_predictions_csv(path, [result], names)
+    with path.open(newline="") as fh:
+        header, row = list(csv.reader(fh))
+    column = dict(zip(header, row, strict=True))
+    assert len(set(header)) == len(header)
+    assert column["score_a_b_2"] == "0.7"  # the class a_b_2's own score
+    assert column["score_a_b"] == "0.1" and column["predicted"] == "a_b_2"

@@ -69,13 +69,15 @@ def _score_columns(class_names: Sequence[str]) -> list[str]:
     """``score_<class>`` per class (spaces as ``_``), made unique with ``_2``, ``_3``...
 
     Two names that sanitise alike (``"a b"`` and ``"a_b"``) still get distinct columns,
-    and every column stays readable as the class it holds.
+    and every column stays readable as the class it holds: a suffix never gives one
+    class the column another class is named by (``"a b"``, ``"a_b"``, ``"a_b_2"``:
+    ``score_a_b_2`` is the class ``a_b_2``'s, ``a_b``'s is ``score_a_b_3``).
     """
+    bases = ["score_" + str(name).replace(" ", "_") for name in class_names]
     columns: list[str] = []
-    for name in class_names:
-        base = "score_" + str(name).replace(" ", "_")
+    for base in bases:
         column, n = base, 1
-        while column in columns:
+        while column in columns or (column != base and column in bases):
             n += 1
             column = f"{base}_{n}"
         columns.append(column)

@@ -34,7 +34,9 @@ def summary_table(result: Prediction) -> Table:
                      _most_predicted(res.predicted.tolist(), names)])
     if len(result.results) > SHOWN:
         rows.append([f"... and {len(result.results) - SHOWN} more", "", "", ""])
-    top = max(result.counts, key=result.counts.__getitem__) if result.results else "-"
+    # no window predicted at all (no tissue anywhere): no class is the most predicted
+    top = (max(result.counts, key=result.counts.__getitem__)
+           if any(result.counts.values()) else "-")
     rows.append(["all inputs", str(sum(len(r.x) for r in result.results)),
                  str(result.positives) if result.windowed else "-", top])
     title = (f"positives: {result.class_name} >= {result.threshold:g}" if result.windowed
