@@ -26,6 +26,14 @@ def test_output_names_are_unique_even_against_a_suffixed_name(tmp_path):
     assert stems[:2] == ["d_A", "d_a-2"]
 
 
+def test_a_suffixed_output_name_is_never_another_inputs_own_name(tmp_path):
+    """x.png, x.jpg, x-2.png given in that order: x.jpg's heatmap was d_x-2, the name
+    of x-2.png's, which got d_x-2-2."""
+    paths = [touch(tmp_path / "d" / name) for name in ("x.png", "x.jpg", "x-2.png")]
+    items = gather_inputs(paths, slides=False)
+    assert [i.stem for i in items] == ["d_x", "d_x-3", "d_x-2"]
+
+
 def test_the_same_file_reached_twice_is_predicted_once(tmp_path, caplog):
     image = touch(tmp_path / "a" / "01.tif")
     (tmp_path / "b").mkdir()

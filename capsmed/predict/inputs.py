@@ -65,13 +65,15 @@ def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
         log.warning("%d input(s) name a file already given (the same file through another "
                     "folder, a link or another spelling); each file is predicted once",
                     len(found) - len(first))
+    stems = [re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(path.with_suffix("").parts[-2:]))
+             for path in first.values()]
+    own = {stem.casefold() for stem in stems}  # a suffix never takes another's own name
     taken: set[str] = set()
     out = []
-    for path in first.values():
-        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(path.with_suffix("").parts[-2:]))
+    for path, stem in zip(first.values(), stems, strict=True):
         unique, n = stem, 1
-        while unique.casefold() in taken:  # casefold: one file on a case-blind disk
-            n += 1
+        while unique.casefold() in taken or (n > 1 and unique.casefold() in own):
+            n += 1  # casefold: one file on a case-blind disk
             unique = f"{stem}-{n}"
         taken.add(unique.casefold())
         out.append(InputFile(path, str(path), unique))
