@@ -175,3 +175,20 @@ def test_a_finished_runs_export_says_finished(api_run, tmp_path):
     _, runs = api_run
     path = capsmed.export_run(runs["lenet"], tmp_path / "m.pt", format="torchscript")
     assert load_exported(path, "torchscript")[1]["training_finished"] is True
+
+
+def test_the_metadata_says_whether_the_model_standardises(api_run, tmp_path):
+    """A run trained without standardisation was described as standardising "inside the
+    model", beside null statistics."""
+    data, runs = api_run
+    plain = capsmed.train_run(data, "lenet", epochs=1, batch_size=8, seed=0, device="cpu",
+                              out=str(tmp_path / "plain"), model_kwargs=TINY["lenet"],
+                              standardize=False)
+    meta = {}
+    for name, run_dir in (("standardised", runs["lenet"]), ("plain", plain)):
+        path = capsmed.export_run(run_dir, tmp_path / f"{name}.pt", format="torchscript")
+        meta[name] = load_exported(path, "torchscript")[1]
+    assert meta["standardised"]["input"]["standardisation"].startswith("inside the model")
+    assert meta["standardised"]["input_mean"] is not None
+    assert meta["plain"]["input_mean"] is None
+    assert meta["plain"]["input"]["standardisation"].startswith("none")

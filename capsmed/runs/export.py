@@ -75,7 +75,10 @@ def export_metadata(run: OpenRun) -> dict[str, Any]:
         "class_names": list(run.class_names),
         "input": {"shape": list(run.input_shape), "layout": "NCHW", "dtype": "float32",
                   "range": [0.0, 1.0], "from_uint8": "divide by 255",
-                  "standardisation": "inside the model (input_mean, input_std)"},
+                  "standardisation": ("inside the model (input_mean, input_std)"
+                                      if _standardised(run) else
+                                      "none: the model takes the [0, 1] images as they "
+                                      "are")},
         "input_mean": run.meta["model_kwargs"].get("input_mean"),
         "input_std": run.meta["model_kwargs"].get("input_std"),
         "scores": score_kind,
@@ -88,6 +91,13 @@ def export_metadata(run: OpenRun) -> dict[str, Any]:
                           "parameters": record.preprocessing},
         "run_dir": str(run.run_dir),
     }
+
+
+def _standardised(run: OpenRun) -> bool:
+    """Whether the run's model standardises its input (a run trained without
+    standardisation records input_mean and input_std as null)."""
+    kwargs = run.meta["model_kwargs"]
+    return kwargs.get("input_mean") is not None and kwargs.get("input_std") is not None
 
 
 def export_run(run_dir: Path, output: Path | str, fmt: str | None = None,
