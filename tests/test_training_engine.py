@@ -382,6 +382,24 @@ def test_two_labels_refuse_class_counts_of_the_first_object_only(tmp_path, optio
     assert not out.exists()
 
 
+def test_two_labels_refuse_an_unmasked_decoder(tmp_path):
+    """reconstruction=plain makes one image of both objects, scored against each object's
+    own image: the decoder learnt their average, without a word."""
+    path = _two_label_file(tmp_path / "two.h5", 20, {"train": 12, "val": 6}, sources=True)
+    out = tmp_path / "run"
+    with pytest.raises(CapsmedError, match="capsnet's decoder is unmasked"):
+        train(TrainConfig(data=str(path), arch="capsnet", epochs=1, batch_size=6,
+                          out=str(out), model_kwargs={**TINY_CAPSNET,
+                                                      "reconstruction": "plain"}),
+              disable_progress=True)
+    assert not out.exists()
+    done = train(TrainConfig(data=str(path), arch="capsnet", epochs=1, batch_size=6,
+                             out=str(out), recon_weight=0.0,
+                             model_kwargs={**TINY_CAPSNET, "reconstruction": "plain"}),
+                 disable_progress=True)
+    assert (done / "summary.json").is_file()
+
+
 def test_two_labels_of_one_class_are_refused(tmp_path):
     """label2 equal to the label (MultiMNIST never pairs a class with itself) trained
     one target, and top-2 accuracy counted the image right whatever its other class."""
