@@ -353,6 +353,24 @@ def test_a_grey_target_or_grey_images_are_refused_naming_the_file(tmp_path, targ
         assert_clean_failure(result, message, out)
 
 
+
+def test_a_grey_image_copied_into_rgb_by_channels_3_is_refused(tmp_path, target_png):
+    """--channels 3 copies a grey file into RGB before normalisation, which then
+    painted it in the target's stain colours (exit 0): the file itself is checked."""
+    from capsmed.data.sources.folder.synth import write_class_folders
+
+    write_class_folders(tmp_path / "raw", classes=2, images_per_class=2, size=32)
+    grey = sorted((tmp_path / "raw" / "circle").iterdir())[0]
+    cv2.imwrite(str(grey), np.tile(np.arange(0, 256, 8, dtype=np.uint8), (32, 1)))
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "folder", str(tmp_path / "raw"),
+                                 "-o", str(out), "--group-pattern", "^(P\\d+)_",
+                                 "--train", "1", "--val", "0", "--test", "0",
+                                 "--channels", "3", "--stain-norm", "macenko",
+                                 "--stain-target", str(target_png)])
+    assert_clean_failure(result, f"{grey}: a grey image; stain normalisation needs "
+                                 "colour", out)
+
 def test_a_mostly_background_target_is_refused_through_the_cli(tmp_path, ihc):
     """The in-process refusal above, as a user meets it: one line naming the target
     file, exit 1, no dataset file."""

@@ -126,7 +126,7 @@ def load_image(path: Path, channels: int | None, cfg: FolderConfig,
     native = 1 if raw.ndim == 2 or raw.shape[-1] <= 2 else 3
     image = convert_channels(to_uint8(raw, cfg.scale16, path), channels or native)
     if stain is not None:
-        if image.shape[-1] != 3:
+        if native != 3:  # checked on the file: --channels 3 copies grey into RGB
             raise CapsmedError(f"{path}: a grey image; stain normalisation needs colour "
                                "(RGB) images")
         image = stain.apply(image)
