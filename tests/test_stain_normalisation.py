@@ -132,6 +132,55 @@ def test_glass_stays_glass_and_a_stainless_target_is_refused(ihc):
         StainNormaliser.fit("macenko", white)
 
 
+
+def noisy_glass(side: int = 64) -> np.ndarray:
+    """Glass as a scanner gives it: near-white with a few levels of noise."""
+    rng = np.random.default_rng(0)
+    return np.clip(250 + rng.integers(-3, 4, (side, side, 3)), 0, 255).astype(np.uint8)
+
+
+def grey_ramp(side: int = 64) -> np.ndarray:
+    """An RGB image of grey levels 0..252: CIELAB a and b are rounding noise."""
+    ramp = np.tile(np.arange(0, 256, 256 // side, dtype=np.uint8), (side, 1))
+    return np.repeat(ramp[..., None], 3, axis=2)
+
+
+@pytest.mark.parametrize("method", ["macenko", "reinhard"])
+def test_noisy_glass_stays_glass(ihc, method):
+    """A background patch with scanner noise had its noise scaled to the target's
+    stain (Macenko: mean 165/145/136 from 250) or contrast (Reinhard: its L std of
+    0.52 just passed the blank test, stretched 34-fold): glass became tissue."""
+    glass = noisy_glass()
+    assert np.array_equal(StainNormaliser.fit(method, ihc).apply(glass), glass)
+
+
+def test_reinhard_shifts_but_does_not_scale_a_channel_without_colour(ihc):
+    """A grey image's a and b (std ~0.02, rounding noise) were scaled up to the
+    target's stds (4.6 and 12.6): colour noise out of a grey image."""
+    normaliser = StainNormaliser.fit("reinhard", ihc)
+    means, stds = lab_statistics(normaliser.apply(grey_ramp()))
+    assert stds[1] < 1.0 and stds[2] < 1.0
+    assert np.allclose(means[1:], normaliser.target["lab_means"][1:], atol=0.5)
+    assert abs(stds[0] - normaliser.target["lab_stds"][0]) < 0.5  # L still mapped
+
+
+@pytest.mark.parametrize("image", ["white", "glass", "grey"])
+def test_a_blank_glass_or_colourless_reinhard_target_is_refused(image, tmp_path):
+    """A white target (stds 0) turned every normalised image white, a noisy-glass one
+    near-white, a grey one grey; each is refused naming the file, and so is a JSON
+    target with such stds."""
+    pixels = {"white": np.full((64, 64, 3), 255, np.uint8), "glass": noisy_glass(),
+              "grey": grey_ramp()}[image]
+    path = tmp_path / f"{image}.png"
+    cv2.imwrite(str(path), pixels[..., ::-1])
+    with pytest.raises(CapsmedError, match=f"{path}: its CIELAB stds are .*mostly tissue"):
+        load_target("reinhard", path)
+    record = tmp_path / "t.json"
+    record.write_text(json.dumps({"method": "reinhard", "lab_means": [90, 0, 0],
+                                  "lab_stds": [0.3, 0.02, 0.01]}))
+    with pytest.raises(CapsmedError, match=f"{record}: 'lab_stds' .* blank or colourless"):
+        load_target("reinhard", record)
+
 def test_a_target_mostly_of_background_is_refused(ihc):
     """1 % tissue on glass: its 99th-percentile concentrations are near 0, and every
     image normalised to them came out white."""

@@ -17,12 +17,17 @@ A target is fitted once, from a reference image or read from a JSON file of its
 statistics; the dataset file records the numbers (:meth:`StainNormaliser.to_record`),
 so ``capsmed predict`` replays the normalisation without the reference image. The
 statistics of the image being normalised are estimated from that image alone, as
-TIAToolbox's ``transform`` does; an image with too little stain for Macenko's estimate
-(fewer than ``MIN_STAINED`` stained pixels, or one stain only) keeps the target's stain
-vectors as its own, so only its concentrations are rescaled. A blank image (CIELAB
-lightness std below ``MIN_LIGHTNESS_STD``) is left as it is by Reinhard. A target is
-refused when it is mostly background (Macenko: a 99th-percentile concentration below
-``MIN_TARGET_CONCENTRATION``); a transparent target's pixels count as white.
+TIAToolbox's ``transform`` does; an image with one stain only keeps the target's stain
+vectors as its own, so only its concentrations are rescaled. An image of glass (fewer
+than ``MIN_STAINED`` pixels with an OD above ``BETA`` in some channel: its noise,
+scaled to the target's stain or contrast, became tissue) is left as it is by both
+methods, and so is a blank one (CIELAB lightness std below ``MIN_LAB_STD``) by
+Reinhard, which shifts but does not scale a channel whose std is below
+``MIN_LAB_STD`` (a grey image's a and b are rounding noise). A target is refused
+when it is mostly background (Macenko: a 99th-percentile concentration below
+``MIN_TARGET_CONCENTRATION``), and a Reinhard target when it is glass, blank or
+colourless (a std below ``MIN_LAB_STD``); a transparent target's pixels count as
+white.
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ MIN_STAIN_ANGLE = 0.05  # radians between the two vectors; closer is one stain o
 # a target's 99th-percentile concentration below this: mostly glass or background, whose
 # "maximum" would fade every normalised image to white (H&E tissue gives about 0.5-2)
 MIN_TARGET_CONCENTRATION = 0.2
-MIN_LIGHTNESS_STD = 0.5  # CIELAB L: below this an image is blank; Reinhard leaves it
+# a CIELAB channel std below this is flat: L blank (Reinhard leaves the image), a or b
+# colourless (rounding noise, shifted but never scaled up to the target's std)
+MIN_LAB_STD = 0.5
 FIT_PIXELS = 1 << 18  # stained pixels the vectors are fitted on (a fixed stride beyond)
 _OD = -np.log((np.arange(256, dtype=np.float64) + 1.0) / 256.0)  # OD of each 8-bit value
 RECORD_KEYS = {"macenko": ("stain_matrix", "max_concentrations"),
@@ -55,6 +62,12 @@ RECORD_KEYS = {"macenko": ("stain_matrix", "max_concentrations"),
 def optical_density(rgb: np.ndarray, dtype: type = np.float64) -> np.ndarray:
     """OD [N, 3] of an (H, W, 3) uint8 image's pixels, ``-ln((I + 1) / 256)``."""
     return _OD.astype(dtype)[np.asarray(rgb, dtype=np.uint8).reshape(-1, 3)]
+
+
+def tissue_pixels(rgb: np.ndarray) -> int:
+    """How many pixels are darker than glass: an OD above ``BETA`` in some channel (a
+    pale eosin pixel absorbs green only)."""
+    return int((optical_density(rgb, np.float32) > BETA).any(axis=1).sum())
 
 
 def estimate_stain_matrix(rgb: np.ndarray) -> np.ndarray | None:
@@ -139,11 +152,15 @@ class StainNormaliser:
     def apply(self, rgb: np.ndarray) -> np.ndarray:
         """``rgb`` (H, W, 3) uint8 normalised to the target: uint8 of the same shape."""
         rgb = _rgb8(rgb)
+        if tissue_pixels(rgb) < MIN_STAINED:  # glass: no stain to map, and its noise
+            return rgb                          # scaled to the target's became tissue
         if self.method == "reinhard":
             means, stds = lab_statistics(rgb)
-            if stds[0] < MIN_LIGHTNESS_STD:  # blank (glass, padding): no colours to map,
-                return rgb                   # and its mean would turn it into tissue
-            scale = np.asarray(self.target["lab_stds"]) / np.maximum(stds, 1e-6)
+            if stds[0] < MIN_LAB_STD:  # blank (padding, one colour): no colours to map,
+                return rgb             # and its mean would turn it into tissue
+            # a flat channel (a grey image's a and b) is shifted, not its noise scaled
+            scale = np.where(stds < MIN_LAB_STD, 1.0,
+                             np.asarray(self.target["lab_stds"]) / np.maximum(stds, 1e-6))
             lab = (lab_image(rgb) - means) * scale + np.asarray(self.target["lab_means"])
             back = cv2.cvtColor(lab.astype(np.float32), cv2.COLOR_LAB2RGB)
             return _to_uint8(back * 255.0, rgb.shape)
@@ -177,6 +194,15 @@ class StainNormaliser:
         rgb = _rgb8(rgb)
         if method == "reinhard":
             means, stds = lab_statistics(rgb)
+            name = origin.get("target", "the target image")
+            if tissue_pixels(rgb) < MIN_STAINED or stds.min() < MIN_LAB_STD:
+                # every image normalised to it came out blank (white) or colourless
+                raise CapsmedError(f"{name}: its CIELAB stds are {stds[0]:.3f}, "
+                                   f"{stds[1]:.3f} and {stds[2]:.3f} with "
+                                   f"{tissue_pixels(rgb)} pixels darker than glass: a blank, "
+                                   "glass-only or colourless image would make every "
+                                   "normalised image so; choose a target that is "
+                                   "mostly tissue")
             return cls(method, {"lab_means": tuple(means), "lab_stds": tuple(stds)}, origin)
         if method != "macenko":
             raise CapsmedError(f"unknown stain normalisation {method!r} (macenko, reinhard)")
@@ -247,6 +273,10 @@ class StainNormaliser:
         if min(target[positive]) <= 0:
             raise CapsmedError(f"{where}: '{positive}' must be positive, got "
                                f"{list(target[positive])}")
+        if method == "reinhard" and min(target["lab_stds"]) < MIN_LAB_STD:
+            raise CapsmedError(f"{where}: 'lab_stds' {list(target['lab_stds'])} are below "
+                               f"{MIN_LAB_STD}: a blank or colourless target, to which "
+                               "every image would be flattened")
         origin = {k: str(v) for k, v in record.items()
                   if k in ("target", "target_digest")}
         return cls(method, target, origin)

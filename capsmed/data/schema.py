@@ -82,7 +82,10 @@ def class_index(names: Sequence[str], wanted: str) -> int | None:
 #   5 (2026-11-28): a TIFF named otherwise (.png) read by tifffile, as one named .tif
 #     (OpenCV turned it by its orientation tag). (Refusing animations, stacks by
 #     another name and colour-keyed DIARETDB1 PNGs changes no file written: not a reason.)
-DATA_REVISION = 5
+#   6 (2026-11-28): stain normalisation leaves glass (under 16 pixels above OD 0.15)
+#     as it is (its noise was scaled into tissue), and Reinhard no longer scales a
+#     colourless channel's rounding noise (a grey image came out coloured).
+DATA_REVISION = 6
 STRING_DTYPE = h5py.string_dtype(encoding="utf-8")
 
 
