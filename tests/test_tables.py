@@ -222,3 +222,24 @@ def test_a_new_renderer_is_one_registration():
 def test_rows_must_match_the_columns():
     with pytest.raises(ValueError, match="one cell per column"):
         Table("t", [Column("a")], [["1", "2"]])
+
+
+def test_different_names_are_never_shortened_to_the_same_text():
+    """``myeloblast_abnormal_erythroblast`` and ``myeloblast_normal_erythroblast`` both
+    came out ``…erythroblast`` (the last part kept first), and single words cut to
+    ``promyelocyt…``: two rows of one table with different numbers and the same name."""
+    names = ["myeloblast_abnormal_erythroblast", "myeloblast_normal_erythroblast",
+             "myeloblast_abnormal_promyelocyte"]
+    shown = shorten_names(names, 16)
+    assert len(set(shown)) == 3 and all(len(s) <= 16 for s in shown), shown
+    columns = [text_column(h) for h in ("dataset", "protocol", "A", "B")]
+    table = Table("", [*columns, Column("A - B"), Column("p")],
+                  [["cytomorphology", "fraction0.1balanced", "promyelocyteA",
+                    "promyelocyteB", "+0.100", "0.0020"],
+                   ["cytomorphology", "fraction0.1balanced", "promyelocyteB",
+                    "promyelocyteA", "-0.100", "0.0020"]])
+    lines = _text(table, 60)
+    assert max(map(len, lines)) <= 60
+    rows = [line.split() for line in lines if "0.100" in line]
+    assert [r[2:4] for r in rows] == [["promyelocyteA", "promyelocyteB"],
+                                     ["promyelocyteB", "promyelocyteA"]], lines

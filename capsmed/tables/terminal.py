@@ -16,7 +16,9 @@ Room left once a column is left out or the table split goes back to shortened na
 
 A name is shortened by leaving out whole parts between its separators (``-_/ :``),
 parts that every row shares first, and marking the gap with ``…``; it is never wrapped
-onto a second line. Numbers are never shortened or wrapped.
+onto a second line. Numbers are never shortened or wrapped. Two different names of a
+column are never shortened to the same text (the rows' numbers would be told apart by
+nothing): a column narrower than that is not taken.
 """
 
 from __future__ import annotations
@@ -57,10 +59,12 @@ def _render_parts(parts: Sequence[str], keep: Sequence[bool]) -> str:
     return "".join(out)
 
 
-def shorten(text: str, width: int, shared: Counter[str] | None = None) -> str:
+def shorten(text: str, width: int, shared: Counter[str] | None = None,
+            last_part_last: bool = True) -> str:
     """``text`` in at most ``width`` characters, whole parts left out (``…`` marks the
     gap): the parts most other names share first, then from the middle outwards, the
-    last part last. When no part fits, the start of the name is kept, cut.
+    last part last (unless ``last_part_last`` is False). When no part fits, the start
+    of the name is kept, cut.
 
     >>> shorten("runs/tupac16-capsnet-full-seed0", 20)
     'runs/…full-seed0'
@@ -71,7 +75,7 @@ def shorten(text: str, width: int, shared: Counter[str] | None = None) -> str:
     shared = shared or Counter()
     middle = (len(parts) - 1) / 2
     order = sorted(range(len(parts)), key=lambda i: (
-        i == len(parts) - 1, -shared[parts[i]], abs(i - middle)))
+        last_part_last and i == len(parts) - 1, -shared[parts[i]], abs(i - middle)))
     keep = [True] * len(parts)
     for i in order[:-1]:  # one part always stays
         keep[i] = False
@@ -88,9 +92,24 @@ def shorten(text: str, width: int, shared: Counter[str] | None = None) -> str:
 
 def shorten_names(values: Sequence[str], width: int) -> list[str]:
     """Each value shortened to ``width``; parts shared by many values go first, so the
-    parts that tell rows apart stay (``…-capsnet-…-seed0`` and ``…-lenet-…-seed0``)."""
+    parts that tell rows apart stay (``…-capsnet-…-seed0`` and ``…-lenet-…-seed0``).
+
+    Names that still come out alike (``…erythroblast`` for ``myeloblast_abnormal_
+    erythroblast`` and ``myeloblast_normal_erythroblast``) are shortened again, parts
+    counted as shared among them only and the last part no longer kept first. They may
+    still be alike: the terminal's fitting then leaves the column wider."""
     shared = Counter(p for v in set(values) for p in set(_PART.findall(v)))
-    return [shorten(v, width, shared) for v in values]
+    short = {v: shorten(v, width, shared) for v in set(values)}
+    alike: dict[str, list[str]] = {}
+    for v, s in short.items():
+        alike.setdefault(s, []).append(v)
+    for names in (ns for ns in alike.values() if len(ns) > 1):
+        among = Counter(p for v in names for p in set(_PART.findall(v)))
+        again = {v: shorten(v, width, among, last_part_last=False) for v in names}
+        others = {s for v, s in short.items() if v not in again}
+        if len(set(again.values())) == len(names) and not others & set(again.values()):
+            short |= again
+    return [short[v] for v in values]
 
 
 @dataclass
@@ -132,6 +151,8 @@ class _Fitter:
         self.t, self.width = t, width
         self.cells = {i: _cell_width(t, i) for i in range(len(t.columns))}
         self.whole = True  # headers on one line
+        self.floors: dict[int, int] = {}  # name columns kept wider (keep_apart)
+        self.apart_at: dict[tuple[int, int], bool] = {}
         self.fit = Layout(shown=list(range(len(t.columns))), widths={},
                           headers={i: c.header for i, c in enumerate(t.columns)})
         self.settle()
@@ -159,16 +180,43 @@ class _Fitter:
             self.fit.headers[i] = c.short or c.header
         self.settle()
 
+    def apart(self, i: int, width: int) -> bool:
+        """Whether name column ``i`` shortened to ``width`` still shows each of its
+        different names as a different text (else two rows' numbers would be told apart
+        by nothing)."""
+        if (i, width) not in self.apart_at:
+            cells = [row[i] for row in self.t.rows]
+            self.apart_at[i, width] = (width >= _cell_width(self.t, i) or len(set(
+                _shorten_column(cells, width))) == len(set(cells)))
+        return self.apart_at[i, width]
+
+    def keep_apart(self, columns: Sequence[int]) -> bool:
+        """Widen each of ``columns`` too narrow to keep its names apart to the next width
+        that does; that width becomes its floor. Whether one was widened."""
+        alike = [i for i in columns if not self.apart(i, self.cells[i])]
+        for i in alike:
+            while not self.apart(i, self.cells[i]):
+                self.cells[i] += 1
+            self.floors[i] = self.cells[i]
+        self.settle()
+        return bool(alike)
+
     def shrink(self, floor: int) -> None:
-        """Narrow the widest name column one character at a time down to ``floor``."""
+        """Narrow the widest name column one character at a time down to ``floor``; a
+        column whose names would come out alike is widened back (:meth:`keep_apart`)
+        and the others narrowed instead."""
         columns = [i for i in self.fit.shown if self.t.columns[i].name]
-        while not self.fits():
-            room = [i for i in columns if self.cells[i] > max(floor, self.header_width(i))]
-            if not room:
+        while True:
+            while not self.fits():
+                room = [i for i in columns if self.cells[i] > max(
+                    floor, self.header_width(i), self.floors.get(i, 0))]
+                if not room:
+                    break
+                widest = max(room, key=lambda i: self.cells[i])
+                self.cells[widest] -= 1
+                self.settle()
+            if not self.keep_apart(columns):
                 return
-            widest = max(room, key=lambda i: self.cells[i])
-            self.cells[widest] -= 1
-            self.settle()
 
     def widen_prose(self) -> None:
         """Prose columns take what the others leave, up to their longest line."""
@@ -244,6 +292,7 @@ def layout(t: Table, width: int) -> Layout:
         step()
     if f.fit.dropped or f.fit.chunks:
         f.grow()
+        f.keep_apart([i for i in f.fit.shown if t.columns[i].name])
     f.widen_prose()
     return f.fit
 
