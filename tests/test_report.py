@@ -696,3 +696,17 @@ def test_report_at_80_columns_keeps_every_header_and_number_whole(runs_root, tmp
         if f1.get("std") is not None:
             cell = f"{f1['mean']:.3f} ± {f1['std']:.3f} (n={f1['n']})"
             assert any(cell in row for row in rows), (cell, rows)
+
+
+def test_a_p_value_is_never_rounded_across_alpha_beside_its_mark():
+    """p = 0.04996 was shown ``0.0500`` with its ``*`` under ``p<0.05``: a p-value that
+    reads as not significant, marked significant."""
+    from capsmed.evaluate.layouts import significance_table
+    from capsmed.evaluate.significance import PairedTest
+
+    tests = [PairedTest("d", "full", "capsnet", "lenet", "macro_f1", "wilcoxon", 8, 0.9,
+                        0.8, 0.1, 1.0, p, p < 0.05) for p in (0.04996, 0.3, 0.05)]
+    table = significance_table(tests, [], "wilcoxon", 0.05)
+    assert [row[-2:] for row in table.rows] == [["0.04996", "*"], ["0.3000", ""],
+                                                ["0.0500", ""]]
+    assert table.csv_rows[0][11] == 0.04996  # the CSV keeps the number as computed

@@ -247,10 +247,18 @@ def per_class_tables(groups: Sequence[Group], mode: str = "pooled",
     return tables
 
 
-def _p_text(p: float | None) -> str:
+def _p_text(p: float | None, alpha: float) -> str:
+    """``p`` in 4 decimals, more where 4 would round it across ``alpha`` (0.04996 shown
+    ``0.0500`` beside its ``*`` for p < 0.05)."""
     if p is None:
         return "n/a"
-    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+    if p < 1e-4:
+        return "<0.0001"
+    digits, text = 4, f"{p:.4f}"
+    while (float(text) < alpha) != (p < alpha) and digits < 17:
+        digits += 1
+        text = f"{p:.{digits}f}"
+    return text
 
 
 def significance_table(tests: Sequence[PairedTest], notes: Sequence[str], test: str,
@@ -267,7 +275,7 @@ def significance_table(tests: Sequence[PairedTest], notes: Sequence[str], test: 
         flag = "n/a" if t.significant is None else ("*" if t.significant else "")
         rows.append([t.dataset, t.protocol, t.arch_a, t.arch_b, str(t.n), mean(t.mean_a),
                      mean(t.mean_b), MISSING if t.mean_difference is None
-                     else f"{t.mean_difference:+.{digits}f}", _p_text(t.p_value), flag])
+                     else f"{t.mean_difference:+.{digits}f}", _p_text(t.p_value, alpha), flag])
         csv_rows.append([t.dataset, t.protocol, t.arch_a, t.arch_b, t.metric, t.test, t.n,
                          t.mean_a, t.mean_b, t.mean_difference, t.statistic, t.p_value,
                          t.significant, t.note])
