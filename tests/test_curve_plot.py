@@ -20,3 +20,23 @@ def test_curves_draw_ours_and_the_papers_points(tmp_path):
     image = matplotlib.image.imread(tmp_path / "c.png")
     assert image.shape[0] > 300 and image.shape[1] > 500
     assert not list(tmp_path.glob(".*"))  # written atomically, nothing left beside
+
+
+def test_a_study_curve_in_percent_says_so_on_its_axis(tmp_path, monkeypatch):
+    """``scale: 100`` drew 60-80 on an axis labelled ``balanced accuracy``, a fraction."""
+    from types import SimpleNamespace
+
+    from capsmed.evaluate import curve_plot
+    from capsmed.pipeline.study_curves import draw_table_curves
+
+    labels = []
+    monkeypatch.setattr(curve_plot, "plot_curves",
+                        lambda *a, **kw: labels.append(kw["ylabel"]) or {})
+    found = [(SimpleNamespace(fields={"condition": c, "arch": "capsnet"},
+                              train={"fraction": f}), v)
+             for c, f, v in (("half", 0.5, 0.7), ("full", None, 0.8))]
+    spec = {"rows": "condition", "columns": "arch", "metric": "balanced_accuracy",
+            "curve": {"x": "fraction"}}
+    for scale in (1, 100):
+        draw_table_curves({**spec, "scale": scale}, found, tmp_path / "c.png")
+    assert labels == ["balanced accuracy", "balanced accuracy (%)"]

@@ -93,10 +93,12 @@ def draw_table_curves(table_spec: Mapping[str, Any], found: Sequence[tuple[Any, 
                                     else str(spec["x"]) if isinstance(spec["x"], str)
                                     else rows_by)
     metric = table_spec.get("metric") or table_spec.get("key") or default_metric
+    scale = float(table_spec.get("scale", 1))
+    # scale: 100 draws percentages: the axis says so, as the x axis does for fractions
+    ylabel = str(metric).replace("_", " ") + (" (%)" if scale == 100 else "")
     return plot_curves(path, _short(str(table_spec.get("title", ""))), x, ours, paper,
-                       xlabel=xlabel, ylabel=str(metric).replace("_", " "),
-                       log_x=bool(spec.get("log_x", True)),
-                       scale=float(table_spec.get("scale", 1)))
+                       xlabel=xlabel, ylabel=ylabel, log_x=bool(spec.get("log_x", True)),
+                       scale=scale)
 
 
 def _short(title: str, width: int = 70) -> str:
