@@ -570,3 +570,37 @@ def test_analyses_of_an_unfinished_run_say_so(tiny_h5, tmp_path, caplog):
                                  "--factor", "rotation", "--steps", "2", "--max-samples", "2"])
     assert result.exit_code == 0, result.output
     assert "its training has not finished" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("command, args", [
+    ("affine", ["--seed", "-1"]), ("compactness", ["--seed", "-1"]),
+    ("manifold", ["--seed", "-1"]), ("manifold", ["--perplexity", "nan"])])
+def test_a_negative_seed_or_nan_perplexity_is_refused_by_the_cli(tmp_path, command, args):
+    """These failed with a NumPy (seed) or scikit-learn (perplexity) traceback after the
+    run and its data were loaded; now the option is refused first, by name."""
+    result = runner.invoke(app, ["-q", "analyze", command, str(tmp_path / "run"), *args])
+    assert_clean_failure(result, f"{args[0][2:]} must be")
+
+
+@pytest.mark.parametrize("second, refusal", [
+    ([0, 2, 0, 1], "1 image(s) whose two labels are the same class"),  # image 0: 0 twice
+    ([1, 3, 0, 1], "'test/meta/label2' must hold one label within 0..2"),
+])
+def test_two_digit_analyses_refuse_second_labels_they_cannot_score(tmp_path, second,
+                                                                   refusal):
+    """Routing's rerun counted an image labelled with one class twice (or with a class
+    the model lacks) wrong whatever it predicted, and analyze multimnist dropped the
+    out-of-range digit from its table: both refuse such files, as evaluate does."""
+    data = tmp_path / "two.h5"
+    images = np.random.default_rng(0).integers(0, 256, (4, 1, 28, 28), dtype=np.uint8)
+    with DatasetWriter(data, dataset="toy", kind="multimnist", domain="digits",
+                       class_names=["a", "b", "c"], image_shape=(1, 28, 28),
+                       preprocessing={}, source={}) as w:
+        w.append("test", images, np.array([0, 1, 2, 2]),
+                 np.array([f"g{i}" for i in range(4)]), meta={"label2": np.array(second)})
+    torch.manual_seed(0)
+    run = _untrained_capsnet_run(tmp_path / "run", data, ["a", "b", "c"])
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "routing_entropy": 1.0}) + "\n")
+    for analysis in ("routing", "multimnist"):
+        result = runner.invoke(app, ["-q", "analyze", analysis, str(run)])
+        assert_clean_failure(result, refusal, run / "analysis" / analysis)

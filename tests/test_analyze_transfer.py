@@ -281,3 +281,37 @@ def test_a_run_killed_while_it_finished_is_resumed_not_reused(tiny_h5, tmp_path,
     assert (run / "summary.json").is_file() and (run / "resume.pt").is_file()
     assert train_or_reuse(cfg, True) == run
     assert training_unfinished(run) is None and not (run / "resume.pt").exists()
+
+
+def test_a_two_label_test_split_with_a_class_given_twice_is_refused(tmp_path):
+    """Two-digit accuracy counts an image right when both its labels are in the top two:
+    with one class given twice that was its first label alone (the base B network scored
+    1.0 where the other image's digits were not both found), as evaluate refuses."""
+    from capsmed.evaluate.analyses.transfer import _accuracy
+    from capsmed.train.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    kwargs = {"in_channels": 1, "num_classes": 3, "input_size": [28, 28], **TINY_CAPSNET}
+    model = create_model("capsnet", **kwargs).eval()
+    images = np.random.default_rng(0).integers(0, 256, (4, 1, 28, 28), dtype=np.uint8)
+    with torch.no_grad():
+        order = model(torch.from_numpy(images).float() / 255).scores.argsort(1, True).numpy()
+    second = order[:, 1].copy()
+    second[0] = order[0, 0]
+    data = tmp_path / "two.h5"
+    with DatasetWriter(data, dataset="toy", kind="multimnist", domain="digits",
+                       class_names=["a", "b", "c"], image_shape=(1, 28, 28),
+                       preprocessing={}, source={}) as w:
+        w.append("test", images, order[:, 0], np.array([f"g{i}" for i in range(4)]),
+                 meta={"label2": second})
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run, model, {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
+                                 "data": str(data), "class_names": ["a", "b", "c"]})
+    with pytest.raises(CapsmedError, match="1 image.s. whose two labels are the same class"):
+        _accuracy(run, data, 8, "cpu")
+    out = tmp_path / "t"
+    result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(data), "--b",
+                                 str(data), "--arch", "capsnet", "--out", str(out)])
+    assert_clean_failure(result, "two.h5: split 'test' has 1 image(s) whose two labels",
+                         out)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsmed.data.contract import SECOND_LABEL, SplitData, load_split
+from capsmed.data.contract import SECOND_LABEL, SplitData, load_split, read_labels
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.models.common import ModelOutput
@@ -44,6 +44,17 @@ def open_analysed(run_dir: Path, data: Path | None = None,
     return run
 
 
+def held_out_rows(run: OpenRun, split: str) -> np.ndarray | None:
+    """The rows of the file's :data:`CV_SPLIT` that :func:`load_samples` gives for a
+    cross-validation run's ``test`` (its held-out fold), in that order; None when the
+    samples are the file's ``split`` itself, row i being sample i."""
+    path = run.run_dir / TEST_ROWS
+    if split != "test" or not path.is_file() or not run.own_data:
+        return None
+    return read_rows(path, len(read_labels(run.data_path, CV_SPLIT)[0]),
+                     f"{run.data_path}'s split '{CV_SPLIT}'")
+
+
 def load_samples(run: OpenRun, split: str = "test", with_meta: bool = False,
                  max_samples: int | None = None, seed: int = 0) -> SplitData:
     """The samples of ``split`` the run is analysed on.
@@ -51,12 +62,11 @@ def load_samples(run: OpenRun, split: str = "test", with_meta: bool = False,
     For the run's own cross-validation file, ``test`` is its held-out fold (as in
     ``capsmed evaluate``). ``max_samples`` keeps a seeded random subset, in file order.
     """
-    if split == "test" and (run.run_dir / TEST_ROWS).is_file() and run.own_data:
+    rows = held_out_rows(run, split)
+    if rows is not None:
         samples = run.samples(split)
         if with_meta:  # the held-out rows' meta (MultiMNIST's second label and sources)
             whole = load_split(run.data_path, CV_SPLIT, with_meta=True)
-            rows = read_rows(run.run_dir / TEST_ROWS, len(whole),
-                             f"{run.data_path}'s split '{CV_SPLIT}'")
             samples = SplitData(samples.images, samples.labels, samples.groups,
                                 {k: v[rows] for k, v in whole.meta.items()})
     else:
@@ -120,6 +130,26 @@ def two_digit_hits(scores: np.ndarray, first: np.ndarray, second: np.ndarray
     a = (top2 == first[:, None]).any(1)
     b = (top2 == second[:, None]).any(1)
     return a & b, a, b
+
+
+def checked_second_labels(labels: np.ndarray, second: np.ndarray, num_classes: int,
+                          path: Path, split: str) -> np.ndarray:
+    """Two-label images' second labels (``meta/label2``) as int64, refused unless each
+    is a class index that differs from the image's first label, as training and
+    ``capsmed evaluate`` refuse them: the two highest classes hold a label given twice
+    whatever the other class is, and never hold one outside the classes, so the
+    two-digit accuracy would be wrong unsaid."""
+    second = np.asarray(second)
+    if second.shape != np.shape(labels) or second.dtype.kind not in "iu" or (
+            len(second) and (second.min() < 0 or second.max() >= num_classes)):
+        raise CapsmedError(f"{path}: '{split}/meta/{SECOND_LABEL}' must hold one label "
+                           f"within 0..{num_classes - 1} per image, like '{split}/labels'")
+    same = int((second == labels).sum())
+    if same:
+        raise CapsmedError(f"{path}: split '{split}' has {same} image(s) whose two labels "
+                           f"are the same class (labels, meta/{SECOND_LABEL}); two-digit "
+                           "accuracy needs two different classes")
+    return second.astype(np.int64)
 
 
 def refuse_two_label(samples: SplitData, path: Path, split: str, analysis: str) -> None:

@@ -18,6 +18,7 @@ from capsmed.data.contract import SECOND_LABEL
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses.common import (
     analysis_dir,
+    checked_second_labels,
     class_scores,
     load_samples,
     open_analysed,
@@ -49,11 +50,10 @@ def analyze_multimnist(run_dir: Path, device: str = "auto", data: Path | None = 
     if SECOND_LABEL not in samples.meta:
         raise CapsmedError(f"{run.data_path}: split '{split}' has no second label (meta "
                            f"'{SECOND_LABEL}'); make it with capsmed preprocess multimnist")
-    first, second = samples.labels, np.asarray(samples.meta[SECOND_LABEL], dtype=np.int64)
-    if (first == second).any():  # paper 004: the two digits are of different classes
-        raise CapsmedError(f"{run.data_path}: split '{split}' has "
-                           f"{int((first == second).sum())} image(s) whose two labels are "
-                           "the same class; two-digit accuracy needs two different classes")
+    # paper 004: the two digits are of different classes
+    first = samples.labels
+    second = checked_second_labels(first, samples.meta[SECOND_LABEL], len(run.class_names),
+                                   run.data_path, split)
     scores = class_scores(run.model, samples.images, run.device, batch_size)
     both, a, b = two_digit_hits(scores, first, second)
     found = np.concatenate([a, b])

@@ -205,7 +205,9 @@ def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
     curve = read_entropy_curve(run.run_dir)
     samples = common.load_samples(run, split, with_meta=True)
     second = samples.meta.get(SECOND_LABEL)  # two digits per image: two-digit accuracy
-    second = None if second is None else np.asarray(second, dtype=np.int64)
+    if second is not None:
+        second = common.checked_second_labels(samples.labels, second, len(run.class_names),
+                                              run.data_path, split)
     per_sample, lower, upper = checkpoint_entropy(run.model, samples.images, run.device,
                                                   batch_size)
     log_j = math.log(upper) if upper > 1 else 1.0  # J = 1: entropy 0, nothing to normalise

@@ -41,7 +41,13 @@ import torch
 import yaml
 from torch import nn
 
-from capsmed.data.contract import SECOND_LABEL, is_two_label, read_info, read_meta
+from capsmed.data.contract import (
+    SECOND_LABEL,
+    is_two_label,
+    read_info,
+    read_labels,
+    read_meta,
+)
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import plain, pyplot, save_figure
@@ -273,10 +279,20 @@ def _accuracy(run_dir: Path, data: Path, batch_size: int, device: str) -> float:
     if (run_dir / TEST_ROWS).is_file():
         raise CapsmedError(f"{data}: a two-label file with cross-validation folds is not "
                            "supported by analyze transfer")
-    second = read_meta(data, "test", SECOND_LABEL).astype(np.int64)
+    second = common.checked_second_labels(samples.labels, read_meta(data, "test", SECOND_LABEL),
+                                          len(run.class_names), data, "test")
     both, _, _ = common.two_digit_hits(
         common.class_scores(model, samples.images, dev, batch_size), samples.labels, second)
     return float(both.mean()) if len(both) else 0.0
+
+
+def _check_second_labels(path: Path, info: Any) -> None:
+    """Refuse, before any training, a two-label test split that two-digit accuracy
+    cannot score (a label given twice, or outside the classes)."""
+    if "test" in info.split_sizes and is_two_label(path, "test"):
+        labels, _ = read_labels(path, "test")
+        common.checked_second_labels(labels, read_meta(path, "test", SECOND_LABEL),
+                                     info.num_classes, path, "test")
 
 
 def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
@@ -292,6 +308,8 @@ def run_transfer(cfg: TransferConfig, disable_progress: bool | None = None
                            f"{info_b.image_size[1]}, task A's ({cfg.a}) are "
                            f"{info_a.channels}x{info_a.image_size[0]}x{info_a.image_size[1]}; "
                            "layers transfer only between inputs of one shape")
+    for path, info in ((Path(cfg.a), info_a), (Path(cfg.b), info_b)):
+        _check_second_labels(path, info)
     options = dict(cfg.train_options)
     seed = int(options.pop("seed", 0))
     given = {t: Path(r) for t, r in (("A", cfg.base_a), ("B", cfg.base_b)) if r is not None}
