@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from capsmed.data.contract import SplitData, load_split
+from capsmed.data.contract import DatasetWriter, SplitData, load_split
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses.manifold import (
     align_to_grid,
@@ -240,3 +240,31 @@ def test_offsets_that_move_the_digit_off_the_image_are_refused(tiny_h5, tmp_path
                                  "--radius", str(radius), "--step", str(step)])
     assert result.exit_code == 1 and "off the 28 px image" in result.stderr
     assert not (run / "analysis").exists()
+
+
+def test_a_cross_validation_runs_pairs_name_rows_of_its_file(tmp_path):
+    """A fold run's digits are its held-out rows of split 'all': the indices recorded
+    were positions among those rows (0-2 here), which name other images of the file."""
+    data = tmp_path / "cv.h5"
+    images = np.random.default_rng(0).integers(0, 256, (8, 1, 28, 28), dtype=np.uint8)
+    with DatasetWriter(data, dataset="toy", kind="folder", domain="generic",
+                       class_names=["non-mitosis", "mitosis"], image_shape=(1, 28, 28),
+                       preprocessing={}, source={}) as w:
+        w.append("all", images, np.array([0, 1] * 4), np.array([f"g{i}" for i in range(8)]),
+                 folds=np.arange(8) % 2)
+    run = _checkpoint(tmp_path / "caps", "capsnet", data, **TINY_CAPSNET)
+    (run / "summary.json").write_text("{}")
+    held_out = np.array([5, 6, 7])
+    np.save(run / "test_indices.npy", held_out)
+    np.save(run / "train_indices.npy", np.arange(5))
+    result = runner.invoke(app, ["-q", "analyze", "manifold", str(run), "--pairs", "2",
+                                 "--radius", "1", "--perplexity", "2"])
+    assert result.exit_code == 0, result.output
+    record = json.loads((run / "analysis" / "manifold" / "manifold.json").read_text())
+    labels = load_split(data, "all").labels
+    for pair in record["pairs"]:
+        for end in ("fixed", "moving"):
+            assert pair[f"{end}_index"] in held_out
+            assert ["non-mitosis", "mitosis"][labels[pair[f"{end}_index"]]] == \
+                pair[f"{end}_class"]
+    assert record["indices_of_split"] == "all"

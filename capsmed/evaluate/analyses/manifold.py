@@ -52,6 +52,7 @@ from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.evaluate.analyses.configs import ManifoldConfig
 from capsmed.figures import plain, pyplot, save_figure
+from capsmed.train.run_data import CV_SPLIT
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +295,11 @@ def analyze_manifold(run_dir: Path, config: ManifoldConfig | None = None,
                            f"digit by up to {cfg.radius * cfg.step} px, off the {side} px "
                            "image; give a smaller radius or step")
     samples = common.load_samples(run, cfg.split, with_meta=True)
+    # the indices name rows of the file: a cross-validation run's test samples are its
+    # held-out rows of split 'all', whose sample i is not row i
+    held_out = common.held_out_rows(run, cfg.split)
+    rows_of = cfg.split if held_out is None else CV_SPLIT
+    row = (lambda i: i) if held_out is None else (lambda i: int(held_out[i]))
     digits = single_digits(samples, f"{run.data_path}: split '{cfg.split}'")
     rows, panels, first_grid = [], [], None
     for fixed, moving in choose_pairs(samples.labels, cfg.pairs, cfg.seed):
@@ -307,7 +313,7 @@ def analyze_manifold(run_dir: Path, config: ManifoldConfig | None = None,
         embedding = embed_tsne(feats, cfg.perplexity, cfg.seed)
         scores = manifold_distances(embedding, offsets)
         aligned, grid = align_to_grid(embedding, offsets)
-        entry = {"fixed_index": fixed, "moving_index": moving,
+        entry = {"fixed_index": row(fixed), "moving_index": row(moving),
                  "fixed_class": run.class_names[samples.labels[fixed]],
                  "moving_class": run.class_names[samples.labels[moving]], **scores}
         rows.append(entry)
@@ -315,7 +321,8 @@ def analyze_manifold(run_dir: Path, config: ManifoldConfig | None = None,
     chamfer = np.array([r["chamfer"] for r in rows])
     record = {"run_dir": str(run.run_dir), "arch": run.arch, "data": str(run.data_path),
               "checkpoint_epoch": run.meta.get("epoch"), "representation": describe,
-              "settings": asdict(cfg), "grid_points": int((2 * cfg.radius + 1) ** 2),
+              "settings": asdict(cfg), "indices_of_split": rows_of,
+              "grid_points": int((2 * cfg.radius + 1) ** 2),
               "chamfer_mean": float(chamfer.mean()), "chamfer_variance": float(chamfer.var()),
               "aligned_error_mean": float(np.mean([r["aligned_error"] for r in rows])),
               "pairs": rows}
