@@ -328,6 +328,11 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
                  meta={"label2": np.array([1, 3])})
     result = runner.invoke(app, ["-q", "analyze", "multimnist", str(run), "--data", str(dup)])
     assert result.exit_code == 1 and "two labels are the same class" in result.stderr
+    # evaluate once scored such rows (and filed a report); it refuses them like training
+    result = runner.invoke(app, ["-q", "evaluate", str(run), "--data", str(dup),
+                                 "--no-grids", "--report-name", "dup"])
+    assert result.exit_code == 1 and "are the same class" in result.stderr
+    assert not (run / "dup").exists()
     with pytest.raises(CapsmedError, match="does not support --augment"):
         train(TrainConfig(data=str(multi), arch="capsnet", augment=True,
                           out=str(tmp_path / "no"), model_kwargs=TINY_CAPSNET))
@@ -352,3 +357,42 @@ def test_affnist_folder_holds_only_one_sets_numbered_batches(tmp_path):
     (batches / "3.mat").rename(batches / "test.mat")  # one whole file in a folder is read
     got = load_split(preprocess_affnist(batches, tmp_path / "one.h5"), "test")
     assert len(got.labels) == 4
+
+
+def test_affnist_files_named_as_another_set_are_refused(tmp_path):
+    """training_batches/ or training.mat went silently into the default split 'test': a
+    model was then scored on transforms of the MNIST digits it was trained on."""
+    raw = write_affnist(tmp_path / "aff", count=8, batches=2, seed=2).root
+    training = raw / "training_batches"
+    shutil.copytree(raw / "test_batches", training)
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "affnist", str(training), "-o", str(out)])
+    assert_clean_failure(result, str(training / "1.mat"), out)
+    assert "affNIST's training set, but the split is 'test' (pass --split train)" in (
+        result.stderr)
+    shutil.copy(raw / "test.mat", tmp_path / "validation.mat")
+    with pytest.raises(CapsmedError, match="validation set, but the split is 'test'"):
+        preprocess_affnist(tmp_path / "validation.mat", out)
+    assert not out.exists()
+    # the split the name says is taken, as is a name that says no set
+    stored = preprocess_affnist(training, out, AffnistConfig(split="train"))
+    assert read_info(stored).split_sizes == {"train": 8}
+    shutil.copy(raw / "test.mat", tmp_path / "mine.mat")
+    assert read_info(preprocess_affnist(tmp_path / "mine.mat", tmp_path / "m.h5")
+                     ).split_sizes == {"test": 8}
+
+
+def test_mnist_test_file_copied_from_the_training_file_is_refused(mnist_raw, tmp_path):
+    """t10k files that are copies of the training files made every test pair out of
+    training digits, without a word (unpublished files have no checksum to tell)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("images-idx3-ubyte.gz", "labels-idx1-ubyte.gz"):
+        shutil.copy(mnist_raw / f"train-{name}", raw / f"train-{name}")
+        shutil.copy(mnist_raw / f"train-{name}", raw / f"t10k-{name}")
+    with pytest.raises(CapsmedError, match="t10k-images-idx3-ubyte.gz: holds the same images "
+                       "as train-images-idx3-ubyte.gz"):
+        preprocess_multimnist(raw, tmp_path / "mm.h5", MultiMnistConfig(val=10))
+    assert not (tmp_path / "mm.h5").exists()
+    with pytest.raises(CapsmedError, match="the test split would be the training images"):
+        preprocess_mnist(raw, tmp_path / "m.h5", MnistConfig(val=10))

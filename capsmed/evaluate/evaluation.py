@@ -68,6 +68,11 @@ def _two_label_scores(info: Any, split: str, samples: SplitData, scores: Any
     if len(second) != len(samples):
         raise CapsmedError(f"{data}: '{split}/meta/{SECOND_LABEL}' has {len(second)} rows "
                            f"for {len(samples)} samples")
+    same = int((second == samples.labels).sum())
+    if same:  # one target, not two: top-2 would count it found whatever the other was
+        raise CapsmedError(f"{data}: split '{split}' has {same} image(s) whose two labels "
+                           f"(labels, meta/{SECOND_LABEL}) are the same class; two-digit "
+                           "accuracy needs two different classes")
     both, first, other = two_digit_hits(scores, samples.labels, second)
     values = {"two_digit_accuracy": float(both.mean()), "first_digit_found": float(
         first.mean()), "second_digit_found": float(other.mean()),
