@@ -176,3 +176,27 @@ def test_names_and_quotes_reach_study_md_as_written(tmp_path):
     assert "**&lt;b>-ahead (toy paper s1)**" in text
     assert "> CapsNet is \\*better\\* than &lt;i>LeNet" in text
     assert "<b>" not in text and "<i>" not in text
+
+
+def test_claims_and_tables_pool_only_runs_as_the_pipeline_now_makes_them(tmp_path):
+    """A report of an earlier version of the file (evaluate split test, now val), a run
+    interrupted while training again and one whose weights are damaged were all pooled
+    into the tables and claims (``capsmed run --only`` leaves the others as they are)."""
+    pipeline, state = _toy_study(
+        tmp_path, lambda raw: raw.update(evaluate=[{"name": "report", "split": "val"}]))
+    for run in pipeline.runs:
+        run_dir = state.run_dir(run, run_identity(run))
+        if run.fields["seed"] < 2:  # evaluated again on val; seed 2 still on test
+            report = json.loads((run_dir / "report" / "report.json").read_text())
+            (run_dir / "report" / "report.json").write_text(json.dumps(
+                {**report, "split": "val"}))
+        if run.fields["seed"] == 1 and run.fields["condition"] == "full":
+            if run.fields["arch"] == "capsnet":
+                (run_dir / "resume.pt").write_bytes(b"state")  # training again
+            else:
+                (run_dir / "checkpoint.safetensors").write_bytes(b"other weights")
+    path = write_study_report(pipeline, state, pipeline.runs)
+    study = json.loads((path.parent / "study.json").read_text())
+    assert study["tables"][0]["runs"] == 6  # seed 0 (4), seed 1 half (2)
+    pairs = {c["name"]: c["pairs"] for c in study["claims"]}
+    assert pairs == {"capsnet-ahead": 3, "lenet-ahead": 3}

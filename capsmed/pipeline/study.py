@@ -41,7 +41,7 @@ from capsmed.io import write_text_atomic
 from capsmed.pipeline.checks import matches_selection, pooling_problem
 from capsmed.pipeline.execute import analysed_run_dirs, current_identity, remade_outputs
 from capsmed.pipeline.spec import Pipeline, RunSpec
-from capsmed.pipeline.state import PipelineState
+from capsmed.pipeline.state import PipelineState, evaluation_current
 from capsmed.pipeline.study_claims import (
     claim_source,
     claims_html,
@@ -63,17 +63,45 @@ def _number(value: float | None, scale: float, digits: int) -> str:
 
 def _current_dirs(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
                   ) -> list[tuple[RunSpec, Path]]:
-    """The folder of each run that has an identity now (its data made and current)."""
+    """The folder of each run that has an identity now (its data made and current) and
+    holds its finished training: not interrupted, its weights the ones training
+    recorded, its transfer source not trained again since (what ``capsmed run status``
+    counts as trained; any other folder trains again, and its old files are not this
+    pipeline's results)."""
+    from capsmed.train.run_config import training_unfinished
+
     remade = remade_outputs(pipeline, state)
-    return [(r, state.run_dir(r, run_id)) for r in runs
-            if (run_id := current_identity(r, remade)) is not None]
+    return [(r, run_dir) for r in runs
+            if (run_id := current_identity(r, remade)) is not None
+            and training_unfinished(run_dir := state.run_dir(r, run_id)) is None
+            and not state.damaged(run_dir) and not state.stale_transfer(r, run_dir)]
+
+
+def _evaluation_current(run: RunSpec, run_dir: Path, evaluation: str) -> bool:
+    """The run's evaluation ``evaluation`` is there as the pipeline now asks for it (its
+    split, data, Agr, the weights kept): a report left by an earlier version of the
+    file (another split) is not read, as ``capsmed run`` evaluates it again."""
+    chosen = [e for e in run.evaluations if e.name == evaluation]
+    return bool(chosen) and evaluation_current(run_dir, chosen[0])
 
 
 def _evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
                evaluation: str) -> list[tuple[RunSpec, EvaluatedRun]]:
     return [(run, state.index().evaluated(run_dir, evaluation))  # the study index
             for run, run_dir in _current_dirs(pipeline, state, runs)
-            if (run_dir / evaluation / "report.json").is_file()]
+            if (run_dir / evaluation / "report.json").is_file()
+            and _evaluation_current(run, run_dir, evaluation)]
+
+
+def _warn_unread(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]) -> None:
+    """Say once how many run folders hold reports the study does not read."""
+    old = sum(1 for run, run_dir in _current_dirs(pipeline, state, runs)
+              if any((run_dir / e.name / "report.json").is_file()
+                     and not evaluation_current(run_dir, e) for e in run.evaluations))
+    if old:
+        log.warning("%s: %d run folder(s) hold an evaluation that is not the one the "
+                    "pipeline now asks for (another split, data or checkpoint); not read "
+                    "(capsmed run evaluates them again)", pipeline.path, old)
 
 
 def _paper(spec: Mapping[str, Any], row: str, column: str | None = None) -> Any:
@@ -277,6 +305,7 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     out_dir = state.out / "report"
     for old in out_dir.glob("curve_*.png"):  # a table no longer drawn leaves none behind
         old.unlink()
+    _warn_unread(pipeline, state, runs)
     tables, data = study_tables(pipeline, state, runs, out_dir)
     if not data and not _any_evaluated(pipeline, state, runs):
         # nothing of this pipeline to show: an older study.md must not pass for its report
@@ -389,7 +418,7 @@ def study_page(pipeline: Pipeline, parts: StudyParts, done: Sequence[EvaluatedRu
 
 def _any_evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
                    ) -> bool:
-    return any((run_dir / e.name / "report.json").is_file()
+    return any(evaluation_current(run_dir, e)
                for run, run_dir in _current_dirs(pipeline, state, runs) for e in run.evaluations)
 
 
