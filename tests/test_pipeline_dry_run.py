@@ -183,7 +183,7 @@ def test_a_per_class_limit_run_is_estimated_on_what_it_keeps():
 
     from capsmed.pipeline.estimate import training_images
 
-    run = SimpleNamespace(train={"per_class_limit": 10, "folds": 5})
+    run = SimpleNamespace(train={"per_class_limit": 10, "fold": 0, "folds": 5})
     counts = {"all": [500, 7, 40]}
     assert training_images(run, {"all": 547}, counts) == (10 + 7 + 10) * 4 // 5
     assert training_images(run, {"all": 547}) is None  # no counts: no guess
@@ -191,3 +191,71 @@ def test_a_per_class_limit_run_is_estimated_on_what_it_keeps():
     assert training_images(run, {"train": 547}, {"train": [500, 7, 40]}) == 27
     run.train = {"fraction": 0.1}  # a subset trains as many steps as the full split
     assert training_images(run, {"train": 547}, {"train": [500, 7, 40]}) == 547
+
+
+def test_a_cross_validation_run_is_estimated_on_the_files_folds_and_split():
+    """A run without ``folds:`` was estimated at 4/5 of split ``all`` whatever the
+    file's folds (10 folds train on 9/10), and a ``fold`` run on a file that also has a
+    ``train`` split was estimated on ``train``, which it does not train on."""
+    from types import SimpleNamespace
+
+    from capsmed.pipeline.estimate import training_images
+
+    run = SimpleNamespace(train={"fold": 3})
+    assert training_images(run, {"all": 1000}, folds={"all": 10}) == 900
+    assert training_images(run, {"all": 1000, "train": 50}, folds={"all": 4}) == 750
+    run.train = {}  # no fold: the train split, as training reads it
+    assert training_images(run, {"all": 1000, "train": 50}, folds={"all": 4}) == 50
+    assert training_images(run, {"all": 1000}, folds={"all": 4}) is None
+
+
+def _lenet_study(tmp_path: Path) -> Path:
+    """Four lenet runs (batch 128, CPU: a shipped rate) on an existing 28 px grey file."""
+    from tests.helpers import folder_dataset
+
+    data = folder_dataset(tmp_path)  # 18 training images
+    path = tmp_path / "est.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "est", "variables": {"out": str(tmp_path / "out")},
+        "grid": [{"arch": ["lenet"], "seed": [0, 1, 2, 3]}],
+        "train": {"data": str(data), "batch_size": 128, "epochs": 10**6, "device": "cpu"},
+        "evaluate": [{"name": "report", "split": "test"}]}, sort_keys=False))
+    return path
+
+
+def test_runs_on_an_existing_data_file_are_estimated(tmp_path):
+    """The file's image size is (height, width): read as one number it raised, and a
+    study got no estimate at all once its data existed."""
+    from capsmed.pipeline.estimate import estimate_run
+    from capsmed.pipeline.spec import load_pipeline
+    from capsmed.pipeline.throughput import RATES
+
+    pipeline = load_pipeline(_lenet_study(tmp_path))
+    seconds, rate = estimate_run(pipeline, pipeline.runs[0], 0, list(RATES))
+    assert rate.arch == "lenet" and seconds == pytest.approx(10**6 * 18 / rate.images_per_s)
+
+
+def test_the_estimate_leaves_out_runs_trained_already(tmp_path, monkeypatch):
+    """Half the study trained: the dry run estimated the whole study again, as if the
+    finished runs were to train once more."""
+    from capsmed.pipeline.identity import run_identity
+    from capsmed.pipeline.spec import load_pipeline
+    from capsmed.pipeline.state import PipelineState
+    from tests.pipeline_stand_ins import finish_run
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "user"))  # shipped rates only
+    path = _lenet_study(tmp_path)
+    before = runner.invoke(app, ["run", "--dry-run", str(path)])
+    assert "for all 4 runs (rates" in " ".join(before.stdout.split()), before.output
+    pipeline = load_pipeline(path)
+    state = PipelineState(pipeline.out)
+    for run in pipeline.runs[:2]:
+        finish_run(state.run_dir(run, run_identity(run)))
+    after = runner.invoke(app, ["run", "--dry-run", str(path)])
+    words = " ".join(after.stdout.split())
+    assert after.exit_code == 0 and "2 finished" in words, after.output
+    assert "for all 2 runs to train" in words and "2 run(s) trained already" in words
+    whole, half = (next(line for line in r.stdout.splitlines() if line.startswith("lenet"))
+                   .split()[-1] for r in (before, after))  # the group's est. column
+    assert (whole, half) == ("76m", "38m")

@@ -168,9 +168,10 @@ def print_overview(view: Any, console: Console, list_all: bool, dry_run: bool) -
         extra: dict[str, dict[str, str]] = {}
         if dry_run:
             extra["resources"] = view.resources
-            extra["est."] = {key: _group_estimate(members, view.estimates, human)
-                             for key, members in view.groups.items()
-                             if any(r.label in view.estimates for r in members)}
+            extra["est."] = {key: _group_estimate(
+                [r for r in members if r.label not in view.trained], view.estimates, human)
+                for key, members in view.groups.items()
+                if any(r.label in view.estimates for r in members)}
         console.print(summary_table(view.groups, " ".join(view.fields) or "runs", extra,
                                     console.width))
     failed = [r for r in rows if r.status == FAILED]
@@ -191,7 +192,7 @@ def print_overview(view: Any, console: Console, list_all: bool, dry_run: bool) -
 
 def _group_estimate(members: Sequence[Any], estimates: Mapping[str, float], human: Any
                     ) -> str:
-    """The group's total, and how many of its runs it covers when not all."""
+    """The group's total, and how many of its runs to train it covers when not all."""
     known = [estimates[r.label] for r in members if r.label in estimates]
     return human(sum(known)) + ("" if len(known) == len(members) else
                                 f" ({len(known)} of {len(members)})")

@@ -76,8 +76,10 @@ def data_shape(pipeline: Pipeline, run: RunSpec) -> dict[str, Any] | None:
 
         try:
             info = read_info(path)
-            return {"channels": int(info.channels), "image_size": int(info.image_size),
-                    "splits": dict(info.split_sizes),
+            height, width = info.image_size  # rates are of square inputs: (28, 28) is 28
+            return {"channels": int(info.channels),
+                    "image_size": int(height) if height == width else None,
+                    "splits": dict(info.split_sizes), "folds": dict(info.folds),
                     "class_counts": {k: v.tolist() for k, v in class_counts(path).items()}}
         except Exception:  # unreadable here: the run itself will say why
             return None
@@ -86,17 +88,19 @@ def data_shape(pipeline: Pipeline, run: RunSpec) -> dict[str, Any] | None:
 
 
 def training_images(run: RunSpec, splits: Mapping[str, int],
-                    counts: Mapping[str, list[int]] | None = None) -> int | None:
+                    counts: Mapping[str, list[int]] | None = None,
+                    folds: Mapping[str, int] | None = None) -> int | None:
     """Images one epoch trains on. A subset protocol (fraction, imbalance) trains as
     many steps as the full split (paper 000 s3.1), so an epoch costs the full split's
     images; a per-class limit X first keeps at most X images of each class (``counts``:
     the split's images per class; without them no estimate); a cross-validation run
-    trains on all folds but one."""
+    (``fold``, on split ``all``) trains on all folds but one (``folds``: the file's
+    number of folds per split, when the run does not give ``folds``)."""
     steps = run.train.get("steps_per_epoch")
     if steps:
         return int(steps) * int(run.train.get("batch_size", 128))
-    split = "train" if "train" in splits else "all" if "all" in splits else None
-    if split is None:
+    split = "all" if run.train.get("fold") is not None else "train"  # as training picks
+    if split not in splits:
         return None
     images = int(splits[split])
     limit = run.train.get("per_class_limit")
@@ -106,7 +110,7 @@ def training_images(run: RunSpec, splits: Mapping[str, int],
             return None
         images = sum(min(int(n), int(limit)) for n in per_class)
     if split == "all":
-        k = int(run.train.get("folds") or 5)
+        k = int(run.train.get("folds") or (folds or {}).get(split) or 5)
         return images * (k - 1) // k
     return images
 
@@ -154,7 +158,8 @@ def estimate_run(pipeline: Pipeline, run: RunSpec, gpus: int,
     shape = shapes[key]
     if shape is None:
         return None
-    images = training_images(run, shape.get("splits") or {}, shape.get("class_counts"))
+    images = training_images(run, shape.get("splits") or {}, shape.get("class_counts"),
+                             shape.get("folds"))
     rate = matching_rate(run, shape, gpus, rates if rates is not None
                          else [*user_rates(), *RATES])
     if rate is None or images is None:
@@ -172,16 +177,23 @@ def human(seconds: float) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
-def estimate_summary(found: Mapping[str, tuple[float, Rate]], total: int) -> str:
-    """The total, saying how many runs it covers and which measurements it uses."""
+def estimate_summary(found: Mapping[str, tuple[float, Rate]], total: int,
+                     trained: int = 0) -> str:
+    """The total, saying how many runs it covers and which measurements it uses;
+    ``total`` runs are still to train, ``trained`` more are trained already (not
+    counted: they do not train again)."""
+    done = f"; {trained} run(s) trained already are not counted" if trained else ""
+    runs = "runs to train" if trained else "runs"
+    if not total:
+        return f"no training left: all {trained} runs are trained"
     if not found:
-        return (f"no estimate for any of the {total} runs: no rate was measured for "
+        return (f"no estimate for any of the {total} {runs}: no rate was measured for "
                 "their architecture, input size and device (capsmed bench train adds "
-                "your own)")
+                f"your own){done}")
     seconds = sum(s for s, _ in found.values())
     devices = sorted({r.device.replace("gpu:", "") for _, r in found.values()})
-    part = ("all" if len(found) == total else f"{len(found)} of") + f" {total} runs"
+    part = ("all" if len(found) == total else f"{len(found)} of") + f" {total} {runs}"
     rest = "" if len(found) == total else (f"; the other {total - len(found)} have no "
                                            "measured rate")
     return (f"estimated training time: {human(seconds)} for {part} (rates measured on "
-            f"{', '.join(devices)}; one run at a time, training only){rest}")
+            f"{', '.join(devices)}; one run at a time, training only){rest}{done}")

@@ -45,6 +45,7 @@ class Overview:
     resources: dict[str, str] = field(default_factory=dict)  # group -> resources
     estimates: dict[str, float] = field(default_factory=dict)  # run label -> seconds
     estimate_note: str = ""
+    trained: set[str] = field(default_factory=set)  # labels with no training left
 
 
 def study_overview(pipeline: Pipeline, options: RunOptions, dry_run: bool) -> Overview:
@@ -69,24 +70,40 @@ def study_overview(pipeline: Pipeline, options: RunOptions, dry_run: bool) -> Ov
                               pipeline.path, here, options.allow_cpu).describe()
                 for r in members)
             view.resources[key] = " | ".join(kinds)
+        view.trained = {run.label for run, run_id, status in planned
+                        if _trained(state, run, run_id, status)}
         _estimates(view, planned, options, here)
     return view
 
 
+def _trained(state: PipelineState, run: RunSpec, run_id: str | None, status: str) -> bool:
+    """The run will not train again: it is trained (evaluated or not), or it failed
+    after its training finished (only its evaluation runs again)."""
+    if status in ("done", "trained"):
+        return True
+    from capsmed.train.run_config import training_unfinished
+
+    return status == "failed" and run_id is not None \
+        and training_unfinished(state.run_dir(run, run_id)) is None
+
+
 def _estimates(view: Overview, planned: Sequence, options: RunOptions,
                gpus_here: int | None) -> None:
+    """Training time of the runs still to train (a trained run is not trained again)."""
     from capsmed.pipeline.estimate import RATES, estimate_run, estimate_summary, user_rates
 
     rates = [*user_rates(), *RATES]
     found, shapes = {}, {}
-    for run, _, _ in planned:
+    todo = [(run, run_id, status) for run, run_id, status in planned
+            if run.label not in view.trained]
+    for run, _, _ in todo:
         gpus = job_resources(run.resources, options.resources, f"run {run.label}",
                              view.pipeline.path, gpus_here, options.allow_cpu).gpus or 0
         estimate = estimate_run(view.pipeline, run, gpus, rates, shapes)
         if estimate is not None:
             found[run.label] = estimate
     view.estimates = {label: seconds for label, (seconds, _) in found.items()}
-    view.estimate_note = estimate_summary(found, len(planned))
+    view.estimate_note = estimate_summary(found, len(todo), len(planned) - len(todo))
 
 
 def overview_record(view: Overview) -> dict[str, Any]:
