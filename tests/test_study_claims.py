@@ -200,3 +200,12 @@ def test_claims_and_tables_pool_only_runs_as_the_pipeline_now_makes_them(tmp_pat
     assert study["tables"][0]["runs"] == 6  # seed 0 (4), seed 1 half (2)
     pairs = {c["name"]: c["pairs"] for c in study["claims"]}
     assert pairs == {"capsnet-ahead": 3, "lenet-ahead": 3}
+
+
+def test_a_holm_p_value_is_never_rounded_across_alpha_beside_its_verdict():
+    """A Holm-corrected 0.0496 showed 0.050 beside "holds" (p < 0.05)."""
+    from capsmed.pipeline.study_claims import _number
+
+    assert _number(0.0496) == "0.0496"
+    assert _number(0.05004) == "0.050"  # not below alpha, and 0.050 is not either
+    assert _number(0.0512) == "0.051" and _number(0.0004) == "< 0.001"

@@ -19,7 +19,7 @@ import numpy as np
 from capsmed.evaluate.aggregate import EvaluatedRun, Group, Stat, order_metrics
 from capsmed.evaluate.caveats import cell_notes, mark, unfinished
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
-from capsmed.evaluate.significance import TEST_NAMES, PairedTest
+from capsmed.evaluate.significance import TEST_NAMES, PairedTest, p_decimals
 from capsmed.tables import PLUS_MINUS, Column, Table, text_column
 from capsmed.train.protocol import protocol_sort_key
 
@@ -252,13 +252,7 @@ def _p_text(p: float | None, alpha: float) -> str:
     ``0.0500`` beside its ``*`` for p < 0.05)."""
     if p is None:
         return "n/a"
-    if p < 1e-4:
-        return "<0.0001"
-    digits, text = 4, f"{p:.4f}"
-    while (float(text) < alpha) != (p < alpha) and digits < 17:
-        digits += 1
-        text = f"{p:.{digits}f}"
-    return text
+    return "<0.0001" if p < 1e-4 else p_decimals(p, alpha, 4)
 
 
 def significance_table(tests: Sequence[PairedTest], notes: Sequence[str], test: str,

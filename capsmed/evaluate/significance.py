@@ -90,6 +90,16 @@ def paired_p_value(a: Sequence[float], b: Sequence[float],
     return statistic, p, note
 
 
+def p_decimals(p: float, alpha: float, digits: int) -> str:
+    """``p`` in ``digits`` decimals, more where ``digits`` would round it across
+    ``alpha`` (0.04996 is not shown 0.0500 beside a mark of p < 0.05)."""
+    text = f"{p:.{digits}f}"
+    while (float(text) < alpha) != (p < alpha) and digits < 17:
+        digits += 1
+        text = f"{p:.{digits}f}"
+    return text
+
+
 def _exact_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``x - y`` without the rounding noise of the metrics' arithmetic: 0.7 - 0.5 and
     0.7 - 0.9 are 0.19999999999999996 and -0.20000000000000007, so the signed-rank

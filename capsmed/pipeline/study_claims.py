@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from capsmed.evaluate.claims import (
+    ALPHA,
     Claim,
     ClaimResult,
     claims_note,
@@ -24,6 +25,7 @@ from capsmed.evaluate.claims import (
     parse_claims,
     statement,
 )
+from capsmed.evaluate.significance import p_decimals
 from capsmed.pipeline.checks import check_selection, known_metrics, matches_selection
 from capsmed.pipeline.placeholders import fail
 from capsmed.tables import Column, Table, text_column
@@ -119,9 +121,11 @@ def judge_study_claims(claims: Sequence[Claim], runs: Sequence[Any],
 
 
 def _number(value: float | None, digits: int = 3) -> str:
+    """A p-value in ``digits`` decimals, more where they would round it across the
+    claims' alpha (0.0496 shown 0.050 beside "holds")."""
     if value is None:
         return "-"
-    return "< 0.001" if 0 <= value < 0.001 else f"{value:.{digits}f}"
+    return "< 0.001" if 0 <= value < 0.001 else p_decimals(value, ALPHA, digits)
 
 
 def _p(value: float | None) -> str:
