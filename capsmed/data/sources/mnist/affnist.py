@@ -84,6 +84,29 @@ def find_mat_files(path: Path) -> list[Path]:
     return files
 
 
+# affNIST's sets as the official files and folders name them (training.mat,
+# test_batches/, just_centered/validation.mat ...): the split each belongs in
+NAMED_SETS = {"training": "train", "training_and_validation": "train",
+              "validation": "val", "test": "test"}
+
+
+def named_set(path: Path) -> str | None:
+    """The affNIST set a file's name (or a batch's folder name) says it holds, if any."""
+    name = path.parent.name if Path(path.name).stem.isdecimal() else Path(path.name).stem
+    name = name.lower().removesuffix("_batches")
+    return name if name in NAMED_SETS else None
+
+
+def refuse_other_set(files: list[Path], split: str) -> None:
+    """Refuse files named as another affNIST set than ``split``: training_batches/ stored
+    as the default split ``test`` scores a model on MNIST training digits."""
+    for f in files:
+        named = named_set(f)
+        if named is not None and NAMED_SETS[named] != split:
+            raise CapsmedError(f"{f}: affNIST's {named} set, but the split is {split!r} "
+                               f"(pass --split {NAMED_SETS[named]})")
+
+
 def _check(path: Path, image: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Validate the [1600, N] image matrix and N labels; return upright images, labels."""
     if image.ndim != 2 or image.shape[0] != SIZE * SIZE:
@@ -169,6 +192,7 @@ def preprocess_affnist(path: Path, output: Path, config: AffnistConfig | None = 
     cfg = config or AffnistConfig()
     path, output = Path(path), Path(output)
     files = find_mat_files(path)
+    refuse_other_set(files, cfg.split)
     root = path if path.is_dir() else path.parent
     parameters = {**asdict(cfg), "image_size": [SIZE, SIZE],
                   "orientation": "each 1600-column reshaped row-major (upright)",
