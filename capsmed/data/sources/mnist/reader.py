@@ -226,6 +226,12 @@ def load_mnist_splits(raw_dir: Path, dataset: str, val: float, seed: int
         raise CapsmedError(f"{files['train'][0]}: holds {len(train_labels):,} images and "
                            f"{files['t10k'][0].name} {len(test_labels):,}: the train and "
                            "t10k files swapped (the published train files hold 60,000)")
+    if train_images.shape == test_images.shape and np.array_equal(train_images, test_images):
+        # a copy of one file under the other's name: the test split would be the training
+        # images (unpacked files have no checksum to tell them by)
+        raise CapsmedError(f"{files['t10k'][0]}: holds the same images as "
+                           f"{files['train'][0].name}: the test split would be the training "
+                           "images")
     _refuse_other_datasets_labels(files, {"train": train_labels, "t10k": test_labels},
                                   dataset)
     train_idx, val_idx = split_train_val(len(train_labels), val, seed)
