@@ -39,9 +39,9 @@ from capsmed.evaluate.per_class import pooled_per_class
 from capsmed.evaluate.verdicts import WORDS, Verdict, summary, verdict
 from capsmed.io import write_text_atomic
 from capsmed.pipeline.checks import matches_selection, pooling_problem
-from capsmed.pipeline.execute import analysed_run_dirs, current_identity, remade_outputs
+from capsmed.pipeline.execute import analysed_run_dirs
 from capsmed.pipeline.spec import Pipeline, RunSpec
-from capsmed.pipeline.state import PipelineState, evaluation_current
+from capsmed.pipeline.state import PipelineState
 from capsmed.pipeline.study_claims import (
     claim_source,
     claims_html,
@@ -51,6 +51,7 @@ from capsmed.pipeline.study_claims import (
 )
 from capsmed.pipeline.study_curves import draw_table_curves
 from capsmed.pipeline.study_routing import routing_tables
+from capsmed.pipeline.study_runs import any_evaluated, current_dirs, evaluated, warn_unread
 from capsmed.tables import Column, Table, render, text_column
 from capsmed.tables.text import md_escape
 
@@ -59,49 +60,6 @@ log = logging.getLogger(__name__)
 
 def _number(value: float | None, scale: float, digits: int) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
-
-
-def _current_dirs(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
-                  ) -> list[tuple[RunSpec, Path]]:
-    """The folder of each run that has an identity now (its data made and current) and
-    holds its finished training: not interrupted, its weights the ones training
-    recorded, its transfer source not trained again since (what ``capsmed run status``
-    counts as trained; any other folder trains again, and its old files are not this
-    pipeline's results)."""
-    from capsmed.train.run_config import training_unfinished
-
-    remade = remade_outputs(pipeline, state)
-    return [(r, run_dir) for r in runs
-            if (run_id := current_identity(r, remade)) is not None
-            and training_unfinished(run_dir := state.run_dir(r, run_id)) is None
-            and not state.damaged(run_dir) and not state.stale_transfer(r, run_dir)]
-
-
-def _evaluation_current(run: RunSpec, run_dir: Path, evaluation: str) -> bool:
-    """The run's evaluation ``evaluation`` is there as the pipeline now asks for it (its
-    split, data, Agr, the weights kept): a report left by an earlier version of the
-    file (another split) is not read, as ``capsmed run`` evaluates it again."""
-    chosen = [e for e in run.evaluations if e.name == evaluation]
-    return bool(chosen) and evaluation_current(run_dir, chosen[0])
-
-
-def _evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec],
-               evaluation: str) -> list[tuple[RunSpec, EvaluatedRun]]:
-    return [(run, state.index().evaluated(run_dir, evaluation))  # the study index
-            for run, run_dir in _current_dirs(pipeline, state, runs)
-            if (run_dir / evaluation / "report.json").is_file()
-            and _evaluation_current(run, run_dir, evaluation)]
-
-
-def _warn_unread(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]) -> None:
-    """Say once how many run folders hold reports the study does not read."""
-    old = sum(1 for run, run_dir in _current_dirs(pipeline, state, runs)
-              if any((run_dir / e.name / "report.json").is_file()
-                     and not evaluation_current(run_dir, e) for e in run.evaluations))
-    if old:
-        log.warning("%s: %d run folder(s) hold an evaluation that is not the one the "
-                    "pipeline now asks for (another split, data or checkpoint); not read "
-                    "(capsmed run evaluates them again)", pipeline.path, old)
 
 
 def _paper(spec: Mapping[str, Any], row: str, column: str | None = None) -> Any:
@@ -140,7 +98,7 @@ def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineSta
     of an earlier version of the pipeline is not this pipeline's result."""
     if spec.get("file"):
         out, stale = [], 0
-        for run, run_dir in _current_dirs(pipeline, state, runs):
+        for run, run_dir in current_dirs(pipeline, state, runs):
             path = run_dir / str(spec["file"])
             if str(spec["file"]).startswith("analysis/") and analysed is not None \
                     and str(run_dir) not in analysed:
@@ -156,7 +114,7 @@ def table_values(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineSta
         return out
     metric = spec.get("metric", default_metric)
     return [(r, e.metrics[metric]) for r, e in
-            _evaluated(pipeline, state, runs, spec.get("evaluation", "report"))
+            evaluated(pipeline, state, runs, spec.get("evaluation", "report"))
             if metric in e.metrics]
 
 
@@ -273,14 +231,14 @@ def study_tables(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpe
         chosen = [r for r in runs if matches_selection(spec.get("where") or {}, r.fields)]
         kind = spec.get("kind", "metric")
         found: Sequence[Any] = (
-            _evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
+            evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
             if kind == "per_class" else
             table_values(spec, pipeline, state, chosen, default_metric, analysed))
         if not found:
             tables.append(Table(spec["title"], [], [],
                                 notes=[_why_empty(spec, pipeline, state, chosen)]))
             continue
-        reports = (_evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
+        reports = (evaluated(pipeline, state, chosen, spec.get("evaluation", "report"))
                    if kind == "metric" and not spec.get("file") else [])
         table, numbers = (per_class_table(spec, found) if kind == "per_class"
                           else metric_table(spec, found, reports))
@@ -305,9 +263,9 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
     out_dir = state.out / "report"
     for old in out_dir.glob("curve_*.png"):  # a table no longer drawn leaves none behind
         old.unlink()
-    _warn_unread(pipeline, state, runs)
+    warn_unread(pipeline, state, runs)
     tables, data = study_tables(pipeline, state, runs, out_dir)
-    if not data and not _any_evaluated(pipeline, state, runs):
+    if not data and not any_evaluated(pipeline, state, runs):
         # nothing of this pipeline to show: an older study.md must not pass for its report
         for stale in ("study.md", "study.json", "study.html"):
             (out_dir / stale).unlink(missing_ok=True)
@@ -316,7 +274,7 @@ def write_study_report(pipeline: Pipeline, state: PipelineState, runs: Sequence[
                     pipeline.path)
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
-    done = _evaluated(pipeline, state, runs, "report")
+    done = evaluated(pipeline, state, runs, "report")
     if done:
         _aggregate(state, [e for _, e in done], out_dir / "aggregate",
                    pipeline.report.get("metric", "macro_f1"))
@@ -360,7 +318,7 @@ def _study_parts(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpe
     claims = judge_study_claims(pipeline.claims, runs, lambda claim, chosen: table_values(
         claim_source(claim), pipeline, state, chosen, claim.metric, analysed))
     routing, routing_data = routing_tables(
-        [(r.label, d) for r, d in _current_dirs(pipeline, state, runs)], analysed)
+        [(r.label, d) for r, d in current_dirs(pipeline, state, runs)], analysed)
     return StudyParts(tables, data, claims, routing, routing_data)
 
 
@@ -416,21 +374,15 @@ def study_page(pipeline: Pipeline, parts: StudyParts, done: Sequence[EvaluatedRu
         f'<ul class="runs">{"".join(links)}</ul>'], "capsmed run")
 
 
-def _any_evaluated(pipeline: Pipeline, state: PipelineState, runs: Sequence[RunSpec]
-                   ) -> bool:
-    return any(evaluation_current(run_dir, e)
-               for run, run_dir in _current_dirs(pipeline, state, runs) for e in run.evaluations)
-
-
 def _why_empty(spec: Mapping[str, Any], pipeline: Pipeline, state: PipelineState,
                runs: Sequence[RunSpec]) -> str:
     """The line an empty table shows: no finished run, or finished runs without it."""
     if spec.get("file") or spec.get("kind", "metric") == "per_class":
         return "no finished run yet"
-    evaluated = _evaluated(pipeline, state, runs, spec.get("evaluation", "report"))
+    found = evaluated(pipeline, state, runs, spec.get("evaluation", "report"))
     metric = spec.get("metric", pipeline.report.get("metric", "macro_f1"))
-    return (f"none of the {len(evaluated)} finished runs has {metric} in its report"
-            if evaluated else "no finished run yet")
+    return (f"none of the {len(found)} finished runs has {metric} in its report"
+            if found else "no finished run yet")
 
 
 def _aggregate(state: PipelineState, runs: Sequence[EvaluatedRun], out: Path,
