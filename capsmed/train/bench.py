@@ -134,6 +134,13 @@ def bench_train(arch: str, *, batch_size: int = 128, device: str = "auto", steps
         raise CapsmedError("--compile needs --warmup 1 or more: the first step compiles "
                            "the model, and its seconds would count as training time")
     dev = select_device(device)
+    # even without --compile (--cuda-graph raises the warm-up past its capture below)
+    if dev.type == "cuda" and warmup < 1 and not cuda_graph:
+        raise CapsmedError("--warmup 0 on a GPU: the first step compiles the capsule "
+                           "routing (capsmed compiles it on CUDA unless "
+                           "CAPSMED_COMPILE_ROUTING=0) and loads the GPU's kernels, and "
+                           "its seconds would count as training time; give --warmup 1 or "
+                           "more")
     mode = precision_mode(precision, dev)
     if cuda_graph and (dev.type != "cuda" or mode == "fp16"):
         raise CapsmedError("--cuda-graph needs a CUDA device" if dev.type != "cuda" else
