@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -101,8 +102,15 @@ def _tree_rss_kib(root: int) -> int:
 
 
 def measure(name: str, raw: Path, out: Path, workers: int, profile: bool) -> dict:
-    """Preprocess ``raw`` in a fresh process; wall time, CPU time and peak memory."""
+    """Preprocess ``raw`` in a fresh process; wall time, CPU time and peak memory.
+
+    An earlier run of this benchmark stopped mid-way (Ctrl-C) leaves its finished
+    results beside ``out`` (:class:`capsmed.data.resume.ResultCache`), which capsmed
+    reuses: they are removed first, so every image is preprocessed in the time taken.
+    """
     out.unlink(missing_ok=True)
+    for cache in out.parent.glob(f".{out.name}.cache-*"):
+        shutil.rmtree(cache)
     load = os.getloadavg()[0]
     start = time.perf_counter()
     one_core = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"} \
