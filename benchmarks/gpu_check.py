@@ -274,31 +274,34 @@ def part_speed(report: Report, dev: torch.device, quick: bool, archs: list[str],
     rows, best, references = [], {}, []
     dynamic = torch._dynamo.config.automatic_dynamic_shapes
     torch._dynamo.config.automatic_dynamic_shapes = False
-    for arch, mode, bs in plan:
-        if arch == "reference":  # the textbook yardstick, right after capsnet's cells
-            if ("capsnet", bs) in best and time.monotonic() <= deadline:
-                references.append(reference_ratio(report, dev, quick, bs, best))
-            continue
-        if time.monotonic() > deadline:
-            cell = {"skipped": "time budget (--budget-s)"}
-        else:
-            cell = bench_cell(arch, mode, bs, dev, quick)
-        report.record("speed", arch=arch, mode=mode, batch_size=bs, **cell)
-        order = (archs.index(arch), MODES.index(mode), bs)
-        if "skipped" in cell:
-            rows.append((order, [arch, mode, bs, "-", "-", "-", cell["skipped"]]))
-            continue
-        best[(arch, bs)] = max(best.get((arch, bs), 0.0), cell["train_images_per_s"])
-        rows.append((order, [arch, mode, bs, f"{cell['train_images_per_s']:,.0f}",
-                             f"{cell['eval_images_per_s']:,.0f}",
-                             f"{cell['peak_memory_mib']:,.0f}", ""]))
-    torch._dynamo.config.automatic_dynamic_shapes = dynamic
+    try:  # restored even when a cell crashes the part: later parts run after it
+        for arch, mode, bs in plan:
+            if arch == "reference":  # the textbook yardstick, right after capsnet's cells
+                if ("capsnet", bs) in best and time.monotonic() <= deadline:
+                    references.append(reference_ratio(report, dev, quick, bs, best))
+                continue
+            if time.monotonic() > deadline:
+                cell = {"skipped": "time budget (--budget-s)"}
+            else:
+                cell = bench_cell(arch, mode, bs, dev, quick)
+            report.record("speed", arch=arch, mode=mode, batch_size=bs, **cell)
+            order = (archs.index(arch), MODES.index(mode), bs)
+            if "skipped" in cell:
+                rows.append((order, [arch, mode, bs, "-", "-", "-", cell["skipped"]]))
+                continue
+            best[(arch, bs)] = max(best.get((arch, bs), 0.0), cell["train_images_per_s"])
+            rows.append((order, [arch, mode, bs, f"{cell['train_images_per_s']:,.0f}",
+                                 f"{cell['eval_images_per_s']:,.0f}",
+                                 f"{cell['peak_memory_mib']:,.0f}", ""]))
+    finally:
+        torch._dynamo.config.automatic_dynamic_shapes = dynamic
     report.section("Training throughput (capsmed bench train)",
                    ["arch", "mode", "batch", "train img/s", "eval img/s", "peak MiB", "note"],
                    [row for _, row in sorted(rows, key=lambda r: r[0])],
-                   note="Paper input sizes; random uint8 images held on the device; fp32 is "
-                   "IEEE fp32 (TF32 off); "
-                   f"{TRAIN_STEPS} timed steps after warm-up; peak = "
+                   note=("Toy widths and sizes (--quick)" if quick else "Paper input sizes")
+                   + "; random uint8 images held on the device; fp32 is IEEE fp32 (TF32 "
+                   "off); "
+                   f"{2 if quick else TRAIN_STEPS} timed steps after warm-up; peak = "
                    + ("max_memory_allocated." if dev.type == "cuda" else "process RSS.")
                    + " Cells are timed breadth first (every architecture's first batch "
                    "before any second one), so a time budget skips the larger batches.")

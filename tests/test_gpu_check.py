@@ -137,3 +137,33 @@ def test_routing_compile_switch(monkeypatch, value, enabled):
     else:
         monkeypatch.setenv("CAPSMED_COMPILE_ROUTING", value)
     assert routing_compile_enabled() is enabled
+
+
+def test_a_crashed_speed_part_restores_dynamic_shapes_for_the_later_parts(tmp_path,
+                                                                          monkeypatch):
+    """The speed part turns dynamo's automatic dynamic shapes off; a cell that raised
+    (not out of memory) left it off for the memory and concurrent parts after it."""
+    import torch
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("a cell failed")
+
+    monkeypatch.setattr(gpu_check, "bench_cell", crash)
+    assert torch._dynamo.config.automatic_dynamic_shapes is True  # dynamo's default
+    try:
+        assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                               "--parts", "speed", "--archs", "lenet"]) == 1
+        assert any(r["name"] == "crashed" for r in _records(tmp_path))
+        assert torch._dynamo.config.automatic_dynamic_shapes is True
+    finally:
+        torch._dynamo.config.automatic_dynamic_shapes = True
+
+
+def test_the_speed_table_says_the_steps_and_sizes_it_timed(tmp_path):
+    """--quick times 2 steps at toy sizes; the table's note said 20 timed steps at the
+    paper's input sizes."""
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                           "--parts", "speed", "--archs", "lenet"]) == 0
+    note = " ".join((tmp_path / "gpu_check.md").read_text().split())
+    assert "Toy widths and sizes (--quick);" in note and "; 2 timed steps after" in note
+    assert "Paper input sizes" not in note and "20 timed steps" not in note
