@@ -293,6 +293,10 @@ def main(argv: list[str] | None = None) -> dict:
     if bad:
         parser.error(f"--mode {bad[0]}: give ARCH=MODE, ARCH one of {', '.join(ARCHS)}, "
                      f"MODE one of {', '.join(MODES)}")
+    absent = [f"{a}={m}" for a, _, m in pairs if a not in args.archs]
+    if absent:  # it trained nothing, yet the record listed it among the modes
+        parser.error(f"--mode {absent[0]}: {absent[0].partition('=')[0]} is not among "
+                     f"--archs ({' '.join(args.archs)})")
     args.mode = {}
     for a, _, m in pairs:  # an architecture may be given several modes
         if m not in args.mode.setdefault(a, []):

@@ -46,6 +46,13 @@ def test_a_bad_mode_is_refused_before_anything_runs(tmp_path, capsys):
         study_throughput.main(["--workdir", str(tmp_path), "--toy", "--epochs", "1"])
     assert "--epochs must be 2 or more, got 1" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+    # a mode of an architecture not trained: listed among the modes, measured never
+    with pytest.raises(SystemExit):
+        study_throughput.main(["--workdir", str(tmp_path), "--toy", "--archs", "lenet",
+                               "--mode", "capsnet=compile"])
+    assert "--mode capsnet=compile: capsnet is not among --archs (lenet)" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
 
 
 def test_runs_sharing_the_gpu_run_each_architecture_alone(tmp_path):
