@@ -97,6 +97,16 @@ def test_a_spec_giving_a_transform_twice_is_refused(spec):
         get_recipe(spec)
 
 
+@pytest.mark.parametrize("spec", [",", "rotation=0", "translation=0,hed=0"])
+def test_a_spec_that_turns_no_transform_on_is_refused(spec):
+    """--augment-spec ',' or 'rotation=0' trained on plain images while config.yaml and
+    the reports' protocol said 'augment'."""
+    with pytest.raises(CapsmedError, match="turns no transform on"):
+        get_recipe(spec)
+    with pytest.raises(CapsmedError, match="turns no transform on"):
+        TrainConfig(data="x.h5", arch="lenet", augment_recipe=spec)
+
+
 def test_train_with_augmentation_through_the_cli(tiny_h5, tmp_path):
     run = tmp_path / "aug"
     result = CliRunner().invoke(app, ["-q", "train", "--data", str(tiny_h5), "--arch",

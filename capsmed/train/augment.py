@@ -90,6 +90,10 @@ def get_recipe(name: str) -> AugmentSpec:
             or not 0 <= spec.hed < 1:  # NaN too
         raise CapsmedError(f"augmentation spec '{name}': rotation >= 0 degrees, "
                            "translation in [0, 1) of the image side, hed in [0, 1)")
+    if spec == AugmentSpec():  # ',' or 'rotation=0': recorded as augmented, trained plain
+        raise CapsmedError(f"augmentation spec '{name}' turns no transform on; give "
+                           "one (rotation=DEG, translation=SHARE, hflip, vflip, "
+                           "hed=STRENGTH) or train without --augment")
     return spec
 
 
