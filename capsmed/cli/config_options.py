@@ -37,6 +37,8 @@ class Extra:
             (``imbalance``: a ``CLASS=PCT,...`` string).
         parse: Turns that value into the field's value.
         meaning: What a None default means, shown in brackets (``[the domain's]``).
+        metavar: The value's name in ``--help`` when the cli_type's would mislead
+            (``<int|none>`` for a number typed as text).
     """
 
     help: str | None = None
@@ -44,6 +46,7 @@ class Extra:
     cli_type: Any = None
     parse: Callable[[Any], Any] | None = None
     meaning: str | None = None
+    metavar: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,8 @@ def config_options(config: type, *, skip: tuple[str, ...] = (),
         else:
             shown = show_value(default) if default not in (None, {}, [], ()) else meaning
         help_text = f"{text} [{shown}]." if shown is not None else f"{text}."
-        option = typer.Option(None, *decls, help=help_text, show_default=False)
+        option = typer.Option(None, *decls, help=help_text, show_default=False,
+                              **({"metavar": extra.metavar} if extra.metavar else {}))
         out.append(ConfigOption(f.name, inspect.Parameter(
             f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind),
             extra.parse))

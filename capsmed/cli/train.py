@@ -19,6 +19,19 @@ from capsmed.data.challenges import parse_imbalance
 from capsmed.errors import CapsmedError, shell_quoted
 from capsmed.train.config import TrainConfig
 
+
+def parse_patience(text: str) -> int | None:
+    """``--patience 20`` -> 20; ``--patience none`` -> None, which never stops early (an
+    int option could not say what its help promised; only a YAML could)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise CapsmedError(f"--patience must be a number of epochs or none, got "
+                           f"'{text}'") from None
+
+
 # What the command line says of a field beyond the dataclass.
 EXTRAS = {
     "data": Extra(help="Dataset .h5 (from capsmed preprocess)", cli_type=Path, parse=str),
@@ -31,6 +44,9 @@ EXTRAS = {
                        "class to 20)", cli_type=str, parse=parse_imbalance),
     "augment_recipe": Extra(decls=("--augment-spec",)),
     "channels_last": Extra(meaning="on CUDA"),
+    "patience": Extra(help="Stop when validation loss has not improved for this many "
+                      "epochs (paper 000: 20); none never stops early", cli_type=str,
+                      parse=parse_patience, metavar="<int|none>"),
     "transfer_layers": Extra(help="Parameter-name prefixes copied from --transfer-from, "
                              "comma-separated (e.g. conv1,primary)", cli_type=str,
                              parse=lambda text: [p.strip() for p in text.split(",")

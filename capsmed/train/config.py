@@ -234,6 +234,8 @@ def read_options_yaml(path: Path) -> dict[str, Any]:
         values = read_yaml(Path(path)) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise CapsmedError(f"{path}: cannot read YAML config ({exc})") from exc
+    except UnicodeDecodeError:  # a dataset .h5 or a checkpoint given by mistake
+        raise CapsmedError(f"{path}: not a YAML config (not UTF-8 text)") from None
     if not isinstance(values, dict):
         raise CapsmedError(f"{path}: expected a mapping of training options")
     TrainConfig.check_keys(values, str(path))
