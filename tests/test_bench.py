@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from capsmed.cli import app
-from tests.helpers import TINY_CAPSNET
+from tests.helpers import TINY_CAPSNET, assert_clean_failure
 
 
 def test_bench_train_appends_a_result_per_architecture(tmp_path):
@@ -196,3 +196,31 @@ def test_a_later_architecture_in_one_cpu_command_records_no_peak_of_its_own(tmp_
     first, second = (json.loads(line) for line in results.read_text().splitlines())
     assert first["peak_memory_mib"] > 0 and second["peak_memory_mib"] is None
     assert "the first --arch's only" in " ".join(result.output.split())
+
+
+def test_results_that_are_not_a_json_lines_file_are_refused_before_measuring(tmp_path):
+    """--results given a dataset .h5 appended a JSON line to the HDF5 file (its digest
+    changed under the runs that point to it) and exited 0."""
+    results = tmp_path / "shapes.h5"
+    content = b"\x89HDF\r\n\x1a\n" + bytes(range(256))
+    results.write_bytes(content)
+    result = CliRunner().invoke(app, ["-q", "bench", "train", "--arch", "lenet", "--steps",
+                                      "1", "--warmup", "0", "--device", "cpu",
+                                      "--results", str(results)])
+    assert_clean_failure(result, f"{results}: not a JSON-lines results file")
+    assert results.read_bytes() == content
+
+
+def test_no_warm_up_on_a_gpu_is_refused_before_anything_runs_there(monkeypatch):
+    """--warmup 0 was refused only with --compile; on CUDA capsmed compiles the capsule
+    routing anyway (and loads the kernels) in the first step, whose seconds were then
+    timed as training: a capsnet's images/s far below its real rate, exit 0."""
+    import pytest
+    import torch
+
+    from capsmed.errors import CapsmedError
+    from capsmed.train import bench
+
+    monkeypatch.setattr(bench, "select_device", lambda name: torch.device("cuda"))
+    with pytest.raises(CapsmedError, match="--warmup 0 on a GPU: the first step compiles"):
+        bench.bench_train("capsnet", batch_size=2, device="cuda", steps=1, warmup=0)

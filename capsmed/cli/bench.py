@@ -31,6 +31,21 @@ RESULTS_HELP = ("JSON-lines file the results are appended to [the user's data fo
 app = typer.Typer(help="Measure training and evaluation throughput.", no_args_is_help=True)
 
 
+def _check_results_file(path: Path) -> None:
+    """Refuse an existing ``--results`` that is not a JSON-lines file (a dataset .h5 or
+    a CSV given by mistake got a JSON line appended to it) before measuring anything.
+    Its first line must open a JSON object; it may be cut short (a killed writer)."""
+    from capsmed.errors import CapsmedError
+
+    if not path.is_file():
+        return  # created on the first result; a folder: append_line says why not
+    with path.open("rb") as fh:
+        head = fh.read(64).lstrip()
+    if head and not head.startswith(b"{"):
+        raise CapsmedError(f"{path}: not a JSON-lines results file (its first line is not "
+                           "a JSON object); choose another --results")
+
+
 @app.command("train")
 @handles_errors
 def train(
@@ -67,6 +82,7 @@ def train(
                    *map(Column, ("train img/s", "step ms", "eval img/s", "peak MiB"))], [])
     kwargs = parse_key_values(model_arg, "--model-arg")
     results = results or DEFAULT_RESULTS
+    _check_results_file(results)
     measured = []
     for name in arch:
         r = bench_train(name, batch_size=batch_size, device=device, steps=steps,
