@@ -178,3 +178,17 @@ def test_the_table_names_no_top_class_when_no_window_was_scored(tmp_path):
     rows = summary_table(done).rows
     assert [row[3] for row in rows] == ["-", "-", "-"]
     assert rows[-1][:2] == ["all inputs", "0"]
+
+
+def test_a_run_folder_given_as_input_is_refused(tmp_path):
+    """``capsmed predict RUN RUN -o OUT`` predicted the run's curves.png and report
+    figures as images and exited 0."""
+    run = tmp_path / "run"
+    for name in ("config.yaml", "checkpoint.json", "curves.png",
+                 "report/confusion_matrix.png"):
+        touch(run / name)
+    with pytest.raises(CapsmedError, match=f"{run}: is a training run folder, not a folder "
+                       "of images"):
+        gather_inputs([run], slides=False)
+    (run / "checkpoint.json").unlink()  # a folder of images that holds a config.yaml
+    assert len(gather_inputs([run], slides=False)) == 2

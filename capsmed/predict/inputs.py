@@ -47,6 +47,11 @@ def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
     found: list[Path] = []
     for item in map(Path, given):
         if item.is_dir():
+            if (item / "config.yaml").is_file() and (item / "checkpoint.json").is_file():
+                # its curves and report figures would be predicted as images, exit 0
+                raise CapsmedError(f"{item}: is a training run folder, not a folder of "
+                                   "images (the run to apply comes first: capsmed predict "
+                                   "RUN_DIR INPUT... -o OUT)")
             others: list[Path] = []
             files = FolderWalk().files(item, suffixes, others=others)
             if not files:
