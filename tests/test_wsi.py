@@ -379,8 +379,8 @@ def test_slide_labels_split_by_slide_and_workers_give_identical_files(tmp_path):
 
 
 def test_split_files_assign_slides_and_must_name_known_slides(tmp_path):
-    for name in ("p", "q", "r"):
-        _slide(tmp_path / f"{name}.svs", size=768)
+    for seed, name in enumerate(("p", "q", "r")):  # three slides, not one copied
+        _slide(tmp_path / f"{name}.svs", size=768, seed=seed)
     csv = str(_labels_csv(tmp_path / "l.csv", ["p,x", "q,y", "r,x"]))
     train = _labels_csv(tmp_path / "train.txt", ["p", "# a comment", "r"])
     test = _labels_csv(tmp_path / "test.txt", ["q"])
@@ -514,3 +514,42 @@ def test_tiles_that_fit_the_slide_exactly_are_all_kept():
     assert len(edges) == 10 and edges[-1] + res.footprint(64) <= 896 + 1e-6
     assert len(grid_edges(89, res, _cfg(slide_labels_csv="x", tile_size=64))) == 0
 
+
+
+def test_qupath_0_2_cells_and_detections_named_by_feature_id_are_not_annotations(tmp_path):
+    """QuPath before 0.3 wrote no objectType; the feature's id said what an object was.
+    Its classified cells and detections were read as annotations and, being the
+    smallest polygons, labelled the tiles under them."""
+    def legacy(kind, rect, name):
+        return {"type": "Feature", "id": kind, "geometry": {"type": "Polygon",
+                                                            "coordinates": [_rect(*rect)]},
+                "properties": {"classification": {"name": name, "colorRGB": -1},
+                               "isLocked": False, "measurements": []}}
+
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps([
+        legacy("PathAnnotationObject", (0, 0, 500, 500), "Tumor"),
+        legacy("PathCellObject", (10, 10, 20, 20), "Lymphocyte"),
+        legacy("PathDetectionObject", (30, 30, 40, 40), "Stroma"),
+        {**legacy("PathAnnotationObject", (0, 0, 9, 9), "Necrosis"),
+         "id": "6f1c2d2e-0000-4000-8000-000000000000"}]))  # 0.3+: a UUID, objectType absent
+    assert [p.label for p in ann.read_geojson(path)] == ["Tumor", "Necrosis"]
+
+
+@pytest.mark.parametrize("suffix", [".svs", ".png"])
+def test_one_slide_given_twice_under_two_names_is_refused(tmp_path, suffix):
+    """A copied slide (or two files of one DICOM series) became two slides, its tiles
+    written twice and, split by slide, in train and test."""
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    if suffix == ".svs":
+        _slide(folder / "a.svs", size=768)
+    else:
+        cv2.imwrite(str(folder / "a.png"), _image((BLOCK_A,), size=768)[..., ::-1])
+    _slide(folder / "b.svs", size=768, seed=1)
+    (folder / f"a_rescan{suffix}").write_bytes((folder / f"a{suffix}").read_bytes())
+    csv = str(_labels_csv(tmp_path / "l.csv", ["a,x", "a_rescan,x", "b,y"]))
+    cfg = _cfg(slide_labels_csv=csv, fractions={"train": 0.5, "test": 0.5})
+    with pytest.raises(CapsmedError, match=rf"a_rescan{suffix}: the same slide as .*a{suffix}"):
+        preprocess_wsi([folder], tmp_path / "c.h5", cfg)
+    assert not (tmp_path / "c.h5").exists()

@@ -65,8 +65,8 @@ def test_a_slide_smaller_than_a_tile_is_called_too_small(tmp_path, caplog):
 
 def test_a_split_without_some_class_is_warned_about(tmp_path, caplog):
     """Issue 12 item 26: WSI splits missing a class gave no warning (folder sets did)."""
-    for name in ("p", "q", "r"):
-        _slide(tmp_path / f"{name}.svs", size=768)
+    for seed, name in enumerate(("p", "q", "r")):  # three slides, not one copied
+        _slide(tmp_path / f"{name}.svs", size=768, seed=seed)
     csv = _labels_csv(tmp_path / "l.csv", ["p,x", "q,x", "r,y"])
     train = _labels_csv(tmp_path / "train.txt", ["p", "r"])
     test = _labels_csv(tmp_path / "test.txt", ["q"])

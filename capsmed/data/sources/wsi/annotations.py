@@ -173,12 +173,23 @@ def _polygons(geometry: Any, path: Path, where: str) -> list[tuple[np.ndarray, l
     return [(_ring(p[0], path, where), [_ring(h, path, where) for h in p[1:]]) for p in polys]
 
 
+def _legacy_kind(feature: dict) -> str:
+    """Object type of a feature without ``objectType``: QuPath before 0.3 wrote it as the
+    feature's ``id`` (``PathAnnotationObject``, ``PathDetectionObject``, ``PathCellObject``
+    ...), so its cells and detections are not read as annotations; else ``annotation``."""
+    ident = feature.get("id")
+    if isinstance(ident, str) and ident.startswith("Path") and ident.endswith("Object"):
+        return ident
+    return "annotation"
+
+
 def read_geojson(path: Path) -> list[Polygon]:
     """Read the classified polygon annotations of a QuPath-style GeoJSON export.
 
     Accepts a ``FeatureCollection``, a single ``Feature`` or a plain JSON array of
     features (QuPath's export without ``FEATURE_COLLECTION``). Only features whose
-    ``properties.objectType`` is ``annotation`` (or absent) with an area geometry
+    ``properties.objectType`` is ``annotation`` (or absent; QuPath 0.2's feature ``id``
+    ``PathDetectionObject``, ``PathCellObject`` ... marks others) with an area geometry
     (Polygon, MultiPolygon, GeometryCollection) and a classification are used;
     detections, cells, points, lines and unclassified annotations are skipped (logged).
     """
@@ -205,7 +216,7 @@ def read_geojson(path: Path) -> list[Polygon]:
         if not isinstance(feature, dict):
             raise CapsmedError(f"{path}: feature {i}: expected a JSON object")
         props = feature.get("properties") or {}
-        kind = props.get("objectType", props.get("object_type", "annotation"))
+        kind = props.get("objectType", props.get("object_type", _legacy_kind(feature)))
         if kind not in ("annotation", "PathAnnotationObject"):
             skipped["not an annotation"] += 1
             continue

@@ -233,6 +233,22 @@ def _check_one_scale(resolutions: dict[str, Resolution], by_id: dict[str, SlideI
                            "one resolution")
 
 
+def _refuse_copies(infos: list[SlideInfo]) -> None:
+    """Refuse one slide given twice under two names (a copied file, or two files of one
+    DICOM series, which OpenSlide opens as the same slide): its tiles would be written
+    twice, as two slides, and could land in two splits. Slides are compared by
+    OpenSlide's quickhash, plain images (no quickhash) by their bytes."""
+    seen: dict[str, SlideInfo] = {}
+    for info in infos:
+        key = info.quickhash or file_digest(Path(info.path))
+        if key in seen:
+            raise CapsmedError(f"{info.path}: the same slide as {seen[key].path} (same "
+                               f"{'OpenSlide quickhash' if info.quickhash else 'content'}); "
+                               "its tiles would be written twice, as two slides that can "
+                               "land in two splits; give only one of them")
+        seen[key] = info
+
+
 def _assign_splits(slide_ids: list[str], cfg: WsiConfig) -> dict[str, str]:
     return assign_splits(slide_ids, cfg.split_files, cfg.fractions, cfg.seed, unit="slide")
 
@@ -265,6 +281,7 @@ def preprocess_wsi(slides: list[Path], output: Path, config: WsiConfig,
                                 {Path(i.path).name: s for s, i in by_id.items()})
     split_of = _assign_splits(sorted(by_id), cfg)
     ids = [s for s in sorted(by_id) if s in split_of]
+    _refuse_copies([by_id[s] for s in ids])
     _check_one_scale({s: resolutions[s] for s in ids}, by_id, cfg)
     jobs, too_small = [], set()
     for s in ids:
