@@ -604,3 +604,14 @@ def test_two_digit_analyses_refuse_second_labels_they_cannot_score(tmp_path, sec
     for analysis in ("routing", "multimnist"):
         result = runner.invoke(app, ["-q", "analyze", analysis, str(run)])
         assert_clean_failure(result, refusal, run / "analysis" / analysis)
+
+
+def test_transfer_layers_given_empty_is_refused_not_derived(tmp_path):
+    """--layers "" (a shell variable left empty) ran the derived layers, as if the option
+    had not been given; "," was refused already."""
+    for typed in ("", ","):
+        result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(tmp_path / "a.h5"),
+                                     "--b", str(tmp_path / "b.h5"), "-o", str(tmp_path / "t"),
+                                     "--arch", "lenet", "--layers", typed])
+        assert_clean_failure(result, "--layers is empty")
+    assert not (tmp_path / "t").exists()

@@ -77,6 +77,17 @@ def test_train_on_a_file_that_is_not_hdf5(tmp_path):
     assert "not an HDF5 file" in result.stderr
 
 
+def test_train_config_that_is_a_binary_file(tmp_path):
+    """--config given the dataset .h5 instead of a YAML failed with a UnicodeDecodeError
+    traceback (the YAML reader caught only OS and YAML errors)."""
+    fake = tmp_path / "shapes.h5"
+    fake.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)))
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["-q", "train", "--config", str(fake), "--data", str(fake),
+                                 "--arch", "lenet", "--out", str(run)])
+    assert_clean_failure(result, f"{fake}: not a YAML config (not UTF-8 text)", run)
+
+
 def test_train_unknown_arch_and_evaluate_missing_run(tiny_h5, tmp_path):
     run = tmp_path / "run"
     result = runner.invoke(app, ["train", "--data", str(tiny_h5), "--arch", "alexnet",

@@ -242,7 +242,10 @@ def test_evaluate_refuses_to_replace_a_folder_that_is_not_a_report(cut_run, tmp_
 
 
 @pytest.mark.parametrize("source, option", [("tupac16", "--h-max"),
-                                            ("diaretdb1", "--clip-limit")])
+                                            ("diaretdb1", "--clip-limit"),
+                                            # these three failed with a traceback
+                                            ("mnist", "--val"), ("multimnist", "--val"),
+                                            ("wsi", "--mask-downsample")])
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_a_number_option_given_nan_or_inf_is_refused(tmp_path, source, option, value):
     """NaN passed the '<= 0' checks: --h-max nan made every hematoxylin patch NaN cast
@@ -257,6 +260,79 @@ def test_a_number_option_given_nan_or_inf_is_refused(tmp_path, source, option, v
     assert f"{name} must be" in result.stderr and not out.exists()
     with pytest.raises(CapsmedError, match="h_max must be a number > 0"):
         WsiConfig(slide_labels_csv="labels.csv", h_max=float(value))
+
+
+@pytest.mark.parametrize("source", ["folder", "tupac16", "wsi", "diaretdb1", "aml"])
+def test_a_negative_seed_is_refused_by_every_source(tmp_path, source):
+    """--seed -1 failed in NumPy's generator with a traceback (mnist and digits refused
+    it already)."""
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", source, str(tmp_path), "-o", str(out),
+                                 "--seed", "-1"])
+    assert_clean_failure(result, "seed must be >= 0, got -1", out)
+
+
+@pytest.mark.parametrize("source", ["folder", "medmnist"])
+def test_a_negative_synth_seed_is_refused(tmp_path, source):
+    """``synth folder|medmnist --seed -1`` failed in NumPy with a traceback (medmnist
+    after creating the folder); the other synthesizers refused it already."""
+    out = tmp_path / "raw"
+    result = runner.invoke(app, ["-q", "synth", source, str(out), "--seed", "-1"])
+    assert_clean_failure(result, f"{out}: seed must be >= 0, got -1")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--labels-csv", "p.csv", "--h-max", "0.5"], "h_max applies to --stain hematoxylin"),
+    (["--slide-labels", "s.csv", "--unlabelled", "drop"], "with --slide-labels every tile"),
+    (["--slide-labels", "s.csv", "--background-class", "glass"],
+     "with --slide-labels every tile"),
+    (["--labels-csv", "p.csv", "--unlabelled", "drop", "--background-class", "glass"],
+     "background_class has no effect with --unlabelled drop")])
+def test_a_wsi_option_that_would_change_nothing_is_refused(tmp_path, args, text):
+    """--h-max of RGB tiles, --unlabelled/--background-class under slide labels (every
+    tile labelled) or a background class with --unlabelled drop were recorded in the
+    file as if they had been applied, without a word."""
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "wsi", str(tmp_path), "-o", str(out),
+                                 *args])
+    assert_clean_failure(result, text, out)
+
+
+@pytest.mark.parametrize("typed", ["", ",", " , "])
+def test_folder_classes_naming_no_folder_is_refused_not_read_as_all(tmp_path, typed):
+    """--classes "" (a shell variable left empty) or "," wrote every subfolder as a
+    class, as if the option had not been given."""
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "folder", str(tmp_path), "-o",
+                                 str(out), "--classes", typed])
+    assert_clean_failure(result, "classes names no class folder", out)
+
+
+def test_an_empty_folder_group_pattern_is_refused_not_read_as_none(tmp_path):
+    """--group-pattern "" split by image (one group each, patients across splits), as
+    if the option had not been given."""
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "folder", str(tmp_path), "-o",
+                                 str(out), "--group-pattern", ""])
+    assert_clean_failure(result, "group_pattern is empty", out)
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--jitter", "30"], "jitter moves the extra lesion-centred copies, and with "
+                         "lesion_patches_per_component 1 there are none"),
+    (["--jitter", "30", "--lesion-patches-per-component", "0"],
+     "lesion_patches_per_component 0 there are none"),
+    (["--split-file", "train=t.txt", "--split-file", "val=v.txt", "--val-fraction", "0.3"],
+     "val_fraction has no effect with a val split file")])
+def test_a_diaretdb1_option_that_would_change_nothing_is_refused(tmp_path, args, text):
+    """--jitter with one lesion-centred patch per component (the default) and
+    --val-fraction beside a val split file were recorded in the file (jitter_used) as
+    if applied, and changed nothing."""
+    out = tmp_path / "out.h5"
+    result = runner.invoke(app, ["-q", "preprocess", "diaretdb1", str(tmp_path), "-o",
+                                 str(out), *args])
+    assert_clean_failure(result, text, out)
 
 
 # ---- this session's refusals, through the command ------------------------------------

@@ -237,7 +237,10 @@ def test_cli_offline(tmp_path):
 
 def test_a_mirror_that_is_not_a_url_or_a_bad_timeout_is_refused_before_anything(tmp_path):
     for args, message in ((["--mirror", "notaurl"], "--mirror notaurl: not a URL"),
-                          (["--timeout", "0"], "--timeout must be > 0 seconds")):
+                          (["--timeout", "0"], "--timeout must be > 0 seconds"),
+                          # inf failed in the socket with a traceback
+                          (["--timeout", "inf"], "--timeout must be > 0 seconds"),
+                          (["--timeout", "nan"], "--timeout must be > 0 seconds")):
         result = runner.invoke(app, ["fetch", "mnist", str(tmp_path / "m"), *args])
         assert_clean_failure(result, message)
         assert not (tmp_path / "m").exists()

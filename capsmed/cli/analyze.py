@@ -219,7 +219,7 @@ def transfer(
         options["model_kwargs"] = model_kwargs
     cfg = TransferConfig(a=str(a), b=str(b), out=str(out), arch=arch,
                          layers=tuple(x for x in layers.split(",") if x.strip())
-                         if layers else None,
+                         if layers is not None else None,  # "": refused, not derived
                          base_a=str(base_a) if base_a else None,
                          base_b=str(base_b) if base_b else None, train_options=options)
     record, folder = run_transfer(cfg)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import logging
+import math
 import os
 import urllib.error
 import urllib.parse
@@ -177,8 +178,8 @@ def fetch_dataset(dataset: RemoteDataset, dest: Path, *, mirror: str | None = No
             "http", "https", "ftp", "file"):
         raise CapsmedError(f"--mirror {mirror}: not a URL (give a base URL such as "
                            "https://host/path/ or file:///folder/)")
-    if not timeout > 0:
-        raise CapsmedError(f"--timeout must be > 0 seconds, got {timeout}")
+    if not 0 < timeout < math.inf:  # inf: a traceback from the socket
+        raise CapsmedError(f"--timeout must be > 0 seconds (a finite number), got {timeout}")
     dest = Path(dest)
     made = not dest.exists()
     ensure_writable_dir(dest)

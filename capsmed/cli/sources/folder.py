@@ -94,7 +94,8 @@ def preprocess_folder(
     config = FolderConfig(**only_set(
         stain_norm=stain_norm,
         stain_target=stain_target,
-        classes=tuple(c.strip() for c in classes.split(",") if c.strip()) if classes else None,
+        classes=(tuple(c.strip() for c in classes.split(",") if c.strip())
+                 if classes is not None else None),  # "" names none: refused, not all
         channels=channels, size=size, keep_aspect=keep_aspect, scale16=scale16,
         group_pattern=group_pattern, groups_csv=str(groups_csv) if groups_csv else None,
         fractions=fractions, split_files=files, folds=folds, seed=seed, name=name,

@@ -64,6 +64,7 @@ class AffineConfig:
                                f"{self.sweep_step}")
         if self.max_samples is not None and self.max_samples < 1:
             raise CapsmedError(f"max samples must be >= 1, got {self.max_samples}")
+        _check_seed(self.seed)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,14 @@ class CompactnessConfig:
             raise CapsmedError("scale range must be positive and shear within [0, 90)")
         if self.batch_size < 1 or (self.max_samples is not None and self.max_samples < 1):
             raise CapsmedError("batch size and max samples must be >= 1")
+        _check_seed(self.seed)
+
+
+def _check_seed(seed: int) -> None:
+    """A negative seed failed in NumPy's generator with a traceback, after the model and
+    the data were loaded."""
+    if seed < 0:
+        raise CapsmedError(f"seed must be >= 0, got {seed}")
 
 
 def expand_factors(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -149,5 +158,6 @@ class ManifoldConfig:
     def __post_init__(self) -> None:
         if self.pairs < 1 or self.radius < 1 or self.step < 1 or self.batch_size < 1:
             raise CapsmedError("pairs, radius, step and batch size must be >= 1")
-        if self.perplexity is not None and self.perplexity <= 0:
+        if self.perplexity is not None and not self.perplexity > 0:  # NaN: sklearn's error
             raise CapsmedError(f"perplexity must be > 0, got {self.perplexity}")
+        _check_seed(self.seed)

@@ -38,6 +38,8 @@ class AmlConfig:
     chunk_size: int = 128
 
     def __post_init__(self) -> None:
+        if self.seed < 0:  # NumPy's generator failed on it with a traceback
+            raise CapsmedError(f"seed must be >= 0, got {self.seed}")
         if self.size < 4:
             raise CapsmedError(f"size must be >= 4, got {self.size}")
         if self.labels not in LABEL_MODES:

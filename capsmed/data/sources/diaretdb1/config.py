@@ -10,6 +10,7 @@ from capsmed.data.sources.common import DEFAULT_CLIP_LIMIT, DEFAULT_TILE_GRID
 from capsmed.errors import CapsmedError
 
 LESION_TYPES = ("hardexudates", "softexudates", "hemorrhages", "redsmalldots")
+DEFAULT_VAL_FRACTION = 0.15
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,15 @@ class Diaretdb1Config:
     balance: bool = True
     clip_limit: float = DEFAULT_CLIP_LIMIT
     tile_grid: tuple[int, int] = DEFAULT_TILE_GRID
-    val_fraction: float = 0.15
+    val_fraction: float = DEFAULT_VAL_FRACTION
     split_files: dict[str, str] | None = None
     seed: int = 0
     workers: int = 0
     allow_group_leak: bool = False
 
     def __post_init__(self) -> None:
+        if self.seed < 0:  # NumPy's generator failed on it with a traceback
+            raise CapsmedError(f"seed must be >= 0, got {self.seed}")
         if self.patch_size < 8 or self.output_size < 4 or self.stride < 1:
             raise CapsmedError("patch_size must be >= 8, output_size >= 4 and stride >= 1")
         if not 0.0 < self.confidence <= 1.0:
@@ -83,6 +86,16 @@ class Diaretdb1Config:
         if not 0 < self.clip_limit < math.inf or len(self.tile_grid) != 2 \
                 or min(self.tile_grid) < 1:
             raise CapsmedError("clip_limit must be > 0 and tile_grid two positive integers")
+        # options that would be recorded in the file but change nothing
+        if self.jitter is not None and self.lesion_patches_per_component < 2:
+            raise CapsmedError(f"jitter moves the extra lesion-centred copies, and with "
+                               f"lesion_patches_per_component "
+                               f"{self.lesion_patches_per_component} there are none; give "
+                               "--lesion-patches-per-component 2 or more, or drop --jitter")
+        if "val" in (self.split_files or {}) \
+                and self.val_fraction != DEFAULT_VAL_FRACTION:
+            raise CapsmedError("val_fraction has no effect with a val split file (the "
+                               "validation images are listed); drop one of them")
         object.__setattr__(self, "lesions", tuple(t for t in LESION_TYPES if t in self.lesions))
         object.__setattr__(self, "tile_grid", tuple(int(v) for v in self.tile_grid))
 

@@ -71,6 +71,11 @@ class FolderConfig:
     stain_target: str | None = None
 
     def __post_init__(self) -> None:
+        if self.seed < 0:  # NumPy's generator failed on it with a traceback
+            raise CapsmedError(f"seed must be >= 0, got {self.seed}")
+        if self.classes is not None and not self.classes:  # it read as every subfolder
+            raise CapsmedError("classes names no class folder; name them, or leave the "
+                               "option out for every subfolder")
         if self.channels not in (None, 1, 3):
             raise CapsmedError(f"channels must be 1 or 3, got {self.channels}")
         if self.size is not None and not 4 <= self.size <= 4096:
@@ -79,6 +84,9 @@ class FolderConfig:
             raise CapsmedError("keep_aspect needs a size to fit the images into")
         if self.scale16 not in ("full", "minmax"):
             raise CapsmedError(f"scale16 must be 'full' or 'minmax', got {self.scale16!r}")
+        if self.group_pattern == "":  # it read as no pattern: one group per image
+            raise CapsmedError("group_pattern is empty; give a regex with one capture "
+                               "group, or leave it out for one group per image")
         if self.group_pattern and self.groups_csv:
             raise CapsmedError("give either a group pattern or a groups CSV, not both")
         check_fractions(self.fractions)

@@ -88,6 +88,8 @@ def write_class_folders(out_dir: Path, *, classes: int = 3, images_per_class: in
         raise CapsmedError(f"{out_dir}: need 1-9999 images per class and 1-99 patients")
     if not 16 <= size <= 1024:
         raise CapsmedError(f"{out_dir}: size must be 16-1024, got {size}")
+    if seed < 0:  # NumPy's generator failed on it with a traceback
+        raise CapsmedError(f"{out_dir}: seed must be >= 0, got {seed}")
     names = SHAPES[:classes]
     rng = np.random.default_rng(seed)
     jobs = [(c, i, p) for c in range(classes)

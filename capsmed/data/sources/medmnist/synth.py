@@ -81,6 +81,8 @@ def write_medmnist(out_dir: Path, *, set_name: str = "bloodmnist", size: int = 2
     if any(not 1 <= c <= 100_000 for c in counts.values()):
         raise CapsmedError(f"{out_dir}: each split needs 1-100000 images, got "
                            + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    if seed < 0:  # NumPy's generator failed on it with a traceback, the folder made
+        raise CapsmedError(f"{out_dir}: seed must be >= 0, got {seed}")
     chosen = SETS[set_name]
     ensure_writable_dir(out_dir)
     path = out_dir / chosen.file_name(size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -12,7 +13,8 @@ PLACEMENTS = ("none", "center40", "random40")
 
 
 def _check_val(val: float) -> None:
-    if val < 0 or (val >= 1 and val != int(val)):
+    # not finite: NaN passed both comparisons and failed in the split with a traceback
+    if not 0 <= val < math.inf or (val >= 1 and val != int(val)):
         raise CapsmedError(f"val must be a count (>= 1) or a fraction in [0, 1), got {val}")
 
 

@@ -64,6 +64,8 @@ class Tupac16Config:
     stain_target: str | None = None
 
     def __post_init__(self) -> None:
+        if self.seed < 0:  # NumPy's generator failed on it with a traceback
+            raise CapsmedError(f"seed must be >= 0, got {self.seed}")
         if self.patch_size < 8 or self.output_size < 4:
             raise CapsmedError("patch_size must be >= 8 and output_size >= 4")
         if self.jitter < 0 or self.positives_per_mitosis < 1:

@@ -93,6 +93,8 @@ class WsiConfig:
     stain_target: str | None = None
 
     def __post_init__(self) -> None:
+        if self.seed < 0:  # NumPy's generator failed on it with a traceback
+            raise CapsmedError(f"seed must be >= 0, got {self.seed}")
         checks = [
             (self.level is not None and self.mpp is not None, "give --level or --mpp, not both"),
             (self.level is not None and self.level < 0, "level must be >= 0"),
@@ -101,7 +103,8 @@ class WsiConfig:
             (self.stride is not None and self.stride < 1, "stride must be >= 1"),
             (self.output_size is not None and self.output_size < 4, "output_size must be >= 4"),
             (not 0.0 <= self.min_tissue <= 1.0, "min_tissue must be within [0, 1]"),
-            (self.mask_downsample < 1, "mask_downsample must be >= 1"),
+            (not 1 <= self.mask_downsample < math.inf,  # NaN: a traceback; inf: no mask
+             f"mask_downsample must be a number >= 1, got {self.mask_downsample}"),
             (self.mask_blur < 1 or self.mask_blur % 2 == 0, "mask_blur must be odd and >= 1"),
             (not 0 <= self.min_saturation <= 255, "min_saturation must be within 0-255"),
             (self.min_object_area < 0 or self.max_hole_area < 0, "areas must be >= 0"),
@@ -118,6 +121,15 @@ class WsiConfig:
             (self.stain not in ("none", "hematoxylin"), "stain must be none or hematoxylin"),
             (not 0 < self.h_max < math.inf, f"h_max must be a number > 0, got {self.h_max}"),
             (self.tiles_per_job < 1, "tiles_per_job must be >= 1"),
+            # options that would be recorded in the file but change nothing (as min_overlap)
+            (self.h_max != DEFAULT_H_MAX and self.stain != "hematoxylin",
+             "h_max applies to --stain hematoxylin only"),
+            (self.slide_labels_csv is not None and (self.unlabelled != "background"
+                                                    or self.background_class != "background"),
+             "unlabelled and background_class apply to --labels-csv and --geojson; with "
+             "--slide-labels every tile takes its slide's label"),
+            (self.unlabelled == "drop" and self.background_class != "background",
+             "background_class has no effect with --unlabelled drop"),
         ]
         for bad, message in checks:
             if bad:
