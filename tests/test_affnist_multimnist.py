@@ -295,6 +295,8 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
     report = json.loads((run / "analysis" / "multimnist" / "multimnist.json").read_text())
     test = load_split(multi, "test", with_meta=True)
     assert report["samples"] == len(test)
+    # the file and weights scored, as the other analyses record them
+    assert report["data"] == str(multi) and report["checkpoint_epoch"] == 1
     assert report["two_digit_accuracy"] <= min(report["first_found"], report["second_found"])
     # capsmed evaluate's per-class table scores the first digit; it says so and gives
     # the two-digit accuracy beside it (it once reported first-digit accuracy unsaid)

@@ -65,7 +65,9 @@ def analyze_multimnist(run_dir: Path, device: str = "auto", data: Path | None = 
                               first_found=float(a.mean()), second_found=float(b.mean()),
                               per_class_found=per_class)
     out = analysis_dir(run.run_dir, "multimnist")
-    write_json(out / "multimnist.json", asdict(result))
+    # which file and weights were scored, as the other analyses record them
+    write_json(out / "multimnist.json", {**asdict(result), "data": str(run.data_path),
+                                         "checkpoint_epoch": run.meta.get("epoch")})
     write_csv(out / "multimnist.csv", ["class", "found"],
               [[name, v] for name, v in per_class.items()])
     return result, out
