@@ -710,3 +710,15 @@ def test_a_p_value_is_never_rounded_across_alpha_beside_its_mark():
     assert [row[-2:] for row in table.rows] == [["0.04996", "*"], ["0.3000", ""],
                                                 ["0.0500", ""]]
     assert table.csv_rows[0][11] == 0.04996  # the CSV keeps the number as computed
+
+
+def test_the_wilcoxon_note_counts_the_pairs_that_differ():
+    """scipy drops zero differences: 6 pairs with one tie test 5, which cannot reach
+    p < 0.05, and no note said so (it counted 6)."""
+    a = [0.90, 0.91, 0.92, 0.93, 0.94, 0.95]
+    b = [0.80, 0.82, 0.83, 0.85, 0.86, 0.95]  # the last pair ties
+    _, p, note = paired_p_value(a, b, "wilcoxon")
+    assert p == pytest.approx(stats.wilcoxon(np.subtract(a, b)[:5]).pvalue)
+    assert "with 5 non-zero differences (of 6 pairs) the Wilcoxon test cannot reach " \
+           "p < 0.05" in note
+    assert paired_p_value(a[:5] + [0.99], b, "wilcoxon")[2] == ""  # 6 that differ

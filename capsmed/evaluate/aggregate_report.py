@@ -43,7 +43,7 @@ from capsmed.evaluate.layouts import (
     significance_table,
 )
 from capsmed.evaluate.per_class import mean_per_class, pooled_per_class
-from capsmed.evaluate.significance import TESTS, paired_tests, wilcoxon_min_p
+from capsmed.evaluate.significance import FEW_PAIRS, TESTS, paired_tests
 from capsmed.io import ensure_writable_dir, write_text_atomic
 from capsmed.tables import Table, render
 
@@ -208,12 +208,13 @@ def report_runs(paths: Sequence[Path], out_dir: Path,
     for note in notes:
         log.warning(note)
     tests, test_notes = paired_tests(groups, config.metric, config.test, config.alpha)
+    # fewer than 6 pairs, or of non-zero differences (the test drops the others)
     few = [t for t in tests if config.test == "wilcoxon" and t.p_value is not None
-           and wilcoxon_min_p(t.n) >= 0.05]
+           and FEW_PAIRS in t.note]
     if few:
-        log.warning("Wilcoxon signed-rank: %d comparison(s) have fewer than 6 pairs and "
-                    "cannot reach p < 0.05; add seeds or folds, or use --test ttest",
-                    len(few))
+        log.warning("Wilcoxon signed-rank: %d comparison(s) have fewer than 6 pairs that "
+                    "differ and %s; add seeds or folds, or use --test ttest", len(few),
+                    FEW_PAIRS)
     for note in test_notes:
         log.info(note)
 

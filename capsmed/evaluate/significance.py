@@ -52,6 +52,9 @@ class PairedTest:
         return asdict(self)
 
 
+FEW_PAIRS = "cannot reach p < 0.05"  # the note of a Wilcoxon test on too few pairs
+
+
 def wilcoxon_min_p(n: int) -> float:
     """The smallest two-sided p an exact Wilcoxon signed-rank test can give for n pairs."""
     return 2.0 / 2**n
@@ -82,9 +85,12 @@ def paired_p_value(a: Sequence[float], b: Sequence[float],
     if not math.isfinite(statistic) or (test == "ttest" and equal):
         statistic = None
     note = ""
-    if test == "wilcoxon" and wilcoxon_min_p(len(x)) >= 0.05:
-        note = (f"with {len(x)} pairs the Wilcoxon test cannot reach p < 0.05 (smallest "
-                f"possible p = {wilcoxon_min_p(len(x)):.4g}); it needs n >= 6")
+    ranked = int(np.count_nonzero(d))  # the signed-rank test drops zero differences
+    if test == "wilcoxon" and wilcoxon_min_p(ranked) >= 0.05:
+        pairs = (f"{len(x)} pairs" if ranked == len(x) else
+                 f"{ranked} non-zero differences (of {len(x)} pairs)")
+        note = (f"with {pairs} the Wilcoxon test {FEW_PAIRS} (smallest possible p = "
+                f"{wilcoxon_min_p(ranked):.4g}); it needs n >= 6")
     elif test == "ttest" and equal:
         note = "every pair differs by the same amount: the t statistic is degenerate"
     return statistic, p, note
