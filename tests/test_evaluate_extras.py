@@ -521,3 +521,34 @@ def test_the_terminal_headline_says_which_auc_it_gives():
         console.print(rich_table(report, "t", width=80))
         text = console.export_text()
         assert want in text and f"{want}{report.auc:.3f}" in text
+
+
+def test_the_weights_checked_are_the_weights_loaded(lenet_run, tmp_path, monkeypatch):
+    """The checkpoint was hashed and then read again: weights training replaced in
+    between were scored under the previous epoch's metadata, without a word."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import capsmed.data.digest as digest
+    import capsmed.runs.checkpoint as checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run)
+    kept = load_file(str(run / "checkpoint.safetensors"))
+    real = digest.file_digest
+
+    def replaced_after_hashing(path):  # training writes the next epoch's weights
+        value = real(path)
+        if str(path).endswith("checkpoint.safetensors"):
+            save_file({k: v + 1.0 for k, v in kept.items()}, str(path))
+        return value
+
+    monkeypatch.setattr(digest, "file_digest", replaced_after_hashing)
+    monkeypatch.setattr(checkpoint, "file_digest", replaced_after_hashing, raising=False)
+    try:
+        model, _ = load_checkpoint(run)
+    except CapsmedError:
+        return  # refusing the mixed pair is right too
+    loaded = model.state_dict()
+    assert all(torch.equal(loaded[k], kept[k]) for k in kept)

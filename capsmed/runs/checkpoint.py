@@ -7,15 +7,15 @@ Nothing is unpickled: a run directory can come from anywhere and still be safe t
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load as load_weights
 from torch import nn
 
-from capsmed.data.digest import file_digest
 from capsmed.errors import CapsmedError, first_line
 from capsmed.models import create_model
 from capsmed.train.checkpoint import META, WEIGHTS
@@ -46,7 +46,14 @@ def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
         raise CapsmedError(f"{run_dir}: no checkpoint ({META} + {WEIGHTS}); did training "
                            "finish at least one epoch?")
     meta = read_meta(meta_path)
-    if meta.get("weights_digest") not in (None, file_digest(weights_path)):
+    # read once: the bytes checked are the bytes loaded (training may replace the file
+    # between a digest and a second read, scoring epoch N+1 under epoch N's metadata)
+    try:
+        blob = weights_path.read_bytes()
+    except OSError as exc:
+        raise CapsmedError(f"{weights_path}: cannot read ({exc.strerror})") from None
+    digest = f"sha256:{hashlib.sha256(blob).hexdigest()}"  # as file_digest writes it
+    if meta.get("weights_digest") not in (None, digest):
         raise CapsmedError(f"{weights_path}: not the weights {META} was written with "
                            "(their digests differ): the two files come from different "
                            "checkpoints")
@@ -59,7 +66,7 @@ def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
         raise CapsmedError(f"{meta_path}: the model cannot be rebuilt from its arguments "
                            f"({first_line(exc)})") from None
     try:
-        state = load_file(str(weights_path), device="cpu")
+        state = load_weights(blob)
     except Exception as exc:  # safetensors raises its own error types on corrupt files
         raise CapsmedError(f"{weights_path}: cannot read weights ({first_line(exc)})"
                            ) from None
