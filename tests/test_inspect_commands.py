@@ -61,6 +61,37 @@ def test_data_info_shows_bracketed_names_as_written(tmp_path):
         assert text in result.output, text
 
 
+def test_data_info_json_says_what_the_table_says_of_revision_and_leak_check(tmp_path):
+    # --json left out the table's data revision and its "not checked" leak line: a
+    # per-image file read as "leaks": {}, a passed check
+    from capsmed.data.contract import DATA_REVISION
+
+    per_image = _write(tmp_path / "p.h5", ["a", "b"], ["i1", "i2", "i3", "i4"])
+    result = runner.invoke(app, ["data", "info", str(per_image)], terminal_width=200)
+    assert "not checked: every image is its own group" in result.output
+    printed = json.loads(runner.invoke(app, ["data", "info", str(per_image), "--json"]).stdout)
+    assert printed["leak_check"] == "not checked" and printed["leaks"] == {}
+    assert printed["data_revision"] == printed["current_data_revision"] == DATA_REVISION
+    assert f"{DATA_REVISION} (this capsmed's)" in result.output
+    patients = _write(tmp_path / "g.h5", ["a", "b"], ["p1", "p1", "p2", "p2"])
+    printed = json.loads(runner.invoke(app, ["data", "info", str(patients), "--json"]).stdout)
+    assert printed["leak_check"] == "ok"
+    spanning = _write(tmp_path / "cv.h5", ["a", "b"], ["p1", "p1", "p2", "p3"],
+                      folds=np.array([0, 1, 1, 0]), split="all", allow_group_leak=True)
+    printed = json.loads(runner.invoke(app, ["data", "info", str(spanning), "--json"]).stdout)
+    assert printed["leak_check"] == "leak"
+
+
+def test_data_info_shows_recorded_parameters_with_their_own_letters(tmp_path):
+    # a list or mapping parameter was shown as JSON with \u escapes: class folders
+    # "été" and "冬" read ["\u00e9t\u00e9", "\u51ac"]
+    path = _write(tmp_path / "u.h5", ["été", "冬"], ["p1", "p1", "p2", "p2"],
+                  preprocessing={"classes": ["été", "冬"]})
+    result = runner.invoke(app, ["data", "info", str(path)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert '["été", "冬"]' in result.output and "\\u" not in result.output
+
+
 def _run(dataset, arch, seed, f1):
     from capsmed.evaluate.aggregate import EvaluatedRun
     from capsmed.train.protocol import protocol_label, protocol_settings

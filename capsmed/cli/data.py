@@ -35,6 +35,7 @@ def _dataset_record(file: Path) -> dict[str, Any]:
     """What ``data info`` shows, as ``--json`` prints it: every group (not the first
     dozen), counts by class name, and the file's own records whole."""
     from capsmed.data.contract import (
+        DATA_REVISION,
         class_counts,
         find_leaks,
         fold_class_counts,
@@ -42,13 +43,16 @@ def _dataset_record(file: Path) -> dict[str, Any]:
         groups_by_split,
         read_info,
     )
+    from capsmed.data.describe import every_image_own_group, leak_status
 
     info = read_info(file)
     groups = groups_by_split(file)
+    counts = class_counts(file)
+    leaks, spanning = find_leaks(groups), fold_leaks(file)
     names = info.class_names
     splits = {split: {"samples": int(row.sum()), "groups": len(groups[split]),
                       "class_counts": dict(zip(names, row.tolist(), strict=True))}
-              for split, row in class_counts(file).items()}
+              for split, row in counts.items()}
     folds = {split: [dict(zip(names, row.tolist(), strict=True)) for row in per_fold]
              for split, per_fold in fold_class_counts(file).items()}
     return {"file": str(info.path), "dataset": info.dataset,
@@ -57,9 +61,12 @@ def _dataset_record(file: Path) -> dict[str, Any]:
             "image_size": list(info.image_size), "dtype": "uint8",
             "class_names": list(names), "created": info.created,
             "capsmed_version": info.capsmed_version, "format_version": info.format_version,
+            # the table's data revision and leak-check lines (0: written before revisions)
+            "data_revision": info.data_revision, "current_data_revision": DATA_REVISION,
             "splits": splits, "folds": folds,
             "groups": {split: sorted(members) for split, members in groups.items()},
-            "leaks": find_leaks(groups), "fold_leaks": fold_leaks(file),
+            "leaks": leaks, "fold_leaks": spanning,
+            "leak_check": leak_status(leaks, spanning, every_image_own_group(groups, counts)),
             "preprocessing": info.preprocessing,
             "source_record": info.source, "provenance": info.provenance}
 

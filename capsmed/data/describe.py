@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
@@ -39,6 +40,19 @@ def _leak_check(leaks: dict[str, list[str]], spanning: dict[str, dict[str, list[
     return "[red]LEAK: " + escape(", ".join(found[:MAX_LEAKS_SHOWN]) + more)
 
 
+def every_image_own_group(groups: dict[str, set[str]], counts: dict[str, np.ndarray]) -> bool:
+    """Whether each image of the file is its own group (no patient ids: MedMNIST, MNIST,
+    AML, a folder set without a group pattern), so that no leak check can fail."""
+    return sum(map(len, groups.values())) == sum(int(row.sum()) for row in counts.values())
+
+
+def leak_status(leaks: dict[str, list[str]], spanning: dict[str, dict[str, list[int]]],
+                per_image: bool) -> str:
+    """The leak check's verdict as ``data info --json`` gives it: ``leak``, ``not
+    checked`` (every image its own group) or ``ok``, as the table's line says."""
+    return "leak" if leaks or spanning else "not checked" if per_image else "ok"
+
+
 def describe_dataset(path: Path, max_groups: int = 12) -> Group:
     """Rich tables for ``capsmed data info``; flags any group present in two splits or
     two CV folds. Every text read from the file is escaped: rich would take a name such
@@ -62,8 +76,7 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
                        ("data revision", _revision(info.data_revision)),
                        ("group leak check", _leak_check(
                            leaks, fold_leaks(path), bool(info.folds),
-                           per_image=sum(map(len, groups.values())) == sum(
-                               int(row.sum()) for row in counts.values())))):
+                           per_image=every_image_own_group(groups, counts)))):
         header.add_row(f"[bold]{key}", value)
 
     splits = Table(title="Samples per split and class")
@@ -100,8 +113,9 @@ def describe_dataset(path: Path, max_groups: int = 12) -> Group:
     params.add_column("parameter")
     params.add_column("value")
     for key, value in sorted(info.preprocessing.items()):
+        # as recorded: a class folder named "été" or in CJK is not shown as \u escapes
         params.add_row(escape(key), escape(value if isinstance(value, str)
-                                           else json.dumps(value)))
+                                           else json.dumps(value, ensure_ascii=False)))
     # capsmed records {file: size}; another tool may record hashes, or a list of names
     files = info.source.get("files", {})
     files = files if isinstance(files, dict | list) else {}
