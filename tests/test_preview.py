@@ -91,6 +91,17 @@ def test_names_with_dollars_are_captioned_as_written(tmp_path):
     assert {"$5 ml$", "$10 ml$", "$case 1$"} <= set(shown)
 
 
+def test_long_class_names_label_their_rows_apart(tmp_path):
+    """A row label was the class name cut to 19 characters and '~': classes
+    'adenocarcinoma_grade1' and 'adenocarcinoma_grade2' labelled two rows alike."""
+    names = ("adenocarcinoma_grade1", "adenocarcinoma_grade2", "b")
+    data = _contract(tmp_path / "long.h5", 1, [2, 2, 2], names=names)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        svg = preview_dataset(data, tmp_path / "grid.svg", per_class=2).read_text()
+    shown = "".join(re.findall(r">([^<>]*)</text>", svg))
+    assert all(name + "n=2" in shown for name in names), shown
+
+
 def test_same_seed_same_picture_on_the_tupac16_fixture(tiny_h5, tmp_path):
     a = preview_dataset(tiny_h5, tmp_path / "a.png", split="test", per_class=3, seed=1)
     b = preview_dataset(tiny_h5, tmp_path / "b.png", split="test", per_class=3, seed=1)

@@ -8,6 +8,7 @@ fold. Only the chosen images are read from the file, so large datasets preview q
 from __future__ import annotations
 
 import logging
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,16 @@ def _choose(labels: np.ndarray, num_classes: int, per_class: int,
         pick = rng.choice(members, size=min(per_class, len(members)), replace=False)
         chosen.append(np.sort(pick))
     return chosen
+
+
+def _row_label(name: str, width: int = 18, lines: int = 5) -> str:
+    """A class name in lines that fit the label column, whole up to ``lines`` lines, then
+    cut with '~' (cut to one line, 'tumour_grade_1' and 'tumour_grade_2' of a long
+    common start labelled two rows alike)."""
+    wrapped = textwrap.wrap(name, width, break_on_hyphens=False) or [name[:width]]
+    if len(wrapped) > lines:
+        wrapped = [*wrapped[:lines - 1], wrapped[lines - 1][:width - 1] + "~"]
+    return "\n".join(wrapped)
 
 
 def _as_display(image: np.ndarray) -> tuple[np.ndarray, str | None]:
@@ -134,9 +145,8 @@ def preview_dataset(path: Path, output: Path, *, split: str | None = None,
              ha="center", va="center", fontsize=11, weight="bold")
     for r, (name, picks) in enumerate(zip(info.class_names, chosen, strict=True)):
         middle = layout.title + r * layout.cell_height + layout.cell_height / 2
-        label = name if len(name) <= 20 else name[:19] + "~"  # fits the label column
-        fig.text(10 / width, 1 - middle / height, plain(f"{label}\nn={counts[r]:,}"), ha="left",
-                 va="center", fontsize=9)
+        fig.text(10 / width, 1 - middle / height, plain(f"{_row_label(name)}\nn={counts[r]:,}"),
+                 ha="left", va="center", fontsize=9)
         if not len(picks):
             fig.text((layout.label + 10) / width, 1 - middle / height, "no samples",
                      ha="left", va="center", fontsize=8, color="grey")
