@@ -329,7 +329,8 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
         w.append("test", test.images[:2], np.array([1, 2]), np.array(["g0", "g1"]),
                  meta={"label2": np.array([1, 3])})
     result = runner.invoke(app, ["-q", "analyze", "multimnist", str(run), "--data", str(dup)])
-    assert result.exit_code == 1 and "two labels are the same class" in result.stderr
+    assert result.exit_code == 1 and "(labels, meta/label2) are the same class" in \
+        result.stderr
     # evaluate once scored such rows (and filed a report); it refuses them like training
     result = runner.invoke(app, ["-q", "evaluate", str(run), "--data", str(dup),
                                  "--no-grids", "--report-name", "dup"])

@@ -583,7 +583,8 @@ def test_a_negative_seed_or_nan_perplexity_is_refused_by_the_cli(tmp_path, comma
 
 
 @pytest.mark.parametrize("second, refusal", [
-    ([0, 2, 0, 1], "1 image(s) whose two labels are the same class"),  # image 0: 0 twice
+    # image 0: 0 twice
+    ([0, 2, 0, 1], "1 image(s) whose two labels (labels, meta/label2) are the same class"),
     ([1, 3, 0, 1], "'test/meta/label2' must hold one label within 0..2"),
 ])
 def test_two_digit_analyses_refuse_second_labels_they_cannot_score(tmp_path, second,

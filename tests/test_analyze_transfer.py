@@ -308,7 +308,8 @@ def test_a_two_label_test_split_with_a_class_given_twice_is_refused(tmp_path):
     run.mkdir()
     save_checkpoint(run, model, {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
                                  "data": str(data), "class_names": ["a", "b", "c"]})
-    with pytest.raises(CapsmedError, match="1 image.s. whose two labels are the same class"):
+    with pytest.raises(CapsmedError, match="1 image.s. whose two labels .labels, "
+                                           "meta.label2. are the same class"):
         _accuracy(run, data, 8, "cpu")
     out = tmp_path / "t"
     result = runner.invoke(app, ["-q", "analyze", "transfer", "--a", str(data), "--b",

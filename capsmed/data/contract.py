@@ -92,6 +92,27 @@ def is_two_label(path: Path, split: str) -> bool:
     return SECOND_LABEL in meta_names(path, split)
 
 
+def checked_second_labels(labels: np.ndarray, second: np.ndarray, num_classes: int,
+                          path: Path, split: str, needs: str = "two-digit accuracy"
+                          ) -> np.ndarray:
+    """Two-label images' second labels (meta ``label2``) as int64, refused (one line
+    naming the file) unless each is a class index that differs from the image's first
+    label: a label given twice is among the two highest classes whatever the other
+    class is, and one outside the classes never is, so ``needs`` (training, two-digit
+    accuracy) would be wrong unsaid. MultiMNIST never pairs a class with itself."""
+    second = np.asarray(second)
+    if second.shape != np.shape(labels) or second.dtype.kind not in "iu" or (
+            len(second) and (second.min() < 0 or second.max() >= num_classes)):
+        raise CapsmedError(f"{path}: '{split}/meta/{SECOND_LABEL}' must hold one label "
+                           f"within 0..{num_classes - 1} per image, like '{split}/labels'")
+    same = int((second == labels).sum())
+    if same:
+        raise CapsmedError(f"{path}: split '{split}' has {same} image(s) whose two labels "
+                           f"(labels, meta/{SECOND_LABEL}) are the same class; {needs} "
+                           "needs two different classes")
+    return second.astype(np.int64)
+
+
 def read_meta(path: Path, split: str, name: str, rows: np.ndarray | None = None
               ) -> np.ndarray:
     """One meta array of ``split`` (the given rows, in that order)."""

@@ -10,6 +10,7 @@ from typing import Any
 from capsmed.data.contract import (
     SECOND_LABEL,
     SplitData,
+    checked_second_labels,
     is_two_label,
     read_info,
     read_meta,
@@ -64,15 +65,8 @@ def _two_label_scores(info: Any, split: str, samples: SplitData, scores: Any
         return None  # a CV run's test is its held-out fold of split 'all' (one label)
     from capsmed.evaluate.analyses.common import two_digit_hits
 
-    second = read_meta(data, split, SECOND_LABEL).astype("int64")
-    if len(second) != len(samples):
-        raise CapsmedError(f"{data}: '{split}/meta/{SECOND_LABEL}' has {len(second)} rows "
-                           f"for {len(samples)} samples")
-    same = int((second == samples.labels).sum())
-    if same:  # one target, not two: top-2 would count it found whatever the other was
-        raise CapsmedError(f"{data}: split '{split}' has {same} image(s) whose two labels "
-                           f"(labels, meta/{SECOND_LABEL}) are the same class; two-digit "
-                           "accuracy needs two different classes")
+    second = checked_second_labels(samples.labels, read_meta(data, split, SECOND_LABEL),
+                                   info.num_classes, data, split)
     both, first, other = two_digit_hits(scores, samples.labels, second)
     values = {"two_digit_accuracy": float(both.mean()), "first_digit_found": float(
         first.mean()), "second_digit_found": float(other.mean()),

@@ -31,6 +31,7 @@ from capsmed.data.challenges import (
 from capsmed.data.contract import (
     SECOND_LABEL,
     DatasetInfo,
+    checked_second_labels,
     is_two_label,
     meta_names,
     read_images,
@@ -178,16 +179,9 @@ def _two_label_loader(info: DatasetInfo, split: str, rows: np.ndarray | None,
         raise CapsmedError(f"{info.path}: two-label sets are held in memory; use "
                            "--data-loading memory")
     names = meta_names(info.path, split)
-    second = read_meta(info.path, split, SECOND_LABEL, rows)
-    if second.ndim != 1 or second.dtype.kind not in "iu" or (len(second) and (
-            second.min() < 0 or second.max() >= info.num_classes)):
-        raise CapsmedError(f"{info.path}: '{split}/meta/{SECOND_LABEL}' must hold labels "
-                           f"within 0..{info.num_classes - 1}, like '{split}/labels'")
-    same = int((second == labels).sum())
-    if same:  # one target, not two; top-2 counted it right whatever the other class was
-        raise CapsmedError(f"{info.path}: split '{split}' has {same} image(s) whose two "
-                           f"labels (labels, meta/{SECOND_LABEL}) are the same class; "
-                           "two-label training needs two different classes")
+    second = checked_second_labels(labels, read_meta(info.path, split, SECOND_LABEL, rows),
+                                   info.num_classes, info.path, split,
+                                   needs="two-label training")
     sources = None
     if {"image_a", "image_b"} <= set(names):
         shape = (len(labels), info.channels, *info.image_size)

@@ -194,4 +194,4 @@ def test_a_second_label_outside_the_classes_is_refused(tmp_path):
                           meta={"label2": second})
     run = tmp_path / "run"
     assert_refused(invoke(lenet_args(data, run)), data, absent=[run],
-                   text="'train/meta/label2' must hold labels within 0..2")
+                   text="'train/meta/label2' must hold one label within 0..2")

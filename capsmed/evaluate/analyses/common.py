@@ -19,7 +19,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsmed.data.contract import SECOND_LABEL, SplitData, load_split, read_labels
+from capsmed.data.contract import (
+    SECOND_LABEL,
+    SplitData,
+    load_split,
+    read_labels,
+)
 from capsmed.errors import CapsmedError
 from capsmed.io import write_text_atomic
 from capsmed.models.common import ModelOutput
@@ -130,26 +135,6 @@ def two_digit_hits(scores: np.ndarray, first: np.ndarray, second: np.ndarray
     a = (top2 == first[:, None]).any(1)
     b = (top2 == second[:, None]).any(1)
     return a & b, a, b
-
-
-def checked_second_labels(labels: np.ndarray, second: np.ndarray, num_classes: int,
-                          path: Path, split: str) -> np.ndarray:
-    """Two-label images' second labels (``meta/label2``) as int64, refused unless each
-    is a class index that differs from the image's first label, as training and
-    ``capsmed evaluate`` refuse them: the two highest classes hold a label given twice
-    whatever the other class is, and never hold one outside the classes, so the
-    two-digit accuracy would be wrong unsaid."""
-    second = np.asarray(second)
-    if second.shape != np.shape(labels) or second.dtype.kind not in "iu" or (
-            len(second) and (second.min() < 0 or second.max() >= num_classes)):
-        raise CapsmedError(f"{path}: '{split}/meta/{SECOND_LABEL}' must hold one label "
-                           f"within 0..{num_classes - 1} per image, like '{split}/labels'")
-    same = int((second == labels).sum())
-    if same:
-        raise CapsmedError(f"{path}: split '{split}' has {same} image(s) whose two labels "
-                           f"are the same class (labels, meta/{SECOND_LABEL}); two-digit "
-                           "accuracy needs two different classes")
-    return second.astype(np.int64)
 
 
 def refuse_two_label(samples: SplitData, path: Path, split: str, analysis: str) -> None:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from capsmed.data.contract import SECOND_LABEL
+from capsmed.data.contract import SECOND_LABEL, checked_second_labels
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses.common import (
     analysis_dir,
-    checked_second_labels,
     class_scores,
     load_samples,
     open_analysed,

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from capsmed.data.contract import SECOND_LABEL
+from capsmed.data.contract import SECOND_LABEL, checked_second_labels
 from capsmed.errors import CapsmedError
 from capsmed.evaluate.analyses import common
 from capsmed.figures import plain, pyplot, save_figure
@@ -206,7 +206,7 @@ def routing_entropy(run_dir: Path, device: str = "auto", split: str = "test",
     samples = common.load_samples(run, split, with_meta=True)
     second = samples.meta.get(SECOND_LABEL)  # two digits per image: two-digit accuracy
     if second is not None:
-        second = common.checked_second_labels(samples.labels, second, len(run.class_names),
+        second = checked_second_labels(samples.labels, second, len(run.class_names),
                                               run.data_path, split)
     per_sample, lower, upper = checkpoint_entropy(run.model, samples.images, run.device,
                                                   batch_size)

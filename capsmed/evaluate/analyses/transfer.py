@@ -43,6 +43,7 @@ from torch import nn
 
 from capsmed.data.contract import (
     SECOND_LABEL,
+    checked_second_labels,
     is_two_label,
     read_info,
     read_labels,
@@ -279,7 +280,7 @@ def _accuracy(run_dir: Path, data: Path, batch_size: int, device: str) -> float:
     if (run_dir / TEST_ROWS).is_file():
         raise CapsmedError(f"{data}: a two-label file with cross-validation folds is not "
                            "supported by analyze transfer")
-    second = common.checked_second_labels(samples.labels, read_meta(data, "test", SECOND_LABEL),
+    second = checked_second_labels(samples.labels, read_meta(data, "test", SECOND_LABEL),
                                           len(run.class_names), data, "test")
     both, _, _ = common.two_digit_hits(
         common.class_scores(model, samples.images, dev, batch_size), samples.labels, second)
@@ -291,7 +292,7 @@ def _check_second_labels(path: Path, info: Any) -> None:
     cannot score (a label given twice, or outside the classes)."""
     if "test" in info.split_sizes and is_two_label(path, "test"):
         labels, _ = read_labels(path, "test")
-        common.checked_second_labels(labels, read_meta(path, "test", SECOND_LABEL),
+        checked_second_labels(labels, read_meta(path, "test", SECOND_LABEL),
                                      info.num_classes, path, "test")
 
 
