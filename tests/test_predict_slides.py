@@ -302,3 +302,34 @@ def test_an_odd_wsi_tile_is_written_at_its_centre_and_read_back_from_it(tmp_path
     assert np.array_equal(back, xy) and np.array_equal(again, images)
     images, xy = tiles(np.array([[49, 60], [50, 60]]))
     assert xy.tolist() == [[49, 60], [50, 60]] and not np.array_equal(images[0], images[1])
+
+
+@pytest.mark.parametrize("min_tissue", [0.8, 0.0])
+def test_a_tupac16_slide_reads_every_region_holding_a_window_the_mask_keeps(
+        tiny_h5, tmp_path, monkeypatch, min_tissue):
+    """Dark specks on white (one black pixel in each 4x4 block) are tissue to the mask
+    everywhere, but their thumbnail is pale (mean 239): the regions were skipped as
+    blank for the density of the mean colour, not the most the pixels can hold, and
+    with --min-tissue 0 (every window kept) a white region was skipped too. Now the
+    slide gives the windows of the same pixels read as an image; white regions are
+    still skipped when windows need tissue."""
+    run_dir = train(TrainConfig(data=str(tiny_h5), arch="lenet", epochs=1, batch_size=16,
+                                seed=0, out=str(tmp_path / "run")), disable_progress=True)
+    rgb = np.full((256, 1024, 3), 255, np.uint8)
+    rgb[:, :512][::4, ::4] = 0  # the left half specked, the right half blank glass
+    tifffile.imwrite(tmp_path / "image.tif", rgb)
+    write_pyramid(tmp_path / "slide.svs", rgb, mpp=0.25, levels=3, tile=128)
+    monkeypatch.setattr(slides, "REGION", 256)
+    monkeypatch.setattr(slides, "THUMBNAIL_SIDE", 256)  # 4 px per thumbnail pixel
+    reads = []
+    read_region = openslide.OpenSlide.read_region
+    monkeypatch.setattr(openslide.OpenSlide, "read_region",
+                        lambda self, *a: reads.append(a) or read_region(self, *a))
+    options = PredictOptions(device="cpu", batch_size=32, heatmaps=False,
+                             overrides=Overrides(min_tissue=min_tissue))
+    whole = predict(run_dir, [tmp_path / "image.tif"], tmp_path / "a", options).results[0]
+    tiled = predict(run_dir, [tmp_path / "slide.svs"], tmp_path / "b", options).results[0]
+    assert (whole.x < 512).sum() > 10 and ((whole.x > 600).sum() > 0) == (min_tissue == 0)
+    assert sorted(zip(tiled.x, tiled.y, strict=True)) == sorted(zip(whole.x, whole.y, strict=True))
+    regions = [a for a in reads if a[1] == 0]  # level 0 (the thumbnail is read at 2)
+    assert len(regions) == (4 if min_tissue == 0 else 3)  # the right-most one is blank

@@ -47,10 +47,26 @@ def blank_od(size: int, needed: float, block: float) -> float:
     exceeds :data:`TISSUE_OD`; the blur moves density at most 7 px, so the window grown
     by 7 px holds density ``TISSUE_OD * needed * size**2``, and the thumbnail pixels
     (``block`` level px each) over it cover at most ``(size + 14 + 2 * block)**2`` px:
-    one of them shows at least that density over that area (a thumbnail pixel is the
-    mean of its block). With ``needed`` 0 every window is kept: nothing is blank.
+    one of them holds at least that mean density, which :func:`od_bound` bounds from
+    above. With ``needed`` 0 every window is kept: nothing is blank (the caller reads
+    every region).
     """
     return TISSUE_OD * needed * size ** 2 / (size + 14 + 2 * block) ** 2
+
+
+def od_bound(picture: np.ndarray) -> np.ndarray:
+    """The most mean optical density (:data:`TISSUE_OD`'s formula) the pixels behind
+    each thumbnail pixel of ``picture`` (RGB uint8, each the mean of its block, rounded)
+    can hold. Not the density of the mean colour: the density is convex in the value,
+    so a block of dark specks on white holds far more density than its pale mean shows
+    (one black pixel in each 4x4 block: mean 239, density 0.065, yet 0.35 is there).
+    The chord from (0, log 256) to (255, 0) lies above the curve, so the density of a
+    block of mean ``v`` is at most ``log(256) * (255 - v) / 255`` per channel; half a
+    value more for the rounding."""
+    darkness = (255.5 - picture.astype(np.float32)).mean(axis=-1)
+    return np.float32(np.log(256.0) / 255.0) * darkness
+
+
 SLIDE_ONLY = (".svs", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".dcm")
 
 
@@ -161,8 +177,9 @@ class SlideWindows:
             picture = np.asarray(slide.get_thumbnail(
                 (max(1, round(w0 * scale)), max(1, round(h0 * scale)))).convert("RGB"))
         # where a region may hold tissue, only to skip blank ones (the recipe's mask decides)
-        od = -np.log((picture.astype(np.float32) + 1.0) / 256.0).mean(axis=-1)
-        tissue = od > blank_od(size, self.recipe.min_share(), w / picture.shape[1])
+        needed = self.recipe.min_share()
+        tissue = (od_bound(picture) > blank_od(size, needed, w / picture.shape[1])
+                  if needed > 0 else np.ones(picture.shape[:2], dtype=bool))
         notes = {"level": level, "downsample": ds, "mpp": None if info.mpp is None
                  else info.mpp * ds, "region": REGION}
         record = self.recipe.record
