@@ -129,3 +129,24 @@ def test_a_negative_level_or_non_positive_mpp_is_refused(overrides, message):
     windows, scored without a word; --mpp 0 divided by zero."""
     with pytest.raises(CapsmedError, match=message):
         make_recipe(TUPAC16, overrides)
+
+
+def test_a_diaretdb1_centre_whose_window_reaches_past_the_image_is_refused(tmp_path):
+    """DIARETDB1 training clipped its centres so every window lay inside the image; a
+    given centre near the edge was cut reflect-padded (mirrored retina, never seen in
+    training) and scored without a word. A TUPAC16 run pads as its training padded."""
+    rgb = np.random.default_rng(2).integers(40, 200, (80, 96, 3), dtype=np.uint8)
+    tifffile.imwrite(tmp_path / "fundus.tif", rgb)
+    diaretdb1 = DatasetRecord("diaretdb1", ("healthy", "lesion"), 1, (28, 28),
+                              {"patch_size": 32, "output_size": 28, "min_fov": 0.75,
+                               "clip_limit": 3.0, "tile_grid": [8, 8]})
+    recipe = make_recipe(diaretdb1, Overrides())
+    inside = recipe.prepare(tmp_path / "fundus.tif", np.array([[16, 16], [80, 64]]))
+    assert sum(len(c) for c, _ in inside.chunks) == 2  # windows that just fit
+    for x, y in ((15, 40), (40, 15), (81, 40), (40, 65)):
+        with pytest.raises(CapsmedError, match=f"fundus.tif: the 32 px window centred on "
+                           f"x={x}, y={y} reaches past the 96x80 image"):
+            recipe.prepare(tmp_path / "fundus.tif", np.array([[16, 16], [x, y]]))
+    padded = make_recipe(TUPAC16, Overrides()).prepare(tmp_path / "fundus.tif",
+                                                       np.array([[0, 0]]))
+    assert sum(len(c) for c, _ in padded.chunks) == 1

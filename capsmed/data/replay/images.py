@@ -19,7 +19,13 @@ from capsmed.data.images import opaque, read_image, to_uint8
 from capsmed.data.patches import extract_patches, grid_centres, resize_patches, window_fraction
 from capsmed.data.record import DatasetRecord
 from capsmed.data.replay.options import Overrides
-from capsmed.data.replay.windows import Prepared, check_centres, in_chunks, thumbnail
+from capsmed.data.replay.windows import (
+    Prepared,
+    check_centres,
+    check_windows_inside,
+    in_chunks,
+    thumbnail,
+)
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
@@ -87,6 +93,8 @@ class PatchRecipe(abc.ABC):
 
     slides = False  # whether whole slides can be read region by region (then also
     # accepts --level / --mpp)
+    pads_edges = True  # a given centre's window past the edge is reflect-padded, as
+    # training padded its patches (TUPAC16); False: refused, training's lay inside
 
     def prepare(self, path: Path, centres: np.ndarray | None) -> Prepared:
         from capsmed.data.replay.slides import SlideWindows, is_slide
@@ -111,6 +119,8 @@ class PatchRecipe(abc.ABC):
             rc = rc[window_fraction(mask, rc, self.size) >= needed] if len(rc) else rc
         else:
             rc = check_centres(path, centres, w, h)[:, ::-1]
+            if not self.pads_edges:
+                check_windows_inside(path, rc, self.size, w, h)
         return Prepared(size=(w, h), footprint=float(self.size),
                         chunks=in_chunks(rc[:, ::-1].copy(), lambda xy: self.cut(channel, xy)),
                         expected=len(rc), thumbnail=thumbnail(rgb), notes=notes)

@@ -57,3 +57,18 @@ def check_centres(path: Any, centres: np.ndarray, w: int, h: int, what: str = "i
         x, y = xy[np.argmax(outside)].tolist()
         raise CapsmedError(f"{path}: centre x={x}, y={y} lies outside the {w}x{h} {what}")
     return xy
+
+
+def check_windows_inside(path: Any, rc: np.ndarray, size: int, w: int, h: int) -> None:
+    """Refuse (row, col) centres ``rc`` whose ``size`` window reaches past the ``w`` x
+    ``h`` image: a run whose training windows all lay inside it (DIARETDB1 clipped its
+    centres in) never saw the mirrored pixels a padded window holds."""
+    half = size // 2
+    outside = ((rc < half).any(axis=1) | (rc[:, 0] - half + size > h)
+               | (rc[:, 1] - half + size > w))
+    if outside.any():
+        y, x = rc[np.argmax(outside)].tolist()
+        raise CapsmedError(f"{path}: the {size} px window centred on x={x}, y={y} reaches "
+                           f"past the {w}x{h} image, and this run's training windows all "
+                           f"lay inside their images; give centres {half} to "
+                           f"{w - size + half} (x) and {half} to {h - size + half} (y)")

@@ -38,6 +38,7 @@ class FundusPatches(PatchRecipe):
     """DIARETDB1: CLAHE green over the field of view, windows inside it."""
 
     accepts = frozenset({"stride", "min_tissue", "fov_mask"})
+    pads_edges = False  # training clipped its centres: every window inside the image
 
     def __init__(self, record: DatasetRecord, overrides: Overrides) -> None:
         super().__init__(record, overrides)
