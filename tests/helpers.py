@@ -62,3 +62,43 @@ def folder_lenet(work: Path) -> tuple[Path, list[Path]]:
     run = capsmed.train_run(data, "lenet", epochs=1, batch_size=8, seed=0, device="cpu",
                             out=str(work / "lenet"), model_kwargs=TINY["lenet"])
     return run, sorted((work / "images").rglob("*.png"))[:4]
+
+
+def scored_capsnet(n: int) -> tuple[Any, dict, Any, Any]:
+    """An untrained tiny 3-class capsnet (28 px grey, seeded), ``n`` random images and
+    each image's classes from the highest score down: ``(model, kwargs, images,
+    order)``, to write two-label files whose right answers are known."""
+    import numpy as np
+    import torch
+
+    from capsmed.models import create_model
+
+    torch.manual_seed(0)
+    kwargs = {"in_channels": 1, "num_classes": 3, "input_size": [28, 28], **TINY_CAPSNET}
+    model = create_model("capsnet", **kwargs).eval()
+    images = np.random.default_rng(0).integers(0, 256, (n, 1, 28, 28), dtype=np.uint8)
+    with torch.no_grad():
+        order = model(torch.from_numpy(images).float() / 255).scores.argsort(1, True).numpy()
+    return model, kwargs, images, order
+
+
+def two_label_run(work: Path, model: Any, kwargs: dict, images: Any, first: Any,
+                  second: Any) -> tuple[Path, Path]:
+    """``work/two.h5``, a two-label test split of ``images`` (classes a, b, c), and
+    ``work/run`` holding ``model``'s checkpoint for it: ``(data, run)``."""
+    import numpy as np
+
+    from capsmed.data.contract import DatasetWriter
+    from capsmed.train.checkpoint import save_checkpoint
+
+    data = work / "two.h5"
+    with DatasetWriter(data, dataset="toy", kind="multimnist", domain="digits",
+                       class_names=["a", "b", "c"], image_shape=(1, 28, 28),
+                       preprocessing={}, source={}) as w:
+        w.append("test", images, first, np.array([f"g{i}" for i in range(len(images))]),
+                 meta={"label2": second})
+    run = work / "run"
+    run.mkdir()
+    save_checkpoint(run, model, {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
+                                 "data": str(data), "class_names": ["a", "b", "c"]})
+    return data, run

@@ -34,7 +34,7 @@ from capsmed.runs.checkpoint import load_checkpoint
 from capsmed.train.checkpoint import save_checkpoint
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.helpers import TINY_CAPSNET, assert_clean_failure
+from tests.helpers import TINY_CAPSNET, assert_clean_failure, scored_capsnet, two_label_run
 
 runner = CliRunner()
 CPU = torch.device("cpu")
@@ -495,28 +495,13 @@ def test_routing_on_two_digit_images_scores_both_digits(tmp_path):
     digits in the top two, as analyze multimnist): the first digit alone being the top
     class once counted as right."""
     from capsmed.evaluate.analyses.routing import routing_entropy
-    from capsmed.models import create_model
 
-    torch.manual_seed(0)
-    kwargs = {"in_channels": 1, "num_classes": 3, "input_size": [28, 28], **TINY_CAPSNET}
-    model = create_model("capsnet", **kwargs).eval()
-    images = np.random.default_rng(0).integers(0, 256, (6, 1, 28, 28), dtype=np.uint8)
-    with torch.no_grad():
-        order = model(torch.from_numpy(images).float() / 255).scores.argsort(1, True).numpy()
+    model, kwargs, images, order = scored_capsnet(6)
     # the first digit is the top class everywhere; the second is the runner-up on the
     # first two images only, elsewhere the last class: two-digit accuracy 2/6
     first = order[:, 0]
     second = np.where(np.arange(6) < 2, order[:, 1], order[:, 2])
-    data = tmp_path / "two.h5"
-    with DatasetWriter(data, dataset="toy", kind="multimnist", domain="digits",
-                       class_names=["a", "b", "c"], image_shape=(1, 28, 28),
-                       preprocessing={}, source={}) as w:
-        w.append("test", images, first, np.array([f"g{i}" for i in range(6)]),
-                 meta={"label2": second})
-    run = tmp_path / "run"
-    run.mkdir()
-    save_checkpoint(run, model, {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
-                                 "data": str(data), "class_names": ["a", "b", "c"]})
+    data, run = two_label_run(tmp_path, model, kwargs, images, first, second)
     (run / "metrics.jsonl").write_text("")
     result = routing_entropy(run, device="cpu")
     trained = next(r for r in result.by_iterations if r["trained"])
@@ -592,15 +577,10 @@ def test_two_digit_analyses_refuse_second_labels_they_cannot_score(tmp_path, sec
     """Routing's rerun counted an image labelled with one class twice (or with a class
     the model lacks) wrong whatever it predicted, and analyze multimnist dropped the
     out-of-range digit from its table: both refuse such files, as evaluate does."""
-    data = tmp_path / "two.h5"
-    images = np.random.default_rng(0).integers(0, 256, (4, 1, 28, 28), dtype=np.uint8)
-    with DatasetWriter(data, dataset="toy", kind="multimnist", domain="digits",
-                       class_names=["a", "b", "c"], image_shape=(1, 28, 28),
-                       preprocessing={}, source={}) as w:
-        w.append("test", images, np.array([0, 1, 2, 2]),
-                 np.array([f"g{i}" for i in range(4)]), meta={"label2": np.array(second)})
-    torch.manual_seed(0)
-    run = _untrained_capsnet_run(tmp_path / "run", data, ["a", "b", "c"])
+    model, kwargs, images, _ = scored_capsnet(4)
+    _, run = two_label_run(tmp_path, model, kwargs, images, np.array([0, 1, 2, 2]),
+                           np.array(second))
+    (run / "summary.json").write_text("{}")  # a finished run, as far as capsmed can tell
     (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "routing_entropy": 1.0}) + "\n")
     for analysis in ("routing", "multimnist"):
         result = runner.invoke(app, ["-q", "analyze", analysis, str(run)])

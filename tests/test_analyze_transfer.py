@@ -21,7 +21,7 @@ from capsmed.evaluate.analyses.transfer import TransferConfig, transferable_laye
 from capsmed.models import create_model
 from capsmed.train.config import TrainConfig
 from capsmed.train.engine import train
-from tests.helpers import TINY_CAPSNET, assert_clean_failure
+from tests.helpers import TINY_CAPSNET, assert_clean_failure, scored_capsnet, two_label_run
 
 runner = CliRunner()
 FAST = ["--epochs", "1", "--batch-size", "8", "--steps-per-epoch", "2"]
@@ -288,26 +288,11 @@ def test_a_two_label_test_split_with_a_class_given_twice_is_refused(tmp_path):
     with one class given twice that was its first label alone (the base B network scored
     1.0 where the other image's digits were not both found), as evaluate refuses."""
     from capsmed.evaluate.analyses.transfer import _accuracy
-    from capsmed.train.checkpoint import save_checkpoint
 
-    torch.manual_seed(0)
-    kwargs = {"in_channels": 1, "num_classes": 3, "input_size": [28, 28], **TINY_CAPSNET}
-    model = create_model("capsnet", **kwargs).eval()
-    images = np.random.default_rng(0).integers(0, 256, (4, 1, 28, 28), dtype=np.uint8)
-    with torch.no_grad():
-        order = model(torch.from_numpy(images).float() / 255).scores.argsort(1, True).numpy()
+    model, kwargs, images, order = scored_capsnet(4)
     second = order[:, 1].copy()
     second[0] = order[0, 0]
-    data = tmp_path / "two.h5"
-    with DatasetWriter(data, dataset="toy", kind="multimnist", domain="digits",
-                       class_names=["a", "b", "c"], image_shape=(1, 28, 28),
-                       preprocessing={}, source={}) as w:
-        w.append("test", images, order[:, 0], np.array([f"g{i}" for i in range(4)]),
-                 meta={"label2": second})
-    run = tmp_path / "run"
-    run.mkdir()
-    save_checkpoint(run, model, {"arch": "capsnet", "model_kwargs": kwargs, "epoch": 1,
-                                 "data": str(data), "class_names": ["a", "b", "c"]})
+    data, run = two_label_run(tmp_path, model, kwargs, images, order[:, 0], second)
     with pytest.raises(CapsmedError, match="1 image.s. whose two labels .labels, "
                                            "meta.label2. are the same class"):
         _accuracy(run, data, 8, "cpu")
