@@ -305,3 +305,23 @@ def test_another_sets_published_file_is_not_given_the_chosen_sets_classes(tmp_pa
     info = read_info(preprocess_medmnist(renamed, out, MedmnistConfig(set_name="dermamnist")))
     assert info.class_names == SETS["dermamnist"].classes
     assert info.source["official_files"] is True
+
+
+def test_a_member_zipped_with_an_unsupported_method_is_refused_in_one_line(blood, tmp_path):
+    """A .npz re-zipped with Deflate64 (method 9, which Python's zipfile cannot read)
+    stopped with a NotImplementedError traceback."""
+    stored = tmp_path / "bloodmnist.npz"
+    with zipfile.ZipFile(blood) as src, zipfile.ZipFile(stored, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_STORED)
+    data = bytearray(stored.read_bytes())
+    for signature, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+        start = 0
+        while (start := data.find(signature, start)) >= 0:
+            data[start + offset:start + offset + 2] = (9).to_bytes(2, "little")
+            start += 4
+    stored.write_bytes(bytes(data))
+    out = tmp_path / "out.h5"
+    result = CliRunner().invoke(app, ["-q", "preprocess", "medmnist", str(stored), "-o",
+                                      str(out)])
+    assert_clean_failure(result, "compression method", out)

@@ -89,15 +89,27 @@ class NpzArchive:
                 name = info.filename[:-4]
                 with self._zip.open(info) as fp:
                     self.members[name] = _read_header(self.path, name, fp)
-        except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
+        except NotImplementedError as exc:  # a member zipped with Deflate64, say
+            self.close()
+            raise CapsmedError(f"{self.path}: {exc}; re-save it with np.savez or "
+                               "np.savez_compressed") from None
+        except (zipfile.BadZipFile, zlib.error, OSError, EOFError, CapsmedError) as exc:
+            self.close()
+            if isinstance(exc, CapsmedError):
+                raise
             raise CapsmedError(f"{self.path}: cannot read the archive ({exc}); the file "
                                "is damaged or truncated") from None
+
+    def close(self) -> None:
+        """Close the archive (also on a failed open)."""
+        if getattr(self, "_zip", None) is not None:
+            self._zip.close()
 
     def __enter__(self) -> NpzArchive:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._zip.close()
+        self.close()
 
     def read(self, name: str) -> np.ndarray:
         """A whole member (for small arrays such as labels)."""
@@ -128,6 +140,9 @@ class NpzArchive:
                 if fp.read(1):
                     raise CapsmedError(f"{self.path}: {name} holds more bytes than its "
                                        f"header's shape {list(member.shape)}")
+        except NotImplementedError as exc:  # a member zipped with Deflate64, say
+            raise CapsmedError(f"{self.path}: {name}: {exc}; re-save it with np.savez or "
+                               "np.savez_compressed") from None
         except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
             raise CapsmedError(f"{self.path}: cannot read {name} ({exc}); the file is "
                                "damaged or truncated") from None
