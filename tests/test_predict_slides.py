@@ -140,6 +140,22 @@ def test_a_tupac16_run_warns_when_a_slide_is_read_at_another_scale(tiny_h5, tmp_
             in caplog.text)
 
 
+def test_a_patch_run_refuses_mpp_on_a_slide_with_non_square_pixels(tmp_path):
+    rgb = render_tupac16_image(np.random.default_rng(4), 256).rgb
+    path = tmp_path / "s.tif"
+    with tifffile.TiffWriter(path) as tw:  # 0.25 um/px across, 0.5 down: mean 0.375
+        for i, level in enumerate((rgb, rgb[::2, ::2].copy())):
+            tw.write(level, tile=(128, 128), photometric="rgb", metadata=None,
+                     subfiletype=int(i > 0), resolutionunit="CENTIMETER",
+                     resolution=(4e4 / 2 ** i, 2e4 / 2 ** i))
+    info = slides.describe_slide(path)
+    # level 1 is 0.75 um/px on their mean: it matched --mpp 0.75, and was neither
+    with pytest.raises(CapsmedError, match=r"s.tif: --mpp 0.75 asked but the slide's pixels "
+                                           r"are not square"):
+        slides._level(info, Overrides(mpp=0.75))
+    assert slides._level(info, Overrides(level=1)) == 1
+
+
 @pytest.fixture(scope="module")
 def wsi_run(tmp_path_factory):
     """A LeNet trained on tiles of three synthetic 0.25 um/px slides; their paths."""

@@ -225,6 +225,26 @@ def test_mpp_finer_than_level_0_or_level_out_of_range_is_refused():
         choose_resolution(_info_like(0.5), _cfg(slide_labels_csv="x", level=3))
 
 
+def test_mpp_on_a_slide_with_non_square_pixels_is_refused_not_read_at_their_mean(tmp_path):
+    # 0.25 um/px across, 0.5 down: --mpp 0.5 read 85 px squares of level 0 (their mean
+    # 0.375 um/px), tiles of 0.33 x 0.66 um/px recorded as 0.5
+    path = tmp_path / "a.tif"
+    with tifffile.TiffWriter(path) as tw:
+        for level in (_image(()), _image((), size=512)):
+            tw.write(level, tile=(256, 256), photometric="rgb", metadata=None,
+                     subfiletype=0 if len(level) == 1024 else 1, resolutionunit="CENTIMETER",
+                     resolution=(4e4 * len(level) / 1024, 2e4 * len(level) / 1024))
+    info = describe_slide(path)
+    assert info.mpp_xy == (0.25, 0.5)
+    with pytest.raises(CapsmedError, match=r"a.tif: --mpp 0.5 asked but the slide's pixels "
+                                           r"are not square \(0.25 x 0.5 um/px\)"):
+        choose_resolution(info, _cfg(slide_labels_csv="x", mpp=0.5))
+    # within 1%: square; --level reads pixels as they are
+    near = replace(_info_like(0.25), mpp_xy=(0.25, 0.2512), mpp=0.2506)
+    assert choose_resolution(near, _cfg(slide_labels_csv="x", mpp=0.5)).level == 1
+    assert choose_resolution(info, _cfg(slide_labels_csv="x", level=1)).level == 1
+
+
 def test_level_1_and_mpp_give_level_0_coordinates_scaled_by_the_downsample(tmp_path):
     path = _slide(tmp_path / "a.svs")
     labels = str(_labels_csv(tmp_path / "l.csv", ["a,x"]))
@@ -351,6 +371,35 @@ def test_slides_at_other_mpp_at_the_chosen_level_are_refused_not_mixed(tmp_path)
     unknown = _slide(tmp_path / "d.svs", mpp=None, size=768)
     labels = str(_labels_csv(tmp_path / "n.csv", ["a,x", "c,y", "d,y"]))
     preprocess_wsi([fine, near, unknown], tmp_path / "n.h5", _cfg(slide_labels_csv=labels))
+
+
+def _svs_with_power_only(path, power, size=768, seed=0):
+    """An Aperio file with AppMag and no MPP: OpenSlide reports the power, no mpp."""
+    rgb = _image(((128, 128, 640, 640),), size, seed)
+    half = cv2.resize(rgb, (size // 2, size // 2), interpolation=cv2.INTER_AREA)
+    with tifffile.TiffWriter(path) as tw:
+        for head, level in ((f"{size}x{size} [0,0 {size}x{size}] (256x256) Deflate", rgb),
+                            (f"{size}x{size} -> {size // 2}x{size // 2} - ", half)):
+            tw.write(level, tile=(256, 256), photometric="rgb", metadata=None,
+                     description=f"Aperio Image Library v12.0.15 \r\n{head}|AppMag = {power}")
+    return path
+
+
+def test_slides_without_mpp_at_other_objective_powers_are_refused_not_mixed(tmp_path):
+    # a 40x and a 20x scan that give no mpp, only their power, tiled at level 0: they
+    # were not compared, and their tiles went into one dataset at two scales
+    a, b = _svs_with_power_only(tmp_path / "a.svs", 40), \
+        _svs_with_power_only(tmp_path / "b.svs", 20)
+    assert (describe_slide(a).mpp, describe_slide(a).objective_power) == (None, "40")
+    labels = str(_labels_csv(tmp_path / "l.csv", ["a,x", "b,y"]))
+    with pytest.raises(CapsmedError, match=r"b.svs: objective power 20x at level 0, but "
+                                           r".*a.svs is 40x there"):
+        preprocess_wsi([a, b], tmp_path / "o.h5", _cfg(slide_labels_csv=labels))
+    # one power at the level, or a slide with mpp at 40x: as before
+    c = _svs_with_power_only(tmp_path / "c.svs", 40, seed=1)
+    preprocess_wsi([a, c, _slide(tmp_path / "d.svs", mpp=0.25, size=768)],
+                   tmp_path / "w.h5", _cfg(slide_labels_csv=str(_labels_csv(
+                       tmp_path / "m.csv", ["a,x", "c,y", "d,y"]))))
 
 
 def test_slide_labels_split_by_slide_and_workers_give_identical_files(tmp_path):

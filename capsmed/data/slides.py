@@ -30,6 +30,9 @@ DEEP_MODES = {"I;16": "16-bit grey", "I;16B": "16-bit grey", "I;16L": "16-bit gr
               "I;16N": "16-bit grey", "I": "32-bit integer", "F": "floating-point"}
 
 
+ANISOTROPY_TOLERANCE = 0.01  # mpp-x and mpp-y this close (relative) are square pixels
+
+
 @dataclass(frozen=True)
 class SlideInfo:
     """What a slide says about itself (all of it is recorded in the dataset file)."""
@@ -104,7 +107,7 @@ def describe_slide(path: Path) -> SlideInfo:
         props = dict(slide.properties)
         mx, my = _positive(props.get("openslide.mpp-x")), _positive(props.get("openslide.mpp-y"))
         mpp_xy = None if mx is None else (mx, my or mx)
-        if mpp_xy and abs(mpp_xy[0] - mpp_xy[1]) > 0.01 * mpp_xy[0]:
+        if mpp_xy and abs(mpp_xy[0] - mpp_xy[1]) > ANISOTROPY_TOLERANCE * min(mpp_xy):
             log.warning("%s: non-square pixels (mpp %s x %s); using their mean", path, *mpp_xy)
         return SlideInfo(
             path=str(path), slide_id=path.stem, reader=type(slide).__name__,
@@ -115,6 +118,18 @@ def describe_slide(path: Path) -> SlideInfo:
             mpp=None if mpp_xy is None else sum(mpp_xy) / 2, mpp_xy=mpp_xy,
             objective_power=props.get("openslide.objective-power"),
             file_size=path.stat().st_size, quickhash=props.get("openslide.quickhash-1"))
+
+
+def square_mpp(info: SlideInfo, asked: float) -> float:
+    """The (known) slide's level-0 microns per pixel for ``--mpp asked``, refusing non-square
+    pixels: a square tile read there would be another size across than down, and
+    neither side at the mpp asked (0.25 x 0.5 um/px at --mpp 0.5: 0.33 x 0.66)."""
+    mx, my = info.mpp_xy or (info.mpp, info.mpp)
+    if abs(mx - my) > ANISOTROPY_TOLERANCE * min(mx, my):
+        raise CapsmedError(f"{info.path}: --mpp {asked} asked but the slide's pixels are not "
+                           f"square ({mx:.4g} x {my:.4g} um/px); square tiles read from it "
+                           "would be at neither; use --level instead")
+    return info.mpp
 
 
 def tissue_fractions(mask: np.ndarray, dims0: tuple[int, int], xs: np.ndarray,

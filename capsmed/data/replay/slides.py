@@ -15,7 +15,7 @@ import numpy as np
 from capsmed.data.patches import grid_centres, window_fraction
 from capsmed.data.replay.options import Overrides
 from capsmed.data.replay.windows import CHUNK, THUMBNAIL_SIDE, Prepared, check_centres
-from capsmed.data.slides import SlideInfo, describe_slide, on_white, open_slide
+from capsmed.data.slides import SlideInfo, describe_slide, on_white, open_slide, square_mpp
 from capsmed.errors import CapsmedError
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,9 @@ def _level(info: SlideInfo, overrides: Overrides) -> int:
     if info.mpp is None:
         raise CapsmedError(f"{info.path}: --mpp given but the slide has no microns-per-pixel "
                            "metadata; use --level")
+    mpp = square_mpp(info, overrides.mpp)
     for level, ds in enumerate(info.level_downsamples):
-        if abs(info.mpp * ds / overrides.mpp - 1) <= 0.01:
+        if abs(mpp * ds / overrides.mpp - 1) <= 0.01:
             return level
     shown = ", ".join(f"{info.mpp * d:.3g}" for d in info.level_downsamples)
     raise CapsmedError(f"{info.path}: no level at {overrides.mpp} um/px (levels: {shown})")

@@ -37,6 +37,7 @@ from capsmed.data.slides import (
     find_slides,
     open_slide,
     read_tile,
+    square_mpp,
     tissue_fractions,
 )
 from capsmed.data.sources.wsi import SOURCE, tile_labels
@@ -63,7 +64,7 @@ def choose_resolution(info: SlideInfo, cfg: WsiConfig) -> Resolution:
     if info.mpp is None:
         raise CapsmedError(f"{info.path}: --mpp {cfg.mpp} asked but the slide has no "
                            "microns-per-pixel metadata; use --level instead")
-    target = cfg.mpp / info.mpp
+    target = cfg.mpp / square_mpp(info, cfg.mpp)
     if target < 1 - LEVEL_TOLERANCE:
         raise CapsmedError(f"{info.path}: --mpp {cfg.mpp} is finer than the slide's level 0 "
                            f"({info.mpp:.4g} um/px); upsampling is not supported")
@@ -216,21 +217,48 @@ def _check_one_scale(resolutions: dict[str, Resolution], by_id: dict[str, SlideI
                      cfg: WsiConfig) -> None:
     """Refuse slides tiled at a fixed level whose microns per pixel there differ by more
     than :data:`LEVEL_TOLERANCE`: one dataset would mix tissue at different physical
-    scales (a 20x and a 40x scan). ``--mpp`` tiles every slide at one scale. Slides
-    without mpp metadata are not compared: nothing says at which scale they are."""
+    scales (a 20x and a 40x scan). ``--mpp`` tiles every slide at one scale. Where a
+    slide has no mpp metadata, objective powers are compared instead; a slide with
+    neither is not compared: nothing says at which scale it is."""
     if cfg.mpp is not None:
         return
     known = {s: r.mpp for s, r in resolutions.items() if r.mpp}
-    if len(known) < 2:
-        return
-    fine, coarse = min(known, key=known.__getitem__), max(known, key=known.__getitem__)
-    if known[coarse] / known[fine] - 1 > LEVEL_TOLERANCE:
+    fine = min(known, key=known.__getitem__, default=None)
+    coarse = max(known, key=known.__getitem__, default=None)
+    if fine is not None and known[coarse] / known[fine] - 1 > LEVEL_TOLERANCE:
         level = resolutions[coarse].level
         raise CapsmedError(f"{by_id[coarse].path}: {known[coarse]:.4g} um/px at level "
                            f"{level}, but {by_id[fine].path} is {known[fine]:.4g} um/px "
                            "there: their tiles would show tissue at different scales; give "
                            f"--mpp (e.g. --mpp {known[coarse]:.4g}) to tile every slide at "
                            "one resolution")
+    if len(known) < len(resolutions):
+        _check_one_power(resolutions, by_id)
+
+
+def _check_one_power(resolutions: dict[str, Resolution], by_id: dict[str, SlideInfo]
+                     ) -> None:
+    """Where a slide has no mpp, its objective power (e.g. Aperio's AppMag without MPP)
+    still tells its scale: refuse slides whose power at the level tiled differs by more
+    than :data:`LEVEL_TOLERANCE` (a 20x and a 40x scan tiled at level 0)."""
+    powers = {}
+    for s, r in resolutions.items():
+        try:
+            power = float(by_id[s].objective_power or "nan")
+        except ValueError:  # some scanners write text
+            continue
+        if 0 < power < math.inf:
+            powers[s] = power / r.downsample
+    if len(powers) < 2:
+        return
+    low, high = min(powers, key=powers.__getitem__), max(powers, key=powers.__getitem__)
+    if powers[high] / powers[low] - 1 > LEVEL_TOLERANCE:
+        raise CapsmedError(f"{by_id[low].path}: objective power {powers[low]:g}x at level "
+                           f"{resolutions[low].level}, but {by_id[high].path} is "
+                           f"{powers[high]:g}x there (a slide without mpp metadata is among "
+                           "them): their tiles would show tissue at different scales; "
+                           "tile them into separate datasets, or give slides with mpp "
+                           "metadata and --mpp")
 
 
 def _refuse_copies(infos: list[SlideInfo]) -> None:
