@@ -142,9 +142,10 @@ def setup_logging(level: int) -> None:
 
 
 def parse_key_values(pairs: list[str] | None, option: str) -> dict[str, Any]:
-    """``["a=1", "b=[2,3]"]`` -> ``{"a": 1, "b": [2, 3]}`` (values parsed as YAML scalars);
-    a key given twice is refused."""
-    import yaml
+    """``["a=1", "b=[2,3]"]`` -> ``{"a": 1, "b": [2, 3]}`` (values parsed as YAML scalars,
+    by :func:`capsmed.yamlfile.load_value`: ``no``, ``010``, ``1:30`` refused); a key given
+    twice is refused."""
+    from capsmed.yamlfile import load_value
 
     out: dict[str, Any] = {}
     given: dict[str, str] = {}  # key -> the value as typed, to name a repeated key
@@ -157,7 +158,7 @@ def parse_key_values(pairs: list[str] | None, option: str) -> dict[str, Any]:
             raise CapsmedError(f"{option} {key} given twice ('{given[key]}' and "
                                f"'{value}'); give it once")
         given[key] = value
-        out[key] = yaml.safe_load(value)
+        out[key] = load_value(value, f"{option} {key}")  # seeds=[010]: refused, not 8
     return out
 
 
