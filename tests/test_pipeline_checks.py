@@ -116,6 +116,21 @@ REFUSED = {  # id: (change to the smoke pipeline, text of the one-line error)
     "requires-key": (lambda r: next(iter(r["datasets"].values())).update(
         {"requires": [{"path": "x", "mak": "capsmed synth ..."}]}),
         ".requires: each entry is {path: ..., make: ...}"),
+    # str() passed YAML null as the argument 'None', a list as one argument '[10, 12]'
+    "stage-command-null": (lambda r: r["datasets"]["tupac16"]["commands"][0].append(None),
+                           "datasets.tupac16.commands: command argument None is not text"),
+    "stage-command-list": (lambda r: r["datasets"]["tupac16"]["commands"][1].extend(
+        ["--size", [10, 12]]), "command argument [10, 12] is not text or a number"),
+    # a null variable as a path was the folder ./None (a scratch one: removed)
+    "stage-scratch-null": (lambda r: (r["variables"].update({"raw": None}),
+                                      r["datasets"]["tupac16"].update({"scratch": ["{raw}"]})),
+                           "datasets.tupac16.scratch: None is not text or a number"),
+    "analysis-output-null": (lambda r: (r["variables"].update({"dest": None}),
+                                        r["analyses"][0].update({"output": "{dest}"})),
+                             "analyses.routing-seed0.output: None is not text"),
+    "analysis-command-bool": (_analysis(["analyze", "routing",
+                                         "{runs:arch=capsnet,condition=full,seed=0}", True]),
+                              "analyses.routing-seed0.command: command argument True"),
 }
 
 

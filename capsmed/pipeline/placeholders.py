@@ -30,6 +30,27 @@ def interpolate(value: Any, names: Mapping[str, Any], where: str, path: Path) ->
     return value
 
 
+def command_args(command: Any, names: Mapping[str, Any], where: str, path: Path
+                 ) -> tuple[str, ...]:
+    """A command of a data stage or an analysis, filled: each argument text or a number.
+    ``str()`` made YAML ``null`` the word None, ``true`` True and ``[10, 12]`` one
+    argument '[10, 12]', all passed on to the command."""
+    if not isinstance(command, list):
+        raise fail(path, f"{where}: a command is a list of arguments, got {command!r}")
+    return tuple(as_text(interpolate(arg, names, where, path), f"{where}: command argument",
+                         path) for arg in command)
+
+
+def as_text(value: Any, where: str, path: Path) -> str:
+    """``value`` (filled) as the text of an argument or a path; YAML ``null``, true/false,
+    a list or a mapping refused: ``str()`` made them 'None' ('{out}/raw' with a null
+    ``{raw}`` as scratch was the folder ./None, removed before the stage ran)."""
+    if value is None or isinstance(value, bool | list | dict):
+        raise fail(path, f"{where} {value!r} is not text or a number (it would be "
+                   f"used as '{value}'); quote it, or give the value")
+    return str(value)
+
+
 def _text(name: str, text: str, names: Mapping[str, Any], where: str, path: Path) -> str:
     """A placeholder inside a longer string: a null (``--set out=`` of an unset shell
     variable) would become the word None in a path or an option."""

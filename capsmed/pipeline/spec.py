@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from capsmed.evaluate.claims import Claim
 from capsmed.pipeline import resources as res
 from capsmed.pipeline.checks import (
@@ -37,11 +35,12 @@ from capsmed.pipeline.checks import (
     run_filter,
 )
 from capsmed.pipeline.executors import check_executor_section
-from capsmed.pipeline.placeholders import fail, interpolate
+from capsmed.pipeline.placeholders import as_text, command_args, fail, interpolate
 from capsmed.pipeline.stages import Stage, check_file_name, read_stages
 from capsmed.pipeline.study_claims import read_claims
 from capsmed.pipeline.yamlfile import read_pipeline_yaml
 from capsmed.train.config import TrainConfig
+from capsmed.yamlfile import load_value
 
 TOP_KEYS = {"name", "description", "paper", "variables", "datasets", "grid", "exclude",
             "train", "rules", "evaluate", "analyses", "report", "claims", "executor",
@@ -120,7 +119,7 @@ def _variables(raw: dict[str, Any], overrides: Mapping[str, Any], path: Path) ->
     for key, default in declared.items():
         env = os.environ.get(f"CAPSMED_{key.upper()}")
         value = overrides[key] if key in overrides else (
-            yaml.safe_load(env) if env is not None else default)
+            load_value(env, f"CAPSMED_{key.upper()}") if env is not None else default)
         values[key] = interpolate(value, values, f"variable '{key}'", path)
     return values
 
@@ -288,13 +287,13 @@ def _analyses(raw: dict[str, Any], names: dict[str, Any], runs: list[RunSpec],
             raise fail(path, f"analyses[{i}]: needs name and command (output optional)")
         where = f"analyses.{spec['name']}"
         check_file_name(spec["name"], where, path)
-        output = (Path(str(interpolate(spec["output"], names, where, path)))
-                  if spec.get("output") else None)
+        output = (Path(as_text(interpolate(spec["output"], names, where, path),
+                               f"{where}.output:", path)) if spec.get("output") else None)
         local = {**names, "output": str(output)}
         # {runs:FILTER} stays a placeholder here: the runner expands it to run dirs
         keep = {m: m for m in re.findall(r"\{(runs:[^}]*)\}", " ".join(map(str, spec["command"])))}
-        command = tuple(str(interpolate(a, {**local, **{k: "{" + k + "}" for k in keep}},
-                                        where, path)) for a in spec["command"])
+        command = command_args(spec["command"], {**local, **{k: "{" + k + "}" for k in keep}},
+                               f"{where}.command", path)
         for arg in command:
             _check_run_filter(arg, runs, axes, where, path)
         if any(a.name == str(spec["name"]) for a in out):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from capsmed.pipeline import resources as res
-from capsmed.pipeline.placeholders import fail, interpolate
+from capsmed.pipeline.placeholders import as_text, command_args, fail, interpolate
 
 STAGE_KEYS = {"output", "requires", "commands", "scratch", "note", "resources", "expect"}
 EXPECT_KEYS = {"image_size", "channels", "splits"}
@@ -60,14 +60,17 @@ def read_stages(raw: dict[str, Any], names: dict[str, Any], path: Path) -> dict[
             if not isinstance(r, dict) or "path" not in r or set(r) - REQUIRE_KEYS:
                 raise fail(path, f"{where}.requires: each entry is {{path: ..., make: ...}}"
                             f", got {r!r}")
-        output = Path(str(interpolate(spec["output"], names, where, path)))
+        output = Path(as_text(interpolate(spec["output"], names, where, path),
+                              f"{where}.output:", path))
         local = {**names, "output": str(output)}
-        commands = tuple(tuple(str(a) for a in interpolate(c, local, where, path))
+        commands = tuple(command_args(c, local, f"{where}.commands", path)
                          for c in spec.get("commands") or [])
-        requires = tuple(Requirement(Path(str(interpolate(r["path"], local, where, path))),
+        requires = tuple(Requirement(Path(as_text(interpolate(r["path"], local, where, path),
+                                                  f"{where}.requires: path", path)),
                                      str(interpolate(r.get("make", ""), local, where, path)))
                          for r in spec.get("requires") or [])
-        scratch = tuple(Path(str(interpolate(s, local, where, path)))
+        scratch = tuple(Path(as_text(interpolate(s, local, where, path),
+                                     f"{where}.scratch:", path))
                         for s in spec.get("scratch") or [])
         own = res.check_resources(interpolate(spec.get("resources"), local, where, path),
                                   f"{where}.resources", path)
