@@ -275,10 +275,10 @@ def test_multimnist_trains_on_both_digits_and_reports_two_digit_accuracy(multi, 
     seen = []
     real = losses.two_label_loss
 
-    def spy(kind, out, target, recon_weight, decoder):
+    def spy(kind, out, target, recon_weight, decoder, **rest):
         seen.append((target.first.clone(), target.second.clone(),
                      target.image_a is not None, decoder is not None))
-        return real(kind, out, target, recon_weight, decoder)
+        return real(kind, out, target, recon_weight, decoder, **rest)
 
     monkeypatch.setattr(step_module, "two_label_loss", spy)
     run = train(TrainConfig(data=str(multi), arch="capsnet", epochs=1, batch_size=16,

@@ -89,10 +89,14 @@ TWO_LABEL_LOSSES = ("margin", "ce")  # what two_label_loss knows
 
 
 def two_label_loss(loss_kind: str, output: ModelOutput, target: TwoLabels, recon_weight: float,
-                   decoder: torch.nn.Module | None) -> torch.Tensor:
+                   decoder: torch.nn.Module | None, images: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """Sabour et al.'s MultiMNIST loss: both classes present (margin loss with two
     targets; binary cross-entropy on a multi-hot target for ConvNets), and each object
-    reconstructed from its own class capsule against its own source image."""
+    reconstructed from its own class capsule against its own source image. An unmasked
+    decoder (``reconstruction=plain``, convnet-r) sees every capsule at once: it
+    reconstructs the whole input ``images``, both objects (scored against each object
+    in turn, it learnt their average)."""
     scores = output.scores.float()
     k = scores.shape[1]
     t = (F.one_hot(target.first, k) + F.one_hot(target.second, k)).clamp(max=1).float()
@@ -104,7 +108,11 @@ def two_label_loss(loss_kind: str, output: ModelOutput, target: TwoLabels, recon
     else:
         raise CapsmedError(f"two-label training supports {' and '.join(TWO_LABEL_LOSSES)} "
                            f"losses, not '{loss_kind}'")
-    if (recon_weight > 0 and output.reconstruction is not None and decoder is not None
+    if recon_weight > 0 and output.reconstruction is not None and decoder is not None \
+            and not getattr(decoder, "conditional", True):
+        if images is not None:
+            loss = loss + recon_weight * reconstruction_loss(output.reconstruction, images)
+    elif (recon_weight > 0 and output.reconstruction is not None and decoder is not None
             and target.image_a is not None and target.image_b is not None):
         # the decoder's weights are fp32 and this call is outside the forward pass's
         # autocast: capsules an autocast layer made (bf16 / fp16) would not fit them

@@ -304,17 +304,6 @@ class Run:
             raise CapsmedError(f"{info.path}: two-label training (MultiMNIST) supports "
                                f"{' and '.join(TWO_LABEL_LOSSES)} losses; {cfg.arch} trains "
                                f"with the {self.model.loss_kind} loss")
-        decoder = self.model.decoder
-        if (self.two_labels and decoder is not None
-                and not getattr(decoder, "conditional", True)
-                and cfg.recon_weight > 0
-                and getattr(self.train_data, "sources", None) is not None):
-            # an unmasked decoder makes one image of both objects, scored against each
-            # object's own image: it learns their average, not either object
-            raise CapsmedError(f"{info.path}: two-label training reconstructs each object "
-                               f"from its own class capsule; {cfg.arch}'s decoder is "
-                               "unmasked (reconstruction=plain, convnet-r): use "
-                               "reconstruction=conditional, or --recon-weight 0")
         steps = cfg.steps_per_epoch
         if steps is None and (cfg.fraction not in (None, 1.0) or cfg.imbalance):
             # paper 000: a subset trains as many iterations as one pass over the full

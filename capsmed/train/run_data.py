@@ -195,7 +195,8 @@ def _two_label_loader(info: DatasetInfo, split: str, rows: np.ndarray | None,
         sources = np.stack(pair, axis=1)
     else:
         log.warning("%s: no per-object source images (image_a/image_b); the two-label "
-                    "run trains without the reconstruction loss", info.path)
+                    "run trains without the per-object reconstruction loss (an unmasked "
+                    "decoder still reconstructs the whole input)", info.path)
     if images is None:
         images = read_images(info.path, split, rows)
     return DeviceSplit(images, labels, device, second=second, sources=sources)

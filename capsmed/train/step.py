@@ -133,7 +133,7 @@ def loss_and_correct(out: ModelOutput, x: torch.Tensor, y: torch.Tensor | TwoLab
     """The training loss (fp32) and the number of correct predictions of a batch."""
     if isinstance(y, TwoLabels):
         loss = two_label_loss(settings.loss_kind, out, y, settings.recon_weight,
-                              settings.decoder)
+                              settings.decoder, images=x)
     else:
         loss = training_loss(settings.loss_kind, out, x, y, settings.recon_weight,
                              settings.class_weights if weighted else None)
