@@ -150,3 +150,27 @@ def test_a_diaretdb1_centre_whose_window_reaches_past_the_image_is_refused(tmp_p
     padded = make_recipe(TUPAC16, Overrides()).prepare(tmp_path / "fundus.tif",
                                                        np.array([[0, 0]]))
     assert sum(len(c) for c, _ in padded.chunks) == 1
+
+
+def test_files_recording_an_option_that_did_nothing_are_still_replayed(tmp_path):
+    """preprocess refuses options that change nothing (h_max without hematoxylin,
+    unlabelled beside slide labels, an empty group pattern), but files written before
+    record them: predict rebuilt the config from the record and refused every such run."""
+    from dataclasses import asdict
+
+    from capsmed.data.sources.folder.config import FolderConfig
+    from capsmed.data.sources.wsi.config import WsiConfig
+    from capsmed.data.sources.wsi.recipe import wsi_config
+
+    tiles = asdict(WsiConfig(tile_size=64, output_size=28, slide_labels_csv="labels.csv"))
+    tiles |= {"h_max": 2.0, "unlabelled": "drop", "background_class": "tissue"}
+    wsi = DatasetRecord("wsi", ("normal", "tumor"), 3, (28, 28), tiles, source_kind="wsi")
+    cfg = wsi_config(wsi, Overrides())
+    assert (cfg.tile_size, cfg.slide_labels_csv, cfg.stain) == (64, "labels.csv", "none")
+
+    photos = {**asdict(FolderConfig(channels=3, size=16)), "group_pattern": "", "classes": []}
+    folder = DatasetRecord("myset", ("a", "b"), 3, (16, 16), photos, source_kind="folder")
+    image = tmp_path / "x.png"
+    cv2.imwrite(str(image), np.full((20, 20, 3), 90, np.uint8))
+    prepared = make_recipe(folder, Overrides()).prepare(image, None)
+    assert next(prepared.chunks)[0].shape == (1, 3, 16, 16)

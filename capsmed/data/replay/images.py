@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import logging
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -156,12 +157,17 @@ class WholeImage(abc.ABC):
                         expected=1, windowed=False)
 
 
-def config_from_record(config: type, record: DatasetRecord) -> Any:
+def config_from_record(config: type, record: DatasetRecord,
+                       as_applied: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                       ) -> Any:
     """``config`` (a source's options dataclass) rebuilt from the recorded parameters
-    it has (JSON gives lists where a config holds tuples)."""
+    it has (JSON gives lists where a config holds tuples). ``as_applied`` maps them to
+    what they did, for a file written before an option that did nothing there was
+    refused (it is replayed as it was made, not refused)."""
     known = {f.name for f in fields(config)}
     given = {k: tuple(v) if isinstance(v, list) else v
              for k, v in record.preprocessing.items() if k in known}
+    given = as_applied(given) if as_applied is not None else given
     try:
         return config(**given)
     except CapsmedError as exc:

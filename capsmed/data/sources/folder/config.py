@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
 from capsmed.data.normalise_options import check_stain_norm
@@ -99,3 +99,15 @@ class FolderConfig:
             raise CapsmedError(f"folds must be within 2..127, got {self.folds}")
         if self.folds is not None and self.split_files:
             raise CapsmedError("folds and split files exclude each other")
+
+
+def as_applied(values: dict[str, Any]) -> dict[str, Any]:
+    """Recorded parameters as they were applied: a file written before an empty
+    ``group_pattern`` or ``classes`` was refused records it, and it meant none given
+    (one group per image, every subfolder); ``capsmed predict`` replays it so."""
+    out = dict(values)
+    if out.get("group_pattern") == "":
+        out["group_pattern"] = None
+    if out.get("classes") is not None and not out["classes"]:
+        out["classes"] = None
+    return out

@@ -10,7 +10,7 @@ import numpy as np
 
 from capsmed.data.normalise import recorded_normaliser
 from capsmed.data.replay.images import WholeImage, config_from_record
-from capsmed.data.sources.folder.config import FolderConfig
+from capsmed.data.sources.folder.config import FolderConfig, as_applied
 from capsmed.data.sources.folder.reader import load_image
 from capsmed.errors import CapsmedError
 
@@ -19,7 +19,7 @@ class FolderImage(WholeImage):
     """One image file of a class-folder set."""
 
     def convert(self, path: Path) -> tuple[np.ndarray, tuple[int, int]]:
-        cfg = config_from_record(FolderConfig, self.record)
+        cfg = config_from_record(FolderConfig, self.record, as_applied)
         stain = recorded_normaliser(self.record.preprocessing, self.record.origin)
         image, native, _, _ = load_image(path, self.channels, cfg, stain)
         if image.shape[1:] != self.shape:

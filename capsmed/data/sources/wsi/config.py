@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from capsmed.data.domains import DEFAULT_DOMAIN, get_domain
 from capsmed.data.normalise_options import check_stain_norm
@@ -145,3 +145,20 @@ class WsiConfig:
     @property
     def out_size(self) -> int:
         return self.output_size or self.tile_size
+
+
+def as_applied(values: dict[str, Any]) -> dict[str, Any]:
+    """Recorded parameters with the options that changed nothing back at their defaults:
+    a file written before they were refused (``h_max`` without ``--stain
+    hematoxylin``, ``unlabelled`` or ``background_class`` beside ``--slide-labels``,
+    ``background_class`` with ``--unlabelled drop``) records them as given, and
+    ``capsmed predict`` replays it as it was made."""
+    out = dict(values)
+    if out.get("stain", "none") != "hematoxylin":
+        out.pop("h_max", None)
+    if out.get("slide_labels_csv") is not None:
+        out.pop("unlabelled", None)
+        out.pop("background_class", None)
+    if out.get("unlabelled") == "drop":
+        out.pop("background_class", None)
+    return out

@@ -23,7 +23,7 @@ from capsmed.data.replay.options import Overrides
 from capsmed.data.replay.slides import scale_note
 from capsmed.data.replay.windows import CHUNK, THUMBNAIL_SIDE, Prepared, check_centres
 from capsmed.data.slides import Resolution, describe_slide, open_slide, tissue_fractions
-from capsmed.data.sources.wsi.config import WsiConfig
+from capsmed.data.sources.wsi.config import WsiConfig, as_applied
 from capsmed.data.sources.wsi.reader import (
     choose_resolution,
     grid_edges,
@@ -35,7 +35,7 @@ from capsmed.errors import CapsmedError
 
 def wsi_config(record: DatasetRecord, overrides: Overrides) -> WsiConfig:
     """The recorded tiling parameters, with the user's overrides."""
-    cfg = config_from_record(WsiConfig, record)
+    cfg = config_from_record(WsiConfig, record, as_applied)
     try:
         if overrides.level is not None or overrides.mpp is not None:
             cfg = replace(cfg, level=overrides.level, mpp=overrides.mpp)
