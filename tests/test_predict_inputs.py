@@ -192,3 +192,22 @@ def test_a_run_folder_given_as_input_is_refused(tmp_path):
         gather_inputs([run], slides=False)
     (run / "checkpoint.json").unlink()  # a folder of images that holds a config.yaml
     assert len(gather_inputs([run], slides=False)) == 2
+
+
+def test_a_folder_holding_or_inside_a_run_folder_is_refused(tmp_path):
+    """The refusal of a run folder given as input missed its twins: a folder of runs
+    (``runs/``) or the run's ``report/`` had the curves and confusion matrices
+    predicted as images, exit 0."""
+    run = tmp_path / "runs" / "lenet-seed0"
+    for name in ("config.yaml", "checkpoint.json", "curves.png",
+                 "report/confusion_matrix.png"):
+        touch(run / name)
+    with pytest.raises(CapsmedError, match=f"{tmp_path / 'runs'}: holds a training run "
+                       f"folder \\({run}\\), not a folder of images"):
+        gather_inputs([tmp_path / "runs"], slides=False)
+    with pytest.raises(CapsmedError, match=f"{run / 'report'}: lies in a training run "
+                       f"folder \\({run}\\)"):
+        gather_inputs([run / "report"], slides=False)
+    images = tmp_path / "images"
+    touch(images / "a" / "01.png")
+    assert len(gather_inputs([images], slides=False)) == 1

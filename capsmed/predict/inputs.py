@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import os
@@ -47,13 +48,9 @@ def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
     found: list[Path] = []
     for item in map(Path, given):
         if item.is_dir():
-            if (item / "config.yaml").is_file() and (item / "checkpoint.json").is_file():
-                # its curves and report figures would be predicted as images, exit 0
-                raise CapsmedError(f"{item}: is a training run folder, not a folder of "
-                                   "images (the run to apply comes first: capsmed predict "
-                                   "RUN_DIR INPUT... -o OUT)")
             others: list[Path] = []
             files = FolderWalk().files(item, suffixes, others=others)
+            _refuse_run_folders(item, files)
             if not files:
                 raise CapsmedError(f"{item}: no input files in this folder (looked for "
                                    f"{', '.join(suffixes)})")
@@ -83,6 +80,28 @@ def gather_inputs(given: list[Path], slides: bool) -> list[InputFile]:
         taken.add(unique.casefold())
         out.append(InputFile(path, str(path), unique))
     return out
+
+
+def _is_run_folder(folder: Path) -> bool:
+    return (folder / "config.yaml").is_file() and (folder / "checkpoint.json").is_file()
+
+
+def _refuse_run_folders(item: Path, files: list[Path]) -> None:
+    """Refuse an input folder that is, holds or lies in a training run folder (``RUN``,
+    a folder of runs, ``RUN/report``): its curves and report figures would be predicted
+    as images, exit 0."""
+    folders = {item, *item.parents[:2]}  # RUN/report, RUN/analysis/NAME
+    for parent in {path.parent for path in files}:  # a few folders for many files
+        with contextlib.suppress(ValueError):  # a file reached by a link out of item
+            parts = parent.relative_to(item).parts
+            folders.update(item.joinpath(*parts[:k]) for k in range(1, len(parts) + 1))
+    for folder in sorted(folders, key=lambda p: len(p.parts)):
+        if _is_run_folder(folder):
+            where = ("is a training run folder" if folder == item else
+                     f"{'holds' if item in folder.parents else 'lies in'} a training run "
+                     f"folder ({folder})")
+            raise CapsmedError(f"{item}: {where}, not a folder of images (the run to apply "
+                               "comes first: capsmed predict RUN_DIR INPUT... -o OUT)")
 
 
 def _refuse_unread_images(folder: Path, others: list[Path], suffixes: tuple[str, ...]
