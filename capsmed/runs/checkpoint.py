@@ -46,17 +46,7 @@ def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
         raise CapsmedError(f"{run_dir}: no checkpoint ({META} + {WEIGHTS}); did training "
                            "finish at least one epoch?")
     meta = read_meta(meta_path)
-    # read once: the bytes checked are the bytes loaded (training may replace the file
-    # between a digest and a second read, scoring epoch N+1 under epoch N's metadata)
-    try:
-        blob = weights_path.read_bytes()
-    except OSError as exc:
-        raise CapsmedError(f"{weights_path}: cannot read ({exc.strerror})") from None
-    digest = f"sha256:{hashlib.sha256(blob).hexdigest()}"  # as file_digest writes it
-    if meta.get("weights_digest") not in (None, digest):
-        raise CapsmedError(f"{weights_path}: not the weights {META} was written with "
-                           "(their digests differ): the two files come from different "
-                           "checkpoints")
+    blob, _ = read_checked_weights(weights_path, meta.get("weights_digest"))
     _check_matches_config(run_dir, meta)
     try:
         model = create_model(meta["arch"], **meta["model_kwargs"])
@@ -65,17 +55,38 @@ def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
     except (TypeError, ValueError, RuntimeError) as exc:
         raise CapsmedError(f"{meta_path}: the model cannot be rebuilt from its arguments "
                            f"({first_line(exc)})") from None
-    try:
-        state = load_weights(blob)
-    except Exception as exc:  # safetensors raises its own error types on corrupt files
-        raise CapsmedError(f"{weights_path}: cannot read weights ({first_line(exc)})"
-                           ) from None
+    state = parse_weights(blob, weights_path)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
         raise CapsmedError(f"{weights_path}: weights do not fit architecture "
                            f"'{meta['arch']}' ({first_line(exc)})") from None
     return model.to(device).eval(), meta
+
+
+def read_checked_weights(path: Path, recorded: str | None) -> tuple[bytes, str]:
+    """A checkpoint's weights file read once, and its ``sha256:`` digest, refused unless
+    it is the ``recorded`` digest (None: not recorded): the bytes checked are the bytes
+    loaded (training may replace the file between a digest and a second read, which
+    scored epoch N+1 under epoch N's metadata)."""
+    try:
+        blob = Path(path).read_bytes()
+    except OSError as exc:
+        raise CapsmedError(f"{path}: cannot read ({exc.strerror})") from None
+    digest = f"sha256:{hashlib.sha256(blob).hexdigest()}"  # as file_digest writes it
+    if recorded not in (None, digest):
+        raise CapsmedError(f"{path}: not the weights {META} was written with (their "
+                           "digests differ): the two files come from different "
+                           "checkpoints")
+    return blob, digest
+
+
+def parse_weights(blob: bytes, path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file's bytes (``path`` names it in errors)."""
+    try:
+        return load_weights(blob)
+    except Exception as exc:  # safetensors raises its own error types on corrupt files
+        raise CapsmedError(f"{path}: cannot read weights ({first_line(exc)})") from None
 
 
 def _check_matches_config(run_dir: Path, meta: dict[str, Any]) -> None:

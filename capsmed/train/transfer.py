@@ -38,9 +38,7 @@ def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str
             include the class layer and the two runs' classes differ; if nothing would
             be left to train.
     """
-    from safetensors.torch import load_file
-
-    from capsmed.data.digest import file_digest
+    from capsmed.runs.checkpoint import parse_weights, read_checked_weights
     from capsmed.train.checkpoint import META, WEIGHTS
     from capsmed.train.run_config import training_unfinished
 
@@ -54,14 +52,11 @@ def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str
     if not path.is_file() or not (source / META).is_file():
         raise CapsmedError(f"{path}: no checkpoint to transfer from")
     meta = _source_meta(source / META)
-    digest = file_digest(path)
-    if meta.get("weights_digest") not in (None, digest):
-        raise CapsmedError(f"{path}: not the weights {META} was written with (their "
-                           "digests differ): the two files come from different checkpoints")
+    blob, digest = read_checked_weights(path, meta.get("weights_digest"))  # read once
     if meta.get("arch") != arch:  # same names and shapes need not mean the same layers
         raise CapsmedError(f"{source}: a run of architecture '{meta.get('arch')}'; layers "
                            f"transfer between runs of the same architecture ('{arch}')")
-    weights = load_file(str(path))
+    weights = parse_weights(blob, path)
     params = dict(model.named_parameters())
     ours = model.state_dict()  # parameters and their layers' buffers
     theirs = meta.get("class_names")
