@@ -164,3 +164,18 @@ def test_no_images_give_no_rows_of_the_runs_classes(lenet_run):
     shape = run.input_shape
     scores = run.predict(np.zeros((0, *shape), np.uint8))
     assert scores.shape == (0, len(run.class_names))
+
+
+def test_predicting_with_a_run_of_an_older_data_revision_says_so(lenet_run, caplog,
+                                                                   monkeypatch):
+    """A run trained on images of an older data revision (revision 6 left stain-
+    normalised glass as glass) was replayed with today's preprocessing unsaid."""
+    import capsmed.data.schema as schema
+
+    image = np.full((40, 40), 200, np.uint8)
+    capsmed.predict_array(lenet_run, image)
+    assert "data revision" not in caplog.text
+    monkeypatch.setattr(schema, "DATA_REVISION", schema.DATA_REVISION + 1)
+    capsmed.predict_array(lenet_run, image)
+    assert f"trained on images of capsmed's data revision {schema.DATA_REVISION - 1}" in \
+        " ".join(caplog.text.split())

@@ -162,7 +162,24 @@ class OpenRun:
             check_dataset_unchanged(self.config, self.run_dir, Path(record.origin))
         check_fits(self.meta, record.origin, record.class_names, record.channels,
                    record.image_size)
+        self._warn_older_revision()
         return record
+
+    def _warn_older_revision(self) -> None:
+        """Say when the run's training file was made by an older data revision: the
+        preprocessing replayed now (this capsmed's) makes other images of some inputs
+        than training saw (capsmed/data/schema.py says which)."""
+        from capsmed.data.schema import DATA_REVISION
+
+        try:
+            revision = read_info(self.trained_on).data_revision
+        except (CapsmedError, OSError):  # gone or unreadable: nothing to tell
+            return
+        if revision < DATA_REVISION:
+            log.warning("%s: trained on images of capsmed's data revision %d (%s); this "
+                        "capsmed replays the preprocessing of revision %d, which makes "
+                        "other images of some inputs (capsmed/data/schema.py says which)",
+                        self.run_dir, revision, self.trained_on, DATA_REVISION)
 
 
 def check_fits(meta: dict[str, Any], origin: str | Path, class_names: tuple[str, ...] |
