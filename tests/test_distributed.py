@@ -115,3 +115,16 @@ def test_ddp_validates_the_batchnorm_statistics_of_the_checkpoint(tiny_h5, tmp_p
         loss = training_loss(model.loss_kind, model(x), x, y, 0.0).item()
     assert meta["val_loss"] == pytest.approx(loss, rel=1e-6)
     assert _metrics(run)[0]["val_loss"] == meta["val_loss"]
+
+
+def test_ddp_augments_around_an_empty_share(tiny_h5, tmp_path):
+    """34 training samples in batches of 11 with --augment: the last batch of 1 leaves
+    rank 1 nothing; it still draws the batch's transforms (the generator stays in step)
+    and trains as one process does (applying them to no image raised at the end of the
+    first epoch)."""
+    options = _options(tiny_h5, tmp_path / "ddp", batch_size=11, augment=True)
+    _torchrun(tmp_path, options)
+    one = train(TrainConfig(**{**options, "out": str(tmp_path / "one")}),
+                disable_progress=True)
+    for x, y in zip(_metrics(tmp_path / "ddp"), _metrics(one), strict=True):
+        assert x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-6)

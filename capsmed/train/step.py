@@ -204,8 +204,9 @@ class TrainStep:
         graph's step); drawn here if the run augments and none are given."""
         s = self.settings
         if s.augment is not None:
-            x = apply_transforms(x, transforms if transforms is not None
-                                 else self.draw(x, share))
+            drawn = transforms if transforms is not None else self.draw(x, share)
+            if len(x):  # an empty share (torchrun) draws too: the generator stays in step
+                x = apply_transforms(x, drawn)
         out = forward(self.model, x, y, s)
         loss, correct = loss_and_correct(out, x, y, s)
         objective = loss
