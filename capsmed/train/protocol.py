@@ -54,7 +54,10 @@ SESSION_OPTIONS = frozenset({"out", "device", "data_loading", "loader_workers",
 #     with rank 0's statistics (those of the checkpoint it writes).
 #   5 (2026-11-28): an augmentation's translation is no longer rotated with the image
 #     (rotation=45,translation=0.1 moved content up to 0.14 of the side along an axis).
-PROTOCOL_REVISION = 5
+#   6 (2026-11-28): two-label training with an unmasked decoder (reconstruction=plain,
+#     convnet-r) compares its one reconstruction with the whole input, both objects
+#     (it was scored against each object's image in turn, learning their average).
+PROTOCOL_REVISION = 6
 
 PROTOCOL_FIELDS = ("fraction", "imbalance", "augment", "augment_recipe", "sampler",
                    "class_weights", "folds", "per_class_limit", "transfer_layers",
