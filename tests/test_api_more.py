@@ -179,3 +179,6 @@ def test_predicting_with_a_run_of_an_older_data_revision_says_so(lenet_run, capl
     capsmed.predict_array(lenet_run, image)
     assert f"trained on images of capsmed's data revision {schema.DATA_REVISION - 1}" in \
         " ".join(caplog.text.split())
+    caplog.clear()
+    capsmed.predict_array(lenet_run, image)  # said once: a loop over images is not flooded
+    assert "data revision" not in caplog.text

@@ -42,6 +42,7 @@ from capsmed.train.run_config import (
 )
 
 log = logging.getLogger(__name__)
+_REVISION_SAID: set[str] = set()  # runs whose older data revision was said
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ class OpenRun:
             revision = read_info(self.trained_on).data_revision
         except (CapsmedError, OSError):  # gone or unreadable: nothing to tell
             return
-        if revision < DATA_REVISION:
+        if revision < DATA_REVISION and str(self.run_dir) not in _REVISION_SAID:
+            _REVISION_SAID.add(str(self.run_dir))  # once a process: predict_array loops
             log.warning("%s: trained on images of capsmed's data revision %d (%s); this "
                         "capsmed replays the preprocessing of revision %d, which makes "
                         "other images of some inputs (capsmed/data/schema.py says which)",
