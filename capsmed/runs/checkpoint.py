@@ -7,18 +7,16 @@ Nothing is unpickled: a run directory can come from anywhere and still be safe t
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_weights
 from torch import nn
 
 from capsmed.errors import CapsmedError, first_line
 from capsmed.models import create_model
-from capsmed.train.checkpoint import META, WEIGHTS
+from capsmed.train.checkpoint import META, WEIGHTS, parse_weights, read_checked_weights
 from capsmed.train.run_config import CONFIG, read_run_config
 
 # What evaluate and the analyses read from checkpoint.json, and the JSON type of each.
@@ -62,31 +60,6 @@ def load_checkpoint(run_dir: Path, device: str | torch.device = "cpu"
         raise CapsmedError(f"{weights_path}: weights do not fit architecture "
                            f"'{meta['arch']}' ({first_line(exc)})") from None
     return model.to(device).eval(), meta
-
-
-def read_checked_weights(path: Path, recorded: str | None) -> tuple[bytes, str]:
-    """A checkpoint's weights file read once, and its ``sha256:`` digest, refused unless
-    it is the ``recorded`` digest (None: not recorded): the bytes checked are the bytes
-    loaded (training may replace the file between a digest and a second read, which
-    scored epoch N+1 under epoch N's metadata)."""
-    try:
-        blob = Path(path).read_bytes()
-    except OSError as exc:
-        raise CapsmedError(f"{path}: cannot read ({exc.strerror})") from None
-    digest = f"sha256:{hashlib.sha256(blob).hexdigest()}"  # as file_digest writes it
-    if recorded not in (None, digest):
-        raise CapsmedError(f"{path}: not the weights {META} was written with (their "
-                           "digests differ): the two files come from different "
-                           "checkpoints")
-    return blob, digest
-
-
-def parse_weights(blob: bytes, path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file's bytes (``path`` names it in errors)."""
-    try:
-        return load_weights(blob)
-    except Exception as exc:  # safetensors raises its own error types on corrupt files
-        raise CapsmedError(f"{path}: cannot read weights ({first_line(exc)})") from None
 
 
 def _check_matches_config(run_dir: Path, meta: dict[str, Any]) -> None:

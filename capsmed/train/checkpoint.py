@@ -1,11 +1,14 @@
 """Writing a checkpoint: safetensors weights + a JSON of the architecture and its
 arguments. Reading one back (checked against the run's other files) is
 :mod:`capsmed.runs.checkpoint`'s job: this module reads back only the epoch of a
-checkpoint, to put the one that goes with ``resume.pt`` back on ``--resume``.
+checkpoint, to put the one that goes with ``resume.pt`` back on ``--resume``, and the
+weights file checked against its recorded digest (:func:`read_checked_weights`, which
+layer transfer uses too).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -13,10 +16,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load as load_weights
 from safetensors.torch import save_file
 from torch import nn
 
 from capsmed.data.digest import file_digest
+from capsmed.errors import CapsmedError, first_line
 from capsmed.io import atomic_path, write_failure, writing
 from capsmed.train.run_config import META, WEIGHTS
 
@@ -122,3 +128,28 @@ def _epoch(meta_path: Path) -> int | None:
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return None
     return epoch if isinstance(epoch, int) else None
+
+
+def read_checked_weights(path: Path, recorded: str | None) -> tuple[bytes, str]:
+    """A checkpoint's weights file read once, and its ``sha256:`` digest, refused unless
+    it is the ``recorded`` digest (None: not recorded): the bytes checked are the bytes
+    loaded (training may replace the file between a digest and a second read, which
+    scored epoch N+1 under epoch N's metadata)."""
+    try:
+        blob = Path(path).read_bytes()
+    except OSError as exc:
+        raise CapsmedError(f"{path}: cannot read ({exc.strerror})") from None
+    digest = f"sha256:{hashlib.sha256(blob).hexdigest()}"  # as file_digest writes it
+    if recorded not in (None, digest):
+        raise CapsmedError(f"{path}: not the weights {META} was written with (their "
+                           "digests differ): the two files come from different "
+                           "checkpoints")
+    return blob, digest
+
+
+def parse_weights(blob: bytes, path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file's bytes (``path`` names it in errors)."""
+    try:
+        return load_weights(blob)
+    except Exception as exc:  # safetensors raises its own error types on corrupt files
+        raise CapsmedError(f"{path}: cannot read weights ({first_line(exc)})") from None

@@ -38,8 +38,12 @@ def transfer_parameters(model: torch.nn.Module, source: Path, prefixes: list[str
             include the class layer and the two runs' classes differ; if nothing would
             be left to train.
     """
-    from capsmed.runs.checkpoint import parse_weights, read_checked_weights
-    from capsmed.train.checkpoint import META, WEIGHTS
+    from capsmed.train.checkpoint import (
+        META,
+        WEIGHTS,
+        parse_weights,
+        read_checked_weights,
+    )
     from capsmed.train.run_config import training_unfinished
 
     source = Path(source)
